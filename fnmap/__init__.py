@@ -1,0 +1,49 @@
+"""fnmap: run plain Python functions over many inputs in parallel on serverless compute.
+
+>>> import fnmap
+>>> fnmap.map(lambda x: x + 1, [1, 2, 3])
+[2, 3, 4]
+
+The default backend is a local emulator started on demand; see the README for
+``backend=`` (``local``, ``http``, ``aws``, ``batch``) and ``storage=``.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    CallLost,
+    ConfigError,
+    FnmapError,
+    KeyNotFound,
+    PlatformError,
+    RemoteError,
+    SerializationError,
+    SignatureError,
+    TimeoutError,
+    UnknownBackend,
+    UnknownStorage,
+    VersionMismatch,
+    WorkerCrashed,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "map", "map_reduce", "Executor",
+    "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
+    "SerializationError", "VersionMismatch", "SignatureError", "PlatformError", "WorkerCrashed",
+    "CallLost", "TimeoutError", "RemoteError",
+]
+
+
+def __getattr__(name: str):
+    # Keep `import fnmap` light: the client machinery loads on first use.
+    if name in ("map", "map_reduce"):
+        from . import api
+
+        return getattr(api, name)
+    if name == "Executor":
+        from .executor import Executor
+
+        return Executor
+    raise AttributeError(f"module 'fnmap' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from fnmap.cli import main
+
+sys.exit(main())

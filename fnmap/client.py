@@ -1,0 +1,265 @@
+"""The client: sends a job's calls through a backend and gathers their results.
+
+One :class:`Client` per deployment (backend + storage + secret), shared by
+every job of the process, so the emulator, the connections and uploaded
+functions are reused.  Dispatch runs on a thread pool sized to the backend's
+``max_workers``; an AIMD throttle (:class:`fnmap.policy.Throttle`) lowers the
+number of calls in flight when the platform answers 429.  A monitor thread
+gathers results of asynchronous calls with one LIST per poll, declares silent
+calls lost, and launches speculative copies of stragglers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from . import keys, policy, signing
+from .backends import create_backend
+from .backends.base import Invocation
+from .errors import ConfigError, PlatformFault
+from .job import CallState, Job
+from .serialization import loads, pickle_function, runtime_info
+from .storage import open_store
+from .wire import CallRequest, decode_response, encode
+
+_RUNTIME = runtime_info()
+#: Seconds past a call's timeout before an asynchronous call counts as lost.
+LOST_GRACE_SECONDS = 10.0
+_POLL_SECONDS = (0.05, 1.0)
+
+
+class Client:
+    def __init__(self, config):
+        self.config = config
+        self.store = open_store(config.storage_url)
+        self.backend = create_backend(config)
+        secret = config.secret.encode() if config.secret else self.backend.secret
+        if not secret:
+            raise ConfigError(
+                f"the {config.backend} backend needs the deployment's shared secret to sign requests: "
+                "set FNMAP_SECRET (or secret=...) to the value the deploy script printed"
+            )
+        self.secret = secret
+        self.max_workers = self.backend.max_workers
+        self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="fnmap-dispatch")
+        self._throttle = policy.Throttle(self.max_workers)
+        self._slots = threading.Condition()
+        self._in_flight = 0
+        self._uploaded: set[str] = set()
+        self._active: set[Job] = set()
+        self._active_lock = threading.Lock()
+        self._monitor: threading.Thread | None = None
+        self.closed = False
+
+    # -- functions -----------------------------------------------------------
+
+    def upload_function(self, func) -> str:
+        """Pickle ``func`` and store it under its content hash (once per process and store)."""
+        if not callable(func):
+            raise TypeError(f"fnmap needs a callable to run, got {type(func).__name__}: {func!r:.100}")
+        digest, data = pickle_function(func)
+        key = keys.function_key(digest)
+        if key not in self._uploaded:
+            if not self.store.exists(key):
+                self.store.put(key, data)
+            self._uploaded.add(key)
+        return key
+
+    # -- jobs ----------------------------------------------------------------
+
+    def new_job(self, config, kind: str = "map") -> Job:
+        job = Job(self, config, kind)
+        with self._active_lock:
+            self._active.add(job)
+        self._ensure_monitor()
+        return job
+
+    def dispatch(self, job: Job, state: CallState) -> None:
+        self._pool.submit(self._attempt, job, state, job.next_attempt(state))
+
+    def _attempt(self, job: Job, state: CallState, attempt: int) -> None:
+        if state.done:
+            return
+        if attempt == 1 and not state.future.set_running_or_notify_cancel():
+            job.cancelled_before_start(state)
+            return
+        if job.cancelled:
+            return
+        cfg = job.config
+        req = CallRequest(
+            job_id=job.id, call_id=state.call_id, func_key=state.func_key, store_url=self.store.url,
+            attempt=attempt, timeout=cfg.timeout, items_key=state.items_key,
+            inline_result_limit=cfg.inline_limit, extra_env=cfg.extra_env, runtime=_RUNTIME,
+            first_index=state.first_index, retry_on=job.retry_on_names, max_attempts=cfg.retries + 1,
+        )
+        payload = state.payload
+        if payload is None:  # finished by another copy meanwhile
+            return
+        body = encode(req, payload)
+        invocation = Invocation(req, body, signing.sign(self.secret, body))
+        self._acquire_slot()
+        job.record_attempt(state, attempt, time.time())
+        throttled = False
+        try:
+            answer = self.backend.invoke(invocation)
+        except PlatformFault as fault:
+            throttled = fault.kind == "throttled"
+            self._release_slot(throttled)
+            self._on_fault(job, state, attempt, fault)
+            return
+        except Exception as e:  # a backend bug or an unexpected client error: a server-side fault
+            self._release_slot(False)
+            self._on_fault(job, state, attempt, PlatformFault("server", f"{type(e).__name__}: {e}"))
+            return
+        self._release_slot(throttled)
+        if answer is None:
+            with job._lock:
+                if state.awaiting is None:
+                    state.awaiting = {}
+                state.awaiting[attempt] = time.time()
+            return
+        self._on_answer(job, state, attempt, answer)
+
+    def _on_answer(self, job: Job, state: CallState, attempt: int, answer: bytes) -> None:
+        try:
+            resp, payload = decode_response(answer)
+        except (ValueError, TypeError) as e:
+            self._on_fault(job, state, attempt, PlatformFault("server", f"malformed answer: {e}"))
+            return
+        if not resp.ok:
+            self._on_fault(job, state, attempt, PlatformFault(resp.error_kind or "server", resp.error or ""))
+            return
+        try:
+            data = bytes(payload) if resp.inline else self.store.get(resp.result_key)
+            outcomes = loads(data)
+        except Exception as e:
+            self._on_fault(job, state, attempt, PlatformFault("server", f"cannot read the result: {e!r}"))
+            return
+        if resp.error_kind == "retry_on":  # a user exception the caller asked to retry
+            job.record_fault(state, attempt, "retry_on")
+            time.sleep(policy.backoff_delay(attempt))
+            if not state.done:
+                self._attempt(job, state, job.next_attempt(state))
+            return
+        job.finish(state, outcomes, resp.stats, attempt)
+        self._maybe_retire(job)
+
+    def _on_fault(self, job: Job, state: CallState, attempt: int, fault: PlatformFault) -> None:
+        job.record_fault(state, attempt, fault.kind)
+        if state.done:
+            return
+        attempts_made = len(state.attempts)
+        if not job.cancelled and policy.retry_fault(fault.retryable, attempts_made, job.config.retries):
+            delay = fault.retry_after if fault.retry_after is not None else policy.backoff_delay(attempts_made)
+            time.sleep(delay)
+            if not state.done:
+                self._attempt(job, state, job.next_attempt(state))
+            return
+        job.fail(state, fault, attempt)
+        self._maybe_retire(job)
+
+    # -- throttle ------------------------------------------------------------
+
+    def _acquire_slot(self) -> None:
+        with self._slots:
+            while self._in_flight >= self._throttle.allowed():
+                self._slots.wait()
+            self._in_flight += 1
+
+    def _release_slot(self, throttled: bool) -> None:
+        with self._slots:
+            self._in_flight -= 1
+            if throttled:
+                self._throttle.on_throttled()
+            else:
+                self._throttle.on_success()
+            self._slots.notify_all()
+
+    # -- monitor: async results, lost calls, stragglers ------------------------
+
+    def _ensure_monitor(self) -> None:
+        with self._active_lock:
+            if self._monitor is None or not self._monitor.is_alive():
+                self._monitor = threading.Thread(target=self._monitor_loop, name="fnmap-monitor", daemon=True)
+                self._monitor.start()
+
+    def _maybe_retire(self, job: Job) -> None:
+        if job.done:
+            with self._active_lock:
+                self._active.discard(job)
+
+    def _monitor_loop(self) -> None:
+        delay = _POLL_SECONDS[0]
+        while not self.closed:
+            with self._active_lock:
+                jobs = list(self._active)
+                if not jobs:
+                    self._monitor = None
+                    return
+            for job in jobs:
+                if job.done:
+                    self._maybe_retire(job)
+                    continue
+                try:
+                    self._poll(job)
+                except Exception:  # storage hiccup: the next poll tries again
+                    pass
+                self._speculate(job)
+            time.sleep(delay)
+            delay = min(_POLL_SECONDS[1], delay * 1.5)
+
+    def _poll(self, job: Job) -> None:
+        waiting = [s for s in job.calls if s.awaiting and not s.done]
+        if not waiting:
+            return
+        finished = {keys.call_id_from_key(k) for k in self.store.list(keys.results_prefix(job.id))}
+        now = time.time()
+        lost_after = job.config.timeout + LOST_GRACE_SECONDS if job.config.timeout else self.backend.lost_after
+        for state in waiting:
+            if state.call_id in finished:
+                attempt = max(state.awaiting)
+                outcomes = loads(self.store.get(keys.result_key(job.id, state.call_id)))
+                state.awaiting = None
+                if job.finish(state, outcomes, None, attempt):
+                    self._maybe_retire(job)
+                continue
+            if lost_after is not None:
+                for attempt, since in list(state.awaiting.items()):
+                    if now - since > lost_after:
+                        del state.awaiting[attempt]
+                        fault = PlatformFault("lost", f"no result {lost_after:.0f} s after it was accepted")
+                        self._pool.submit(self._on_fault, job, state, attempt, fault)
+
+    def _speculate(self, job: Job) -> None:
+        if not job.sealed or not job.config.speculation:
+            return
+        with job._lock:
+            running = {s.call_id: s.sent_at for s in job.calls
+                       if not s.done and s.in_flight and not s.speculated}
+            durations = list(job.durations)
+        picks = policy.stragglers(running, durations, job.done_count, len(job.calls), time.time())
+        for call_id in picks:
+            state = job.calls[call_id]
+            state.speculated = True
+            self._pool.submit(self._attempt, job, state, job.next_attempt(state))
+
+    def close(self) -> None:
+        self.closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.backend.close()
+
+
+_clients: dict[tuple, Client] = {}
+_clients_lock = threading.Lock()
+
+
+def get_client(config) -> Client:
+    """The process-wide client for a deployment (created on first use)."""
+    key = config.deployment_key()
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None or client.closed:
+            client = _clients[key] = Client(config)
+        return client

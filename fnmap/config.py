@@ -1,0 +1,227 @@
+"""Configuration, resolved once into a frozen dataclass.
+
+Precedence: keyword argument > environment (``FNMAP_<NAME>``) > config file
+(``fnmap.toml`` in the working folder, else ``~/.config/fnmap/config.toml``;
+keys at the top level or under ``[fnmap]``) > default.  Every value is
+validated on construction and an error names the value, where it came from,
+and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+
+class UnknownOption(ConfigError, TypeError):
+    """A keyword option fnmap does not know."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every option of a job and of the deployment it runs on."""
+
+    #: Where calls run: emulator, local, http, aws, batch.
+    backend: str = "emulator"
+    #: Storage URL (file:///path or s3://bucket/prefix); default: a per-user cache folder.
+    storage: str | None = None
+    #: URL of a running emulator; unset means start one on demand.
+    emulator_url: str | None = None
+    #: Function URL for the http backend.
+    http_url: str | None = None
+    #: Shared secret that signs requests; unset means generated for an auto-started emulator.
+    secret: str | None = None
+    #: Items per invocation.
+    chunksize: int = 1
+    #: Seconds per call before it is stopped and reported as fnmap.TimeoutError.
+    timeout: float | None = None
+    #: How often a call is re-run after a platform fault.
+    retries: int = 2
+    #: User exception types that are retried too.
+    retry_on: tuple = ()
+    #: Launch a speculative copy of straggling calls once most of a job is done.
+    speculation: bool = True
+    #: Memory per call in MB (cloud backends).
+    memory: int | None = None
+    #: GPUs per call (container jobs).
+    gpu: int = 0
+    #: Show a progress bar (None: in a terminal or notebook, for long jobs).
+    progress: bool | None = None
+    #: Environment variables set around each call on the worker.
+    extra_env: dict = field(default_factory=dict)
+    #: Worker processes of an auto-started emulator / concurrent calls of the client.
+    workers: int | None = None
+    #: Arguments and results larger than this (bytes) travel through storage, not in request bodies.
+    inline_limit: int = 4 << 20
+    #: Extra command-line options for an auto-started emulator (e.g. "--fail-rate 0.1 --seed 1").
+    emulator_options: str = ""
+    #: AWS Lambda function name (aws backend).
+    function_name: str = "fnmap"
+    #: AWS region for the aws and batch backends (None: boto3's default).
+    region: str | None = None
+    #: AWS Batch job queue and job definition (batch backend).
+    job_queue: str = "fnmap"
+    job_definition: str = "fnmap"
+
+    #: Where each value came from, for error messages (not an option).
+    sources: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        _validate(self)
+
+    def source(self, name: str) -> str:
+        return self.sources.get(name, "default")
+
+    def describe(self, name: str) -> str:
+        """``name=value (from where)`` for error messages."""
+        src = self.source(name)
+        label = f"FNMAP_{name.upper()}" if src == "the environment" else name
+        return f"{label}={getattr(self, name)!r} (from {src})"
+
+    @property
+    def storage_url(self) -> str:
+        from .storage import default_storage_url
+
+        return self.storage or default_storage_url()
+
+    def deployment_key(self) -> tuple:
+        """The options that identify a client: backend, storage and where/how calls are sent."""
+        return (
+            self.backend, self.storage_url, self.emulator_url, self.http_url, self.secret,
+            self.workers, self.emulator_options, self.function_name, self.region,
+            self.job_queue, self.job_definition,
+        )
+
+    def replace(self, **changes: Any) -> Config:
+        sources = dict(self.sources)
+        sources.update({k: "keyword" for k in changes})
+        return dataclasses.replace(self, sources=sources, **changes)
+
+
+OPTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "sources")
+_ENV_SKIP = {"retry_on", "extra_env"}
+
+
+def resolve(**kwargs: Any) -> Config:
+    """Build a :class:`Config` from keywords, the environment, the config file and defaults."""
+    unknown = sorted(set(kwargs) - set(OPTIONS))
+    if unknown:
+        raise UnknownOption(
+            f"unknown option(s) {', '.join(map(repr, unknown))}; valid options: {', '.join(OPTIONS)}"
+        )
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    file_values, file_path = _read_config_file()
+    for name in OPTIONS:
+        if name in kwargs and kwargs[name] is not None:
+            values[name], sources[name] = kwargs[name], "keyword"
+            continue
+        env = os.environ.get(f"FNMAP_{name.upper()}")
+        if env not in (None, "") and name not in _ENV_SKIP:
+            values[name], sources[name] = _parse(name, env, f"FNMAP_{name.upper()}"), "the environment"
+            continue
+        if name in file_values:
+            values[name], sources[name] = file_values[name], f"config file {file_path}"
+    if isinstance(values.get("retry_on"), type):
+        values["retry_on"] = (values["retry_on"],)
+    if "retry_on" in values:
+        values["retry_on"] = tuple(values["retry_on"])
+    return Config(sources=sources, **values)
+
+
+def _read_config_file() -> tuple[dict, str | None]:
+    candidates = [os.path.join(os.getcwd(), "fnmap.toml")]
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    candidates.append(os.path.join(xdg, "fnmap", "config.toml"))
+    for path in candidates:
+        if os.path.isfile(path):
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                import tomli as tomllib
+            try:
+                with open(path, "rb") as f:
+                    data = tomllib.load(f)
+            except (tomllib.TOMLDecodeError, OSError) as e:
+                raise ConfigError(f"config file {path} cannot be read: {e}") from e
+            data = data.get("fnmap", data)
+            unknown = sorted(set(data) - set(OPTIONS))
+            if unknown:
+                raise ConfigError(
+                    f"config file {path} has unknown option(s) {', '.join(map(repr, unknown))}; "
+                    f"valid options: {', '.join(OPTIONS)}"
+                )
+            return data, path
+    return {}, None
+
+
+_INTS = {"chunksize", "retries", "memory", "gpu", "workers", "inline_limit"}
+_FLOATS = {"timeout"}
+_BOOLS = {"progress", "speculation"}
+
+
+def _parse(name: str, raw: str, label: str) -> Any:
+    try:
+        if name in _INTS:
+            return int(raw)
+        if name in _FLOATS:
+            return float(raw)
+        if name in _BOOLS:
+            lowered = raw.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+    except ValueError:
+        kind = {**dict.fromkeys(_INTS, "an integer"), **dict.fromkeys(_FLOATS, "a number"),
+                **dict.fromkeys(_BOOLS, "true or false")}[name]
+        raise ConfigError(f"{label}={raw!r} (from the environment) is not {kind}") from None
+    return raw
+
+
+def _validate(c: Config) -> None:
+    from .backends import BACKENDS
+    from .errors import UnknownBackend
+
+    if c.backend not in BACKENDS:
+        raise UnknownBackend(
+            f"{c.describe('backend')} is not a backend; choose one of: {', '.join(BACKENDS)}"
+        )
+    _check_int(c, "chunksize", 1, "items per invocation; use chunksize=1 or more")
+    _check_int(c, "retries", 0, "use retries=0 to never re-run a call")
+    _check_int(c, "gpu", 0, "use gpu=0 for CPU work or gpu=1 for one GPU per call")
+    _check_int(c, "inline_limit", 0, "a size in bytes")
+    if c.workers is not None:
+        _check_int(c, "workers", 1, "at least one worker")
+    if c.memory is not None:
+        _check_int(c, "memory", 128, "memory per call in MB, at least 128")
+    if c.timeout is not None:
+        if isinstance(c.timeout, bool) or not isinstance(c.timeout, (int, float)) or not c.timeout > 0:
+            raise ConfigError(f"{c.describe('timeout')} must be a positive number of seconds, or None")
+    for exc in c.retry_on:
+        if not (isinstance(exc, type) and issubclass(exc, BaseException)):
+            raise ConfigError(
+                f"retry_on={c.retry_on!r}: {exc!r} is not an exception class; "
+                "pass exception types, e.g. retry_on=(ConnectionError,)"
+            )
+    if not isinstance(c.extra_env, dict):
+        raise ConfigError(f"{c.describe('extra_env')} must be a dict of environment variables")
+    if c.storage is not None and (not isinstance(c.storage, str) or "://" not in c.storage):
+        raise ConfigError(
+            f"{c.describe('storage')} is not a storage URL; use file:///absolute/path or s3://bucket/prefix"
+        )
+    if c.emulator_url is not None and not str(c.emulator_url).startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{c.describe('emulator_url')} is not an http(s) URL; e.g. http://127.0.0.1:8765"
+        )
+
+
+def _check_int(c: Config, name: str, minimum: int, fix: str) -> None:
+    value = getattr(c, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{c.describe(name)} must be an integer >= {minimum} ({fix})")

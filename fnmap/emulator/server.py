@@ -1,0 +1,85 @@
+"""Serve the emulator with waitress until SIGTERM/SIGINT (or, with ``watch_stdin``, end of stdin)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import sys
+import threading
+
+from ..signing import SECRET_ENV, new_secret
+from .app import Emulator, create_emulator_app
+from .pool import WorkerPool
+
+
+class _Stop(Exception):
+    pass
+
+
+def default_workers() -> int:
+    return max(4, 2 * (os.cpu_count() or 2))
+
+
+def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
+          watch_stdin: bool = False) -> None:
+    """Run the emulator in this process until told to stop."""
+    from waitress import create_server
+
+    workers = workers or default_workers()
+    env = dict(os.environ)
+    if not env.get(SECRET_ENV):
+        env[SECRET_ENV] = new_secret()
+        print(f"{SECRET_ENV}={env[SECRET_ENV]}  (no secret was set; clients must use this one)", flush=True)
+    _warn_if_exposed(host)
+    pool = WorkerPool(workers, env=env)
+    emulator = Emulator(pool)
+    app = create_emulator_app(emulator)
+    server = create_server(app, host=host, port=port, threads=workers + 4, channel_timeout=600,
+                           connection_limit=1000, asyncore_use_poll=True)
+    actual_host, actual_port = server.effective_host, server.effective_port
+    shown_host = f"[{actual_host}]" if ":" in str(actual_host) else actual_host
+
+    stopping = []
+
+    def stop(signum=None, frame=None):
+        if not stopping:  # a second signal during shutdown must not interrupt the cleanup
+            stopping.append(signum)
+            raise _Stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if watch_stdin:
+        threading.Thread(target=_exit_on_stdin_eof, daemon=True).start()
+    print(f"fnmap emulator listening on http://{shown_host}:{actual_port} with {workers} workers", flush=True)
+    try:
+        server.run()
+    except _Stop:
+        pass
+    finally:
+        server.close()
+        pool.close()
+        print("fnmap emulator stopped", file=sys.stderr, flush=True)
+
+
+def _exit_on_stdin_eof() -> None:
+    """The parent that started us holds our stdin; when it dies, we stop too (no orphans)."""
+    try:
+        while sys.stdin.buffer.read(1 << 16):
+            pass
+    except (OSError, ValueError):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _warn_if_exposed(host: str) -> None:
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        print(
+            f"WARNING: the fnmap emulator is bound to {host}, reachable from other machines. It runs "
+            "any pickled code signed with its secret; keep the secret private, or bind 127.0.0.1.",
+            file=sys.stderr, flush=True,
+        )

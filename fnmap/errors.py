@@ -1,0 +1,105 @@
+"""Exceptions raised by fnmap.
+
+Every error fnmap raises derives from :class:`FnmapError`; leaf classes also
+derive from the builtin a caller would naturally catch (``ValueError`` for bad
+configuration, ``TimeoutError`` for timeouts, ...).  This module is imported by
+the worker side too, so it must stay free of client-only dependencies.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+
+class FnmapError(Exception):
+    """Root of every exception fnmap itself raises."""
+
+
+class ConfigError(FnmapError, ValueError):
+    """A configuration value is wrong: the message names the value, where it came from and the fix."""
+
+
+class UnknownBackend(ConfigError):
+    """The backend name is not in the registry."""
+
+
+class UnknownStorage(ConfigError):
+    """The storage URL has a scheme fnmap does not know, or is malformed."""
+
+
+class KeyNotFound(FnmapError, KeyError):
+    """A storage key does not exist."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want plain words
+        return str(self.args[0]) if self.args else "key not found"
+
+
+class SerializationError(FnmapError, TypeError):
+    """A function, argument or result cannot be pickled; the message names the object and its path."""
+
+
+class VersionMismatch(FnmapError, RuntimeError):
+    """The client and the function runtime run different Python or cloudpickle versions."""
+
+
+class SignatureError(FnmapError, PermissionError):
+    """The platform refused a request because its signature was missing or wrong."""
+
+
+class PlatformError(FnmapError, RuntimeError):
+    """The platform failed a call (crash, kill, throttling, 5xx, lost call) more often than ``retries`` allows."""
+
+
+class WorkerCrashed(PlatformError):
+    """The worker process running the call died (segfault, ``os._exit``, SIGKILL, out of memory)."""
+
+
+class CallLost(PlatformError):
+    """A call never reported a result within its timeout plus a grace period."""
+
+
+class TimeoutError(FnmapError, builtins.TimeoutError):  # noqa: A001 - deliberately shadows the builtin
+    """A call ran longer than its ``timeout`` and was stopped."""
+
+
+class RemoteError(FnmapError):
+    """Stand-in for a remote exception that could not be pickled back: carries its type name and message."""
+
+    def __init__(self, type_name: str, message: str):
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+        self.message = message
+
+    def __reduce__(self):
+        return (RemoteError, (self.type_name, self.message))
+
+
+class RemoteTraceback(Exception):
+    """Carries the formatted remote traceback; set as ``__cause__`` of a re-raised remote exception."""
+
+    def __init__(self, tb: str):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class PlatformFault(FnmapError):
+    """Internal: one attempt of a call failed for a platform reason; the client decides whether to retry.
+
+    ``kind`` is one of ``throttled``, ``server``, ``connection``, ``crashed``, ``lost``, ``rejected``,
+    ``timeout``, ``version``.  ``retry_after`` is the platform's hint in seconds, if any.
+    """
+
+    RETRYABLE = frozenset({"throttled", "server", "connection", "crashed", "lost"})
+
+    def __init__(self, kind: str, message: str, *, retry_after: float | None = None):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in self.RETRYABLE

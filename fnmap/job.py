@@ -1,0 +1,316 @@
+"""A job: the calls of one ``fnmap.map`` (or one Executor), their futures, attempts and results.
+
+A call's future is a real ``concurrent.futures.Future``.  For a map chunk its
+result is the chunk's list of outcomes; for ``Executor.submit`` (``unwrap``)
+it is the value itself, or the remote exception.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import CancelledError, Future
+
+from . import keys
+from .errors import (
+    CallLost,
+    PlatformError,
+    SerializationError,
+    SignatureError,
+    VersionMismatch,
+    WorkerCrashed,
+)
+from .errors import TimeoutError as CallTimeout
+from .serialization import dumps, dumps_checked, unpack_exception
+
+
+class CallState:
+    """Bookkeeping of one call (one chunk of items)."""
+
+    __slots__ = (
+        "call_id", "first_index", "n_items", "func_key", "payload", "items_key", "future",
+        "unwrap", "attempts", "next_attempt", "sent_at", "in_flight", "done", "speculated",
+        "stats", "awaiting",
+    )
+
+    def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap):
+        self.call_id = call_id
+        self.first_index = first_index
+        self.n_items = n_items
+        self.func_key = func_key
+        self.payload = payload
+        self.items_key = items_key
+        self.future = future
+        self.unwrap = unwrap
+        #: One ``[attempt, sent, ended, outcome]`` per attempt, for the job summary.
+        self.attempts: list[list] = []
+        self.next_attempt = 1
+        self.sent_at = 0.0
+        self.in_flight = 0
+        self.done = False
+        self.speculated = False
+        self.stats: dict | None = None
+        #: Attempt number -> time, for attempts accepted asynchronously whose result is in storage.
+        self.awaiting: dict[int, float] | None = None
+
+    def describe(self) -> str:
+        last = self.first_index + self.n_items - 1
+        items = f"item {self.first_index}" if self.n_items == 1 else f"items {self.first_index}..{last}"
+        return f"call {self.call_id} ({items})"
+
+
+_FAULT_ERRORS = {
+    "crashed": WorkerCrashed,
+    "lost": CallLost,
+    "timeout": CallTimeout,
+    "version": VersionMismatch,
+}
+
+
+class Job:
+    """The calls of one job.  Created and driven by :class:`fnmap.client.Client`."""
+
+    def __init__(self, client, config, kind: str = "map"):
+        self.id = keys.new_job_id()
+        self.client = client
+        self.config = config
+        self.kind = kind
+        self.created = time.time()
+        self.finished: float | None = None
+        self.calls: list[CallState] = []
+        self.sealed = False
+        self.cancelled = False
+        self.done_count = 0
+        self.failed_count = 0
+        self.retry_count = 0
+        self.duplicate_count = 0
+        self.durations: list[float] = []
+        self.progress = None
+        self.retry_on_names = sorted(
+            {f"{t.__module__}.{t.__qualname__}" for t in config.retry_on}
+        )
+        self._lock = threading.Lock()
+        self._all_done = threading.Event()
+
+    # -- building ------------------------------------------------------------
+
+    def add_call(self, func_key: str, chunk: tuple, first_index: int, n_items: int,
+                 future: Future | None = None, unwrap: bool = False) -> CallState:
+        """Pickle a chunk (storing it if it is large) and record the call; does not dispatch it."""
+        try:
+            payload = dumps(chunk)
+        except Exception:
+            _raise_unpicklable(chunk, first_index)
+        items_key = None
+        if len(payload) > self.config.inline_limit:
+            items_key = keys.input_key(self.id, len(self.calls))
+            self.client.store.put(items_key, payload)
+            payload = b""
+        state = CallState(len(self.calls), first_index, n_items, func_key, payload, items_key,
+                          future or Future(), unwrap)
+        with self._lock:
+            self.calls.append(state)
+            self._all_done.clear()
+        return state
+
+    def seal(self) -> None:
+        """No more calls will be added (a map job); the job is done when every call is."""
+        with self._lock:
+            self.sealed = True
+            self._check_all_done()
+
+    # -- outcomes ------------------------------------------------------------
+
+    def next_attempt(self, state: CallState) -> int:
+        with self._lock:
+            n = state.next_attempt
+            state.next_attempt += 1
+            return n
+
+    def finish(self, state: CallState, outcomes: list, stats: dict | None, attempt: int) -> bool:
+        """Deliver a call's outcomes; returns False for a duplicate (a later copy)."""
+        with self._lock:
+            if state.done:
+                self.duplicate_count += 1
+                return False
+            state.done = True
+            state.stats = stats
+            if stats and "started" in stats and "finished" in stats:
+                self.durations.append(stats["finished"] - stats["started"])
+            self.done_count += 1
+            failed = sum(1 for o in outcomes if o[0] != "ok")
+            self.failed_count += failed
+            self._mark_attempt(state, attempt, "ok" if not failed else "error")
+            state.payload = None
+        if state.unwrap:
+            outcome = outcomes[0]
+            if outcome[0] == "ok":
+                _set(state.future, result=outcome[1])
+            else:
+                _set(state.future, exception=self.item_exception(state, 0, outcome))
+        else:
+            _set(state.future, result=outcomes)
+        self._progress_update(state.n_items, failed)
+        self._after_done()
+        return True
+
+    def fail(self, state: CallState, fault, attempt: int) -> None:
+        """The call failed at platform level for good: every item of it gets the same error."""
+        with self._lock:
+            if state.done:
+                return
+            state.done = True
+            self.done_count += 1
+            self.failed_count += state.n_items
+            self._mark_attempt(state, attempt, fault.kind)
+            state.payload = None
+            attempts = len(state.attempts)
+        cls = _FAULT_ERRORS.get(fault.kind, PlatformError)
+        if fault.kind == "rejected" and ("401" in fault.message or "403" in fault.message):
+            cls = SignatureError
+        exc = cls(
+            f"{state.describe()} of job {self.id} failed after {attempts} attempt(s): {fault.message}"
+        )
+        exc.add_note(f"fnmap: {state.describe()} of job {self.id}; retries={self.config.retries}")
+        _set(state.future, exception=exc)
+        self._progress_update(state.n_items, state.n_items)
+        self._after_done()
+
+    def record_attempt(self, state: CallState, attempt: int, sent: float) -> None:
+        with self._lock:
+            state.attempts.append([attempt, sent, None, None])
+            state.sent_at = sent
+            state.in_flight += 1
+            if attempt > 1:
+                self.retry_count += 1
+
+    def record_fault(self, state: CallState, attempt: int, kind: str) -> None:
+        with self._lock:
+            self._mark_attempt(state, attempt, kind)
+
+    def _mark_attempt(self, state: CallState, attempt: int, outcome: str) -> None:
+        for record in state.attempts:
+            if record[0] == attempt and record[2] is None:
+                record[2], record[3] = time.time(), outcome
+                state.in_flight -= 1
+                break
+
+    def cancelled_before_start(self, state: CallState) -> None:
+        with self._lock:
+            if not state.done:
+                state.done = True
+                self.done_count += 1
+                state.payload = None
+        self._after_done()
+
+    def _after_done(self) -> None:
+        with self._lock:
+            self._check_all_done()
+
+    def _check_all_done(self) -> None:
+        if self.sealed and self.done_count == len(self.calls) and not self._all_done.is_set():
+            self.finished = time.time()
+            self._all_done.set()
+            if self.progress is not None:
+                self.progress.close()
+
+    def _progress_update(self, n: int, failed: int) -> None:
+        if self.progress is not None:
+            self.progress.update(n, failed)
+
+    # -- results -------------------------------------------------------------
+
+    def item_exception(self, state: CallState, offset: int, outcome: tuple) -> BaseException:
+        exc = unpack_exception(outcome[1], outcome[2])
+        exc.add_note(
+            f"fnmap: raised remotely by item {state.first_index + offset} "
+            f"(job {self.id}, {state.describe()})"
+        )
+        return exc
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._all_done.wait(timeout)
+
+    @property
+    def done(self) -> bool:
+        return self._all_done.is_set()
+
+    def results(self, return_exceptions: bool = False) -> list:
+        """Every item's result in input order; raises the first failure unless ``return_exceptions``."""
+        out = []
+        try:
+            for state in self.calls:
+                try:
+                    outcomes = state.future.result()
+                except CancelledError:
+                    raise
+                except BaseException as exc:  # the call failed at platform level
+                    if not return_exceptions:
+                        raise
+                    out.extend([exc] * state.n_items)
+                    continue
+                for offset, outcome in enumerate(outcomes):
+                    if outcome[0] == "ok":
+                        out.append(outcome[1])
+                        continue
+                    exc = self.item_exception(state, offset, outcome)
+                    if not return_exceptions:
+                        raise exc
+                    out.append(exc)
+        except BaseException:
+            self.cancel()
+            raise
+        return out
+
+    def cancel(self) -> None:
+        """Stop dispatching this job's calls; calls already running finish in the background."""
+        self.cancelled = True
+        for state in self.calls:
+            if state.future.cancel():
+                self.cancelled_before_start(state)
+
+    def attempts_summary(self) -> dict:
+        """Attempts per call, for the job summary: ``{call_id: [[attempt, sent, ended, outcome], ...]}``."""
+        with self._lock:
+            return {s.call_id: [list(a) for a in s.attempts] for s in self.calls}
+
+    def summary(self) -> dict:
+        with self._lock:
+            calls = len(self.calls)
+            retried = sum(1 for s in self.calls if len(s.attempts) > 1)
+        end = self.finished or time.time()
+        return {
+            "job_id": self.id,
+            "kind": self.kind,
+            "backend": self.config.backend,
+            "storage": self.client.store.url,
+            "calls": calls,
+            "done": self.done_count,
+            "failed_items": self.failed_count,
+            "retries": self.retry_count,
+            "calls_retried": retried,
+            "duplicates_discarded": self.duplicate_count,
+            "wall_seconds": end - self.created,
+        }
+
+    def __repr__(self) -> str:
+        return f"<fnmap.Job {self.id} {self.done_count}/{len(self.calls)} calls done>"
+
+
+def _set(future: Future, result=None, exception=None) -> None:
+    if future.done():  # cancelled by the user meanwhile
+        return
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except Exception:  # InvalidStateError: lost a race with cancel()
+        pass
+
+
+def _raise_unpicklable(chunk: tuple, first_index: int) -> None:
+    _mode, items = chunk
+    for offset, item in enumerate(items):
+        dumps_checked(item, f"item {first_index + offset}")
+    raise SerializationError(f"the chunk starting at item {first_index} cannot be pickled")

@@ -1,0 +1,72 @@
+"""Storage key layout: every key a job writes lives under ``jobs/<job_id>/``.
+
+Per-call keys are spread over 16 sub-prefixes (a short hash of the call id),
+because S3 throttles writes per prefix (about 3,500 PUT/s); one LIST of the
+job's ``out/`` prefix still finds every finished call.
+"""
+
+from __future__ import annotations
+
+import secrets
+import zlib
+
+
+def new_job_id() -> str:
+    """A random, unguessable job id (128 bits), so one job cannot name another's objects."""
+    return secrets.token_hex(16)
+
+
+def job_prefix(job_id: str) -> str:
+    return f"jobs/{job_id}/"
+
+
+def _spread(call_id: int) -> str:
+    return format(zlib.crc32(str(call_id).encode()) & 0xF, "x")
+
+
+def function_key(digest: str) -> str:
+    """Functions are content-addressed and shared across jobs."""
+    return f"functions/{digest}.pkl"
+
+
+def input_key(job_id: str, call_id: int) -> str:
+    return f"jobs/{job_id}/in/{_spread(call_id)}/{call_id}"
+
+
+def result_key(job_id: str, call_id: int) -> str:
+    return f"jobs/{job_id}/out/{_spread(call_id)}/{call_id}"
+
+
+def results_prefix(job_id: str) -> str:
+    return f"jobs/{job_id}/out/"
+
+
+def status_key(job_id: str, call_id: int, attempt: int) -> str:
+    return f"jobs/{job_id}/status/{_spread(call_id)}/{call_id}.{attempt}.json"
+
+
+def status_prefix(job_id: str) -> str:
+    return f"jobs/{job_id}/status/"
+
+
+def call_id_from_key(key: str) -> int:
+    """Inverse of :func:`result_key` (the last path segment)."""
+    return int(key.rsplit("/", 1)[1])
+
+
+def blob_key(job_id: str, name: str) -> str:
+    """Large arguments or values stored by reference (10 MB and more)."""
+    return f"jobs/{job_id}/blobs/{name}"
+
+
+def job_record_key(job_id: str) -> str:
+    return f"jobs/{job_id}/job.json"
+
+
+def log_key(job_id: str, call_id: int, attempt: int) -> str:
+    """Captured stdout/stderr of one attempt of a call."""
+    return f"jobs/{job_id}/logs/{_spread(call_id)}/{call_id}.{attempt}.txt"
+
+
+def logs_prefix(job_id: str) -> str:
+    return f"jobs/{job_id}/logs/"

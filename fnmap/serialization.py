@@ -1,0 +1,168 @@
+"""Pickling of functions, items, results and exceptions (cloudpickle).
+
+Shared by the client and the worker: it must not import client-only modules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import sys
+import traceback
+from typing import Any
+
+import cloudpickle
+
+from .errors import RemoteError, SerializationError
+
+PROTOCOL = 5
+
+
+def dumps(obj: Any) -> bytes:
+    return cloudpickle.dumps(obj, protocol=PROTOCOL)
+
+
+def loads(data: bytes) -> Any:
+    return pickle.loads(data)
+
+
+def runtime_info() -> dict:
+    """What must match between client and worker for pickles to load."""
+    return {
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "cloudpickle": cloudpickle.__version__,
+    }
+
+
+def runtime_mismatch(client: dict) -> str | None:
+    """A plain-words description of a client/worker mismatch, or None when they agree."""
+    mine = runtime_info()
+    problems = []
+    if client.get("python") != mine["python"]:
+        problems.append(f"the client runs Python {client.get('python')} but the worker runs Python {mine['python']}")
+    client_cp = str(client.get("cloudpickle", ""))
+    if client_cp.split(".")[:1] != mine["cloudpickle"].split(".")[:1]:
+        problems.append(
+            f"the client has cloudpickle {client_cp} but the worker has {mine['cloudpickle']}"
+        )
+    if not problems:
+        return None
+    return (
+        "; ".join(problems)
+        + ". Pickled functions only load on the same Python minor version and cloudpickle major "
+        "version: deploy the handler with the client's versions, or run the client on the runtime's."
+    )
+
+
+def pickle_function(func: Any) -> tuple[str, bytes]:
+    """Pickle a function once; return ``(content digest, bytes)``."""
+    data = dumps_checked(func, "the function")
+    return hashlib.sha256(data).hexdigest()[:32], data
+
+
+def dumps_checked(obj: Any, what: str) -> bytes:
+    """Pickle ``obj``, or raise :class:`SerializationError` naming the unpicklable part and its path."""
+    try:
+        return dumps(obj)
+    except Exception as e:
+        path, culprit = find_unpicklable(obj, what)
+        raise SerializationError(
+            f"{path} cannot be pickled ({type(culprit).__name__}: {culprit!r:.200}): {e}. "
+            "Objects such as locks, sockets and open files cannot travel to a worker; create them "
+            "inside the function instead."
+        ) from e
+
+
+def find_unpicklable(obj: Any, path: str, depth: int = 0, seen: set | None = None) -> tuple[str, Any]:
+    """Search ``obj`` for the innermost part that does not pickle; return ``(path, part)``."""
+    seen = set() if seen is None else seen
+    if depth > 6 or id(obj) in seen:
+        return path, obj
+    seen.add(id(obj))
+    for child_path, child in _children(obj, path):
+        try:
+            dumps(child)
+        except Exception:
+            return find_unpicklable(child, child_path, depth + 1, seen)
+    return path, obj
+
+
+def _children(obj: Any, path: str):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield f"{path}[{k!r}]", v
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for i, v in enumerate(obj):
+            yield f"{path}[{i}]", v
+    elif callable(obj) and hasattr(obj, "__code__"):
+        code = obj.__code__
+        for name, cell in zip(code.co_freevars, obj.__closure__ or ()):
+            try:
+                yield f"{path} (closure variable {name!r})", cell.cell_contents
+            except ValueError:
+                pass
+        for name in code.co_names:
+            if name in getattr(obj, "__globals__", {}):
+                yield f"{path} (global {name!r})", obj.__globals__[name]
+        for i, default in enumerate(obj.__defaults__ or ()):
+            yield f"{path} (default #{i})", default
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        for k, v in vars(obj).items():
+            yield f"{path}.{k}", v
+
+
+# -- exceptions ----------------------------------------------------------------
+
+
+def _rebuild_exception(cls, args, state):
+    exc = cls.__new__(cls)
+    exc.args = args
+    if state:
+        exc.__dict__.update(state)
+    return exc
+
+
+def pack_exception(exc: BaseException) -> tuple[bytes, str]:
+    """Pickle an exception with its formatted traceback; never raises.
+
+    Exceptions whose ``__init__`` takes other arguments than ``args`` are rebuilt
+    without calling ``__init__``; one that will not pickle at all becomes a
+    :class:`RemoteError` carrying its type name and message.
+    """
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    state = {k: v for k, v in getattr(exc, "__dict__", {}).items() if not k.startswith("__")}
+    for candidate in (exc, None):
+        try:
+            if candidate is None:
+                data = dumps(_Rebuild(type(exc), exc.args, state))
+            else:
+                data = dumps(candidate)
+            loads(data)  # an exception may pickle but fail to load (e.g. __init__ with two args)
+            return data, tb
+        except Exception:
+            continue
+    return dumps(RemoteError(f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc))), tb
+
+
+class _Rebuild:
+    """Pickles as a call to :func:`_rebuild_exception`."""
+
+    def __init__(self, cls, args, state):
+        self.cls, self.args, self.state = cls, args, state
+
+    def __reduce__(self):
+        return (_rebuild_exception, (self.cls, self.args, self.state))
+
+
+def unpack_exception(data: bytes, tb: str) -> BaseException:
+    """The remote exception, with the remote traceback chained as its cause."""
+    from .errors import RemoteTraceback
+
+    try:
+        exc = loads(data)
+    except Exception as e:  # e.g. the exception's class is not importable on the client
+        exc = RemoteError("unknown", f"could not unpickle the remote exception ({e})")
+    if not isinstance(exc, BaseException):
+        exc = RemoteError(type(exc).__name__, repr(exc))
+    exc.__cause__ = RemoteTraceback(tb)
+    return exc

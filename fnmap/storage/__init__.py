@@ -1,0 +1,95 @@
+"""Object storage behind one small interface, chosen by URL scheme.
+
+``file:///path`` is the default (a per-user cache folder); ``s3://bucket/prefix``
+works with AWS and any S3-compatible server through boto3's own endpoint
+settings.  Stores are cached per URL per process, so their clients and
+connection pools are reused.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Protocol, runtime_checkable
+from urllib.parse import urlparse
+
+from ..errors import KeyNotFound, UnknownStorage
+
+__all__ = ["Store", "KeyNotFound", "open_store", "default_storage_url", "STORES"]
+
+#: URL scheme -> "module:Class", imported on first use.
+STORES = {
+    "file": "fnmap.storage.file:FileStore",
+    "s3": "fnmap.storage.s3:S3Store",
+}
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What every storage implementation offers.  Keys are ``/``-separated relative paths."""
+
+    url: str
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write atomically (readers see the old object or the new one, never a part)."""
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write only if the key does not exist yet; True if this call wrote it (first writer wins)."""
+
+    def get(self, key: str) -> bytes:
+        """Read a whole object; raises :class:`KeyNotFound`."""
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Read bytes ``[start, end)`` of an object; raises :class:`KeyNotFound`."""
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str) -> list[str]:
+        """Every key starting with ``prefix`` (all pages), sorted."""
+
+    def delete(self, keys: list[str]) -> None:
+        """Delete keys; missing keys are ignored."""
+
+
+_cache: dict[str, Store] = {}
+_lock = threading.Lock()
+
+
+def default_storage_url() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return "file://" + os.path.join(os.path.abspath(base), "fnmap")
+
+
+def open_store(url: str) -> Store:
+    """Return the (cached) store for a storage URL."""
+    with _lock:
+        store = _cache.get(url)
+        if store is None:
+            store = _cache[url] = _create(url)
+        return store
+
+
+def _create(url: str) -> Store:
+    if not isinstance(url, str) or "://" not in url:
+        raise UnknownStorage(
+            f"storage URL {url!r} is malformed: use file:///absolute/path or s3://bucket/prefix"
+        )
+    scheme = urlparse(url).scheme
+    target = STORES.get(scheme)
+    if target is None:
+        known = ", ".join(f"{s}://" for s in sorted(STORES))
+        raise UnknownStorage(f"storage URL {url!r} has unknown scheme {scheme!r}; known schemes: {known}")
+    module_name, class_name = target.split(":")
+    import importlib
+
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(url)
+
+
+def _check_key(key: str) -> None:
+    if not key or key.startswith("/") or ".." in key.split("/"):
+        raise ValueError(f"invalid storage key {key!r}: keys are relative paths without '..'")
+
+
+def _not_found(url: str, key: str) -> KeyNotFound:
+    return KeyNotFound(f"{url.rstrip('/')}/{key} does not exist")

@@ -1,0 +1,103 @@
+"""``file://`` storage: a folder on the local disk, with atomic writes."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from urllib.parse import unquote, urlparse
+
+from . import _check_key, _not_found
+from ..errors import UnknownStorage
+
+
+class FileStore:
+    """Objects are files under a root folder; writes go to a temp file then ``os.replace``/``os.link``."""
+
+    def __init__(self, url: str):
+        parsed = urlparse(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise UnknownStorage(
+                f"storage URL {url!r} names host {parsed.netloc!r}; a file URL needs an absolute "
+                "path with three slashes, e.g. file:///tmp/fnmap"
+            )
+        path = unquote(parsed.path)
+        if not path or not os.path.isabs(path):
+            raise UnknownStorage(f"storage URL {url!r} needs an absolute path, e.g. file:///tmp/fnmap")
+        self.root = path
+        self.url = url
+        os.makedirs(self.root, exist_ok=True)
+
+    def _path(self, key: str) -> str:
+        _check_key(key)
+        return os.path.join(self.root, *key.split("/"))
+
+    def _write_temp(self, path: str, data: bytes) -> str:
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        os.replace(self._write_temp(path, data), path)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        if os.path.exists(path):
+            return False
+        tmp = self._write_temp(path, data)
+        try:
+            os.link(tmp, path)  # atomic, and fails if the target exists
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def get(self, key: str) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            raise _not_found(self.url, key) from None
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                f.seek(start)
+                return f.read(max(0, end - start))
+        except (FileNotFoundError, NotADirectoryError):
+            raise _not_found(self.url, key) from None
+
+    def exists(self, key: str) -> bool:
+        return os.path.isfile(self._path(key))
+
+    def list(self, prefix: str) -> list[str]:
+        # Walk only the deepest folder the prefix names fully.
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = os.path.join(self.root, *folder.split("/")) if folder else self.root
+        keys = []
+        for dirpath, _dirnames, filenames in os.walk(start):
+            rel = os.path.relpath(dirpath, self.root)
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            for name in filenames:
+                if name.startswith(".tmp-"):
+                    continue
+                key = rel + name
+                if key.startswith(prefix):
+                    keys.append(key)
+        keys.sort()
+        return keys
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            try:
+                os.unlink(self._path(key))
+            except FileNotFoundError:
+                pass

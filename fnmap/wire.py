@@ -1,0 +1,96 @@
+"""The wire format between client and handlers: one envelope for requests and responses.
+
+An envelope is ``4-byte big-endian header length | JSON header | binary payload``.
+The JSON header can be read without unpickling anything, so a handler verifies
+the signature (over the whole body) and inspects routing fields safely first.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+_LEN = struct.Struct(">I")
+
+
+@dataclass
+class CallRequest:
+    """One invocation: run the function over one chunk of items."""
+
+    job_id: str
+    call_id: int
+    func_key: str
+    store_url: str
+    attempt: int = 1
+    timeout: float | None = None
+    #: Storage key of the pickled chunk, when it is too big to travel inline.
+    items_key: str | None = None
+    #: Results up to this size ride back in the response as well.
+    inline_result_limit: int = 1 << 20
+    extra_env: dict = field(default_factory=dict)
+    runtime: dict = field(default_factory=dict)
+    #: Index of the chunk's first item in the job, for error messages.
+    first_index: int = 0
+    #: Whether user code's stdout/stderr is captured and stored.
+    capture_logs: bool = True
+    #: Qualified names of user exception types the client re-runs (``retry_on``), and the attempt
+    #: limit: an attempt that raised one of them, with attempts left, is answered without committing.
+    retry_on: list = field(default_factory=list)
+    max_attempts: int = 1
+
+
+@dataclass
+class CallResponse:
+    """What a handler answers.  ``ok`` is False only for platform-level failures."""
+
+    job_id: str
+    call_id: int
+    attempt: int
+    ok: bool = True
+    #: Platform failure kind (see ``errors.PlatformFault``) and message, when not ok.
+    error_kind: str | None = None
+    error: str | None = None
+    result_key: str | None = None
+    #: True when the payload holds the pickled outcomes.
+    inline: bool = False
+    #: False when another attempt had already committed this call's result.
+    committed: bool = True
+    stats: dict = field(default_factory=dict)
+
+
+def encode(header: Any, payload: bytes = b"") -> bytes:
+    meta = json.dumps(asdict(header) if hasattr(header, "__dataclass_fields__") else header).encode()
+    return b"".join((_LEN.pack(len(meta)), meta, payload))
+
+
+def decode_header(body: bytes) -> tuple[dict, int]:
+    """Parse the JSON header; return it with the payload's offset.  Raises ValueError when malformed."""
+    if len(body) < _LEN.size:
+        raise ValueError("body too short for an fnmap envelope")
+    (n,) = _LEN.unpack_from(body)
+    if n > len(body) - _LEN.size:
+        raise ValueError("envelope header length exceeds the body")
+    header = json.loads(body[_LEN.size : _LEN.size + n])
+    if not isinstance(header, dict):
+        raise ValueError("envelope header is not a JSON object")
+    return header, _LEN.size + n
+
+
+def decode_request(body: bytes) -> tuple[CallRequest, memoryview]:
+    header, offset = decode_header(body)
+    try:
+        req = CallRequest(**header)
+    except TypeError as e:
+        raise ValueError(f"malformed call request: {e}") from None
+    return req, memoryview(body)[offset:]
+
+
+def decode_response(body: bytes) -> tuple[CallResponse, memoryview]:
+    header, offset = decode_header(body)
+    return CallResponse(**header), memoryview(body)[offset:]
+
+
+#: HTTP header a handler sets on a non-200 answer to say what kind of platform failure it was.
+ERROR_KIND_HEADER = "X-Fnmap-Error-Kind"

@@ -1,0 +1,311 @@
+"""The one worker routine every handler wraps (HTTP, Lambda, container job, emulator).
+
+``handle(body, signature, secret)`` verifies the request's signature before
+anything is unpickled, then ``run`` does the work in small named steps:
+check the runtime, load the function (cached per process) and the chunk, run
+each item, commit the outcomes once (first writer wins), and write a status
+record.  A user exception is an outcome, not a failure of the call; only
+platform problems (storage down, bad request, version mismatch) make the
+response ``ok=False``.  Nothing here imports the client side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from . import keys, signing
+from .errors import SerializationError
+from .errors import TimeoutError as CallTimeout
+from .serialization import dumps, loads, pack_exception, runtime_mismatch
+from .storage import open_store
+from .wire import CallRequest, CallResponse, decode_request, encode
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+_functions: OrderedDict[str, Any] = OrderedDict()
+_FUNCTION_CACHE_SIZE = 32
+_calls_served = 0
+
+#: Chunk modes: how each item is applied to the function.
+MODE_ONE = "one"  # func(item)
+MODE_ARGS = "args"  # func(*args, **kwargs) for (args, kwargs) items
+
+
+def handle(body: bytes, signature: str | None, secret: bytes | None) -> tuple[int, bytes]:
+    """Verify and run one invocation; return ``(HTTP status, response body)``.
+
+    401: no signature; 403: wrong signature; 400: malformed request; 500: the
+    handler has no secret configured.  Nothing is unpickled before the check.
+    """
+    if not secret:
+        return 500, b"fnmap handler has no secret: set FNMAP_SECRET to the deployment's secret"
+    if not signature:
+        return 401, b"unsigned request refused: fnmap requests carry an X-Fnmap-Signature header"
+    if not signing.verify(secret, body, signature):
+        return 403, b"request signature does not match: refused, nothing was run"
+    try:
+        req, payload = decode_request(body)
+    except ValueError as e:
+        return 400, f"malformed fnmap request: {e}".encode()
+    resp, out = run(req, payload)
+    return 200, encode(resp, out)
+
+
+def run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, bytes]:
+    """Run one call and commit its outcomes; return the response header and inline payload."""
+    global _calls_served
+    started = time.time()
+    cold = _calls_served == 0
+    _calls_served += 1
+    resp = CallResponse(job_id=req.job_id, call_id=req.call_id, attempt=req.attempt)
+    mismatch = runtime_mismatch(req.runtime)
+    if mismatch:
+        return _platform_error(resp, "version", mismatch), b""
+    try:
+        store = open_store(req.store_url)
+    except Exception as e:
+        return _platform_error(resp, "rejected", f"cannot open storage {req.store_url!r}: {e}"), b""
+    try:
+        func, items, mode = _load(store, req, payload)
+        loaded = None
+    except Exception as e:  # an unpicklable/unimportable function or chunk fails every item alike
+        if _is_storage_error(e):
+            return _platform_error(resp, "server", f"storage read failed: {e!r}"), b""
+        func = items = mode = None
+        loaded = e
+    logs = io.StringIO() if req.capture_logs else None
+    with _call_environment(req.extra_env), _captured(logs):
+        if loaded is None:
+            outcomes = _run_items(func, items, mode, req)
+        else:
+            outcomes = [_error_outcome(loaded)]
+    data = _dump_outcomes(outcomes)
+    finished = time.time()
+    if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline
+        resp.error_kind, resp.committed, resp.inline = "retry_on", False, True
+        resp.stats = _stats(req, started, finished, cold, len(payload), len(data), outcomes)
+        return resp, data
+    try:
+        committed = store.put_if_absent(keys.result_key(req.job_id, req.call_id), data)
+        if not committed:  # an earlier attempt or a speculative copy won: its result is the result
+            data = store.get(keys.result_key(req.job_id, req.call_id))
+        if logs is not None and logs.tell():
+            store.put(keys.log_key(req.job_id, req.call_id, req.attempt), logs.getvalue().encode())
+        resp.stats = _stats(req, started, finished, cold, len(payload), len(data), outcomes)
+        store.put(keys.status_key(req.job_id, req.call_id, req.attempt), json.dumps(resp.stats).encode())
+    except Exception as e:
+        return _platform_error(resp, "server", f"storage write failed: {e!r}"), b""
+    resp.committed = committed
+    resp.result_key = keys.result_key(req.job_id, req.call_id)
+    resp.inline = len(data) <= req.inline_result_limit
+    return resp, data if resp.inline else b""
+
+
+def _platform_error(resp: CallResponse, kind: str, message: str) -> CallResponse:
+    resp.ok, resp.error_kind, resp.error = False, kind, message
+    return resp
+
+
+def _is_storage_error(e: BaseException) -> bool:
+    from .errors import KeyNotFound
+
+    return isinstance(e, (KeyNotFound, OSError)) or type(e).__module__.startswith("botocore")
+
+
+def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
+    func = _functions.get(req.func_key)
+    if func is None:
+        func = loads(store.get(req.func_key))
+        _functions[req.func_key] = func
+        if len(_functions) > _FUNCTION_CACHE_SIZE:
+            _functions.popitem(last=False)
+    else:
+        _functions.move_to_end(req.func_key)
+    chunk = loads(store.get(req.items_key)) if req.items_key else loads(payload)
+    mode, items = chunk
+    return func, items, mode
+
+
+def _run_items(func, items: list, mode: str, req: CallRequest) -> list[tuple]:
+    outcomes: list[tuple] = []
+    with _Deadline(req.timeout) as deadline:
+        for offset, item in enumerate(items):
+            index = req.first_index + offset
+            if deadline.expired():
+                outcomes.append(_error_outcome(_timeout_error(req, index, started=False)))
+                continue
+            try:
+                deadline.armed = True
+                value = func(item) if mode == MODE_ONE else func(*item[0], **item[1])
+                deadline.armed = False
+                outcomes.append(("ok", value))
+            except _Expired:
+                deadline.armed = False
+                outcomes.append(_error_outcome(_timeout_error(req, index, started=True)))
+            except BaseException as e:  # noqa: B036 - SystemExit etc. in user code are outcomes too
+                deadline.armed = False
+                outcomes.append(_error_outcome(e))
+    return outcomes
+
+
+def _timeout_error(req: CallRequest, index: int, started: bool) -> CallTimeout:
+    if started:
+        return CallTimeout(f"item {index} exceeded the call timeout of {req.timeout} s and was stopped")
+    return CallTimeout(f"item {index} was not started: the call timeout of {req.timeout} s had expired")
+
+
+class _Expired(BaseException):
+    """Raised into user code by the timer; a BaseException so ``except Exception`` cannot swallow it."""
+
+
+class _Deadline:
+    """Stops user code after ``timeout`` seconds.
+
+    With the main thread (emulator workers, Lambda, containers) a SIGALRM timer
+    raises into the running item, but only while ``armed`` (inside user code),
+    so our own bookkeeping is never interrupted.  Elsewhere (threads) the
+    deadline is only checked between items and the client's timeout applies.
+    """
+
+    def __init__(self, timeout: float | None):
+        self.timeout = timeout
+        self.end = time.monotonic() + timeout if timeout else None
+        self.armed = False
+        self._previous = None
+        self._use_signal = bool(
+            timeout
+            and hasattr(signal, "setitimer")
+            and threading.current_thread() is threading.main_thread()
+        )
+
+    def expired(self) -> bool:
+        return self.end is not None and time.monotonic() >= self.end
+
+    def _on_alarm(self, signum, frame):
+        if self.armed:
+            self.armed = False
+            raise _Expired()
+
+    def __enter__(self):
+        if self._use_signal:
+            self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
+            signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        return self
+
+    def __exit__(self, *exc):
+        if self._use_signal:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous)
+        return False
+
+
+def _error_outcome(exc: BaseException) -> tuple:
+    data, tb = pack_exception(exc)
+    names = [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__]
+    return ("err", data, tb, names)
+
+
+def _wants_retry(req: CallRequest, outcomes: list[tuple]) -> bool:
+    if not req.retry_on or req.attempt >= req.max_attempts:
+        return False
+    wanted = set(req.retry_on)
+    return any(o[0] == "err" and wanted.intersection(o[3]) for o in outcomes)
+
+
+def _dump_outcomes(outcomes: list[tuple]) -> bytes:
+    try:
+        return dumps(outcomes)
+    except Exception:
+        pass
+    fixed = []
+    for i, outcome in enumerate(outcomes):  # find the results that do not pickle, keep the rest
+        try:
+            dumps(outcome)
+            fixed.append(outcome)
+        except Exception as e:
+            err = SerializationError(
+                f"the result of item {i} of the call ({type(outcome[1]).__name__}) cannot be pickled: {e}"
+            )
+            fixed.append(_error_outcome(err))
+    return dumps(fixed)
+
+
+@contextlib.contextmanager
+def _call_environment(extra_env: dict):
+    if not extra_env:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in extra_env}
+    os.environ.update({str(k): str(v) for k, v in extra_env.items()})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class _Tee(io.TextIOBase):
+    """Writes to the capture buffer and to the original stream."""
+
+    def __init__(self, buffer: io.StringIO, original):
+        self.buffer_, self.original = buffer, original
+
+    def write(self, s: str) -> int:
+        self.buffer_.write(s)
+        with contextlib.suppress(Exception):
+            self.original.write(s)
+        return len(s)
+
+    def flush(self) -> None:
+        with contextlib.suppress(Exception):
+            self.original.flush()
+
+
+@contextlib.contextmanager
+def _captured(buffer: io.StringIO | None):
+    if buffer is None:
+        yield
+        return
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tee(buffer, out), _Tee(buffer, err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
+    try:
+        import resource
+
+        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except ImportError:
+        peak_kb = None
+    failed = sum(1 for o in outcomes if o[0] != "ok")
+    return {
+        "job_id": req.job_id,
+        "call_id": req.call_id,
+        "attempt": req.attempt,
+        "worker": WORKER_ID,
+        "cold": cold,
+        "started": started,
+        "finished": finished,
+        "written": time.time(),
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+        "peak_memory_kb": peak_kb,
+        "items": len(outcomes),
+        "failed_items": failed,
+    }
