@@ -93,13 +93,24 @@ class Config:
         return (
             self.backend, self.storage_url, self.emulator_url, self.http_url, self.secret,
             self.workers, self.emulator_options, self.function_name, self.region,
-            self.job_queue, self.job_definition,
+            self.job_queue, self.job_definition, endpoint_environment(),
         )
 
     def replace(self, **changes: Any) -> Config:
         sources = dict(self.sources)
         sources.update({k: "keyword" for k in changes})
         return dataclasses.replace(self, sources=sources, **changes)
+
+
+def endpoint_environment() -> tuple:
+    """The AWS endpoint and credential settings of the environment.
+
+    Workers of an auto-started emulator inherit the environment when it starts,
+    so a change here (say ``AWS_ENDPOINT_URL_S3`` set after the first job) must
+    lead to a new client and emulator rather than to workers that see old values.
+    """
+    return tuple(sorted((k, v) for k, v in os.environ.items()
+                        if k.startswith(("AWS_", "FNMAP_S3_"))))
 
 
 OPTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "sources")

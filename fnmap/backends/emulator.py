@@ -20,6 +20,7 @@ import time
 
 import requests
 
+from ..config import endpoint_environment
 from ..errors import ConfigError, FnmapError
 from ..signing import SECRET_ENV, new_secret
 from .http import HttpBackend
@@ -36,7 +37,7 @@ class EmulatorBackend(HttpBackend):
             _check_reachable(url, config)
             workers = config.workers
         else:
-            embedded = embedded_emulator(config.workers, config.emulator_options)
+            embedded = embedded_emulator(config.workers, config.emulator_options, endpoint_environment())
             url, workers = embedded.url, embedded.workers
             self.secret = embedded.secret
         super().__init__(config, url=url)
@@ -122,9 +123,9 @@ _embedded: dict[tuple, EmbeddedEmulator] = {}
 _lock = threading.Lock()
 
 
-def embedded_emulator(workers: int | None, options: str = "") -> EmbeddedEmulator:
+def embedded_emulator(workers: int | None, options: str = "", environment: tuple = ()) -> EmbeddedEmulator:
     """The process-wide emulator for these settings, started on first use (restarted if it died)."""
-    key = (workers, options)
+    key = (workers, options, environment)
     with _lock:
         emu = _embedded.get(key)
         if emu is None or not emu.alive():

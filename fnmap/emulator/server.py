@@ -13,10 +13,6 @@ from .app import Emulator, create_emulator_app
 from .pool import WorkerPool
 
 
-class _Stop(Exception):
-    pass
-
-
 def default_workers() -> int:
     return max(4, 2 * (os.cpu_count() or 2))
 
@@ -40,36 +36,32 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     actual_host, actual_port = server.effective_host, server.effective_port
     shown_host = f"[{actual_host}]" if ":" in str(actual_host) else actual_host
 
-    stopping = []
-
-    def stop(signum=None, frame=None):
-        if not stopping:  # a second signal during shutdown must not interrupt the cleanup
-            stopping.append(signum)
-            raise _Stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stop_requested = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop_requested.set())
+    signal.signal(signal.SIGINT, lambda signum, frame: stop_requested.set())
     if watch_stdin:
-        threading.Thread(target=_exit_on_stdin_eof, daemon=True).start()
+        threading.Thread(target=_set_on_stdin_eof, args=(stop_requested,), daemon=True).start()
+    serving = threading.Thread(target=server.run, name="fnmap-emulator-server", daemon=True)
+    serving.start()
     print(f"fnmap emulator listening on http://{shown_host}:{actual_port} with {workers} workers", flush=True)
     try:
-        server.run()
-    except _Stop:
-        pass
+        while not stop_requested.wait(0.5) and serving.is_alive():
+            pass
     finally:
-        server.close()
+        server.close()  # closing every socket of waitress's map ends its loop
+        serving.join(timeout=10)
         pool.close()
         print("fnmap emulator stopped", file=sys.stderr, flush=True)
 
 
-def _exit_on_stdin_eof() -> None:
+def _set_on_stdin_eof(event: threading.Event) -> None:
     """The parent that started us holds our stdin; when it dies, we stop too (no orphans)."""
     try:
         while sys.stdin.buffer.read(1 << 16):
             pass
     except (OSError, ValueError):
         pass
-    os.kill(os.getpid(), signal.SIGTERM)
+    event.set()
 
 
 def _warn_if_exposed(host: str) -> None:

@@ -1,0 +1,138 @@
+"""Shared fixtures: a clean environment, real servers on loopback (emulator, moto S3), stopped after."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from fnmap.signing import new_secret
+
+_SCRUB = re.compile(r"^(FNMAP_|AWS_ENDPOINT_URL)")
+
+
+@pytest.fixture(scope="session")
+def storage_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("fnmap-storage")
+
+
+@pytest.fixture(autouse=True)
+def _reset_environ(monkeypatch, storage_root):
+    """Every test starts with no FNMAP_* settings and storage in a temporary folder."""
+    for name in list(os.environ):
+        if _SCRUB.match(name):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("FNMAP_STORAGE", storage_root.as_uri())
+    monkeypatch.setenv("FNMAP_PROGRESS", "false")
+    # No config file from the developer's home or working folder leaks in.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(storage_root / "no-config"))
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_embedded_emulators():
+    yield
+    from fnmap.backends.emulator import stop_embedded
+
+    stop_embedded()
+
+
+class EmulatorProcess:
+    """``fnmap emulator`` run as a subprocess on a free loopback port."""
+
+    def __init__(self, *args: str, workers: int = 2, env: dict | None = None):
+        self.secret = new_secret()
+        full_env = dict(os.environ, FNMAP_SECRET=self.secret, **(env or {}))
+        cmd = [sys.executable, "-m", "fnmap", "emulator", "--host", "127.0.0.1", "--port", "0",
+               "--workers", str(workers), *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env)
+        self.url = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline().decode()
+            if not line:
+                raise RuntimeError("emulator exited: " + self.proc.stderr.read().decode())
+            if "listening on " in line:
+                self.url = line.split("listening on ", 1)[1].split()[0]
+                break
+        assert self.url, "emulator did not start"
+
+    def health(self) -> dict:
+        return requests.get(self.url + "/health", timeout=5).json()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for f in (self.proc.stdout, self.proc.stderr):
+            f.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def emulator_process():
+    """Factory: start emulators with given options; every one is stopped after the test."""
+    started: list[EmulatorProcess] = []
+
+    def start(*args: str, **kwargs) -> EmulatorProcess:
+        emu = EmulatorProcess(*args, **kwargs)
+        started.append(emu)
+        return emu
+
+    yield start
+    for emu in started:
+        emu.stop()
+
+
+@pytest.fixture
+def use_emulator(emulator_process, monkeypatch):
+    """A dedicated emulator subprocess, with FNMAP_EMULATOR_URL and FNMAP_SECRET pointing at it."""
+
+    def start(*args: str, **kwargs) -> EmulatorProcess:
+        emu = emulator_process(*args, **kwargs)
+        monkeypatch.setenv("FNMAP_EMULATOR_URL", emu.url)
+        monkeypatch.setenv("FNMAP_SECRET", emu.secret)
+        return emu
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3-compatible server on loopback; yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """boto3 pointed at the moto server through its standard settings; returns a bucket maker."""
+    import boto3
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+
+    def make_bucket(name: str) -> str:
+        s3.create_bucket(Bucket=name)
+        return name
+
+    make_bucket.client = s3
+    return make_bucket
