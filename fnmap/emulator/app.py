@@ -8,6 +8,7 @@ the :class:`~fnmap.emulator.pool.WorkerPool`.
 from __future__ import annotations
 
 import collections
+import importlib
 import threading
 import time
 
@@ -19,6 +20,8 @@ from ..wire import decode_header
 from .pool import WorkerPool
 
 RECENT_CALLS = 1000
+#: Modules adding routes that emulate other platform APIs; each has ``register(app, emulator)``.
+EXTENSIONS: list[str] = []
 
 
 class Emulator:
@@ -83,4 +86,6 @@ def create_emulator_app(emulator: Emulator):
     app = create_app(emulator.execute, name="fnmap-emulator")
     app.add_url_rule("/health", "health", lambda: jsonify(emulator.health()))
     app.add_url_rule("/calls", "calls", lambda: jsonify(list(emulator.recent)))
+    for name in EXTENSIONS:
+        importlib.import_module(name).register(app, emulator)
     return app
