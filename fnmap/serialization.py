@@ -6,6 +6,7 @@ Shared by the client and the worker: it must not import client-only modules.
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import sys
 import traceback
@@ -55,7 +56,12 @@ def runtime_mismatch(client: dict) -> str | None:
 
 
 def pickle_function(func: Any) -> tuple[str, bytes]:
-    """Pickle a function once; return ``(content digest, bytes)``."""
+    """Pickle a function once; return ``(content digest, bytes)``.
+
+    The user's own modules (scripts, test files, local packages that are not
+    installed) do not exist on the worker, so they are shipped by value.
+    """
+    ship_local_modules()
     data = dumps_checked(func, "the function")
     return hashlib.sha256(data).hexdigest()[:32], data
 
@@ -109,6 +115,54 @@ def _children(obj: Any, path: str):
     elif hasattr(obj, "__dict__") and not isinstance(obj, type):
         for k, v in vars(obj).items():
             yield f"{path}.{k}", v
+
+
+_local_seen: set[str] = set()
+_site_roots: tuple[str, ...] | None = None
+
+
+def _install_roots() -> tuple[str, ...]:
+    global _site_roots
+    if _site_roots is None:
+        import site
+        import sysconfig
+
+        roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+        roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+        roots.add(site.getusersitepackages() if hasattr(site, "getusersitepackages") else "")
+        roots.update({sys.prefix, sys.base_prefix, sys.exec_prefix})
+        _site_roots = tuple(os.path.realpath(r) + os.sep for r in roots if r)
+    return _site_roots
+
+
+def _is_local_module(name: str, module: Any) -> bool:
+    file = getattr(module, "__file__", None)
+    if not file or name == "__main__" or name.split(".")[0] in _installed_top_level():
+        return False
+    return not os.path.realpath(file).startswith(_install_roots())
+
+
+_installed: set[str] | None = None
+
+
+def _installed_top_level() -> set[str]:
+    """Top-level names provided by installed distributions (editable installs included)."""
+    global _installed
+    if _installed is None:
+        import importlib.metadata
+
+        _installed = set(importlib.metadata.packages_distributions()) | {"fnmap", "handlers"}
+    return _installed
+
+
+def ship_local_modules() -> None:
+    """Register every loaded module that is not installed for pickling by value (cloudpickle)."""
+    for name, module in list(sys.modules.items()):
+        if name in _local_seen or module is None:
+            continue
+        _local_seen.add(name)
+        if _is_local_module(name, module):
+            cloudpickle.register_pickle_by_value(module)
 
 
 # -- exceptions ----------------------------------------------------------------

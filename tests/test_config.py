@@ -1,0 +1,75 @@
+"""Configuration: precedence and clear errors for bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+import fnmap
+from fnmap.config import resolve
+
+
+def test_defaults():
+    c = resolve()
+    assert c.backend == "emulator" and c.chunksize == 1 and c.retries == 2
+
+
+def test_keyword_beats_environment_beats_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fnmap.toml").write_text('retries = 5\nchunksize = 3\ntimeout = 9\n')
+    monkeypatch.setenv("FNMAP_CHUNKSIZE", "4")
+    c = resolve(timeout=2)
+    assert c.retries == 5 and c.source("retries").startswith("config file")
+    assert c.chunksize == 4 and c.source("chunksize") == "the environment"
+    assert c.timeout == 2 and c.source("timeout") == "keyword"
+
+
+def test_config_file_fnmap_table(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fnmap.toml").write_text('[fnmap]\nbackend = "local"\n')
+    assert resolve().backend == "local"
+
+
+def test_unknown_backend_from_environment_names_value_source_and_choices(monkeypatch):
+    monkeypatch.setenv("FNMAP_BACKEND", "lamda")
+    with pytest.raises(fnmap.UnknownBackend) as info:
+        fnmap.map(abs, [1])
+    msg = str(info.value)
+    assert "FNMAP_BACKEND='lamda'" in msg and "environment" in msg and "emulator" in msg
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True])
+def test_bad_chunksize(value):
+    with pytest.raises(fnmap.ConfigError, match="chunksize"):
+        fnmap.map(abs, [1], chunksize=value)
+
+
+def test_malformed_storage_url():
+    with pytest.raises(fnmap.ConfigError, match="storage"):
+        fnmap.map(abs, [1], storage="/tmp/no-scheme")
+
+
+def test_unknown_storage_scheme(tmp_path):
+    with pytest.raises(fnmap.UnknownStorage, match="gs"):
+        fnmap.map(abs, [1], storage="gs://bucket/x")
+
+
+def test_unreachable_emulator_url():
+    with pytest.raises(fnmap.ConfigError, match="not reachable"):
+        fnmap.map(abs, [1], emulator_url="http://127.0.0.1:9")
+
+
+def test_unknown_option_is_a_type_error():
+    with pytest.raises(TypeError, match="chunk_size"):
+        fnmap.map(abs, [1], chunk_size=3)
+
+
+def test_bad_environment_number(monkeypatch):
+    monkeypatch.setenv("FNMAP_RETRIES", "many")
+    with pytest.raises(fnmap.ConfigError, match="FNMAP_RETRIES='many'"):
+        resolve()
+
+
+def test_bad_retry_on():
+    with pytest.raises(fnmap.ConfigError, match="retry_on"):
+        resolve(retry_on=("ValueError",))
