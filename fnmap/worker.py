@@ -77,11 +77,13 @@ def run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, by
     try:
         func, items, mode = _load(store, req, payload)
         loaded = None
+        loaded_at = time.time()
     except Exception as e:  # an unpicklable/unimportable function or chunk fails every item alike
         if _is_storage_error(e):
             return _platform_error(resp, "server", f"storage read failed: {e!r}"), b""
         func = items = mode = None
         loaded = e
+        loaded_at = time.time()
     logs = io.StringIO() if req.capture_logs else None
     with _call_environment(req.extra_env), _captured(logs):
         if loaded is None:
@@ -93,6 +95,7 @@ def run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, by
     if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline
         resp.error_kind, resp.committed, resp.inline = "retry_on", False, True
         resp.stats = _stats(req, started, finished, cold, len(payload), len(data), outcomes)
+        resp.stats.update(_observed(loaded_at, logs, outcomes))
         return resp, data
     try:
         committed = store.put_if_absent(keys.result_key(req.job_id, req.call_id), data)
@@ -101,6 +104,7 @@ def run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, by
         if logs is not None and logs.tell():
             store.put(keys.log_key(req.job_id, req.call_id, req.attempt), logs.getvalue().encode())
         resp.stats = _stats(req, started, finished, cold, len(payload), len(data), outcomes)
+        resp.stats.update(_observed(loaded_at, logs, outcomes))
         store.put(keys.status_key(req.job_id, req.call_id, req.attempt), json.dumps(resp.stats).encode())
     except Exception as e:
         return _platform_error(resp, "server", f"storage write failed: {e!r}"), b""
@@ -309,3 +313,15 @@ def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
         "items": len(outcomes),
         "failed_items": failed,
     }
+
+
+#: Characters of captured output sent back with a call that had a failing item.
+LOG_TAIL_CHARS = 2000
+
+
+def _observed(loaded_at: float, logs: io.StringIO | None, outcomes: list[tuple]) -> dict:
+    """Stats for job records (issue 8): when loading ended, and the output tail of a failing call."""
+    extra: dict = {"loaded": loaded_at}
+    if logs is not None and logs.tell() and any(o[0] != "ok" for o in outcomes):
+        extra["log_tail"] = logs.getvalue()[-LOG_TAIL_CHARS:]
+    return extra
