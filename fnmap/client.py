@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import keys, policy, signing
+from . import compression, keys, policy, signing
 from .backends import create_backend
 from .backends.base import Invocation
 from .errors import ConfigError, PlatformFault
@@ -133,7 +133,7 @@ class Client:
             return
         try:
             data = bytes(payload) if resp.inline else self.store.get(resp.result_key)
-            outcomes = loads(data)
+            outcomes = loads(compression.unpack(data))
         except Exception as e:
             self._on_fault(job, state, attempt, PlatformFault("server", f"cannot read the result: {e!r}"))
             return
@@ -220,7 +220,8 @@ class Client:
         for state in waiting:
             if state.call_id in finished:
                 attempt = max(state.awaiting)
-                outcomes = loads(self.store.get(keys.result_key(job.id, state.call_id)))
+                stored = self.store.get(keys.result_key(job.id, state.call_id))
+                outcomes = loads(compression.unpack(stored))
                 state.awaiting = None
                 if job.finish(state, outcomes, None, attempt):
                     self._maybe_retire(job)

@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from . import keys, signing
+from . import compression, keys, signing
 from .errors import SerializationError
 from .errors import TimeoutError as CallTimeout
 from .serialization import dumps, loads, pack_exception, runtime_mismatch
@@ -90,7 +90,7 @@ def run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, by
             outcomes = _run_items(func, items, mode, req)
         else:
             outcomes = [_error_outcome(loaded)]
-    data = _dump_outcomes(outcomes)
+    data = compression.pack(_dump_outcomes(outcomes))  # large results compressed (issue 7)
     finished = time.time()
     if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline
         resp.error_kind, resp.committed, resp.inline = "retry_on", False, True

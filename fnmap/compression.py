@@ -1,0 +1,38 @@
+"""Compression of large results: zlib above a threshold, marked by a magic prefix.
+
+A committed result is read back from storage as often as from a response, so
+the marker travels with the bytes rather than in a response header: a reader
+calls :func:`unpack` on whatever it got.  Pickles (protocol 2 and later) start
+with ``\\x80``, so they never look like the marker.  Data that does not shrink
+(already compressed, random arrays) is left as it is, judged on a sample so
+the worker does not spend a full compression pass to find out.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+MAGIC = b"FNZ1"
+#: Results smaller than this travel as they are.
+THRESHOLD = 64 << 10
+_SAMPLE = 64 << 10
+#: Compress only when the sample shrinks below this fraction of its size.
+_WORTH_IT = 0.8
+
+
+def pack(data: bytes, threshold: int = THRESHOLD) -> bytes:
+    """``data`` compressed behind :data:`MAGIC` when it is large and compressible, else unchanged."""
+    if len(data) < threshold:
+        return data
+    sample = bytes(data[:_SAMPLE])
+    if len(zlib.compress(sample, 1)) > _WORTH_IT * len(sample):
+        return data
+    packed = zlib.compress(data, 1)
+    return MAGIC + packed if len(packed) + len(MAGIC) < len(data) else data
+
+
+def unpack(data: bytes | memoryview) -> bytes:
+    """The original bytes of :func:`pack`'s output (or of data that was never packed)."""
+    if bytes(data[: len(MAGIC)]) == MAGIC:
+        return zlib.decompress(data[len(MAGIC) :])
+    return data
