@@ -40,11 +40,15 @@ MODE_ONE = "one"  # func(item)
 MODE_ARGS = "args"  # func(*args, **kwargs) for (args, kwargs) items
 
 
-def handle(body: bytes, signature: str | None, secret: bytes | None) -> tuple[int, bytes]:
+def handle(body: bytes, signature: str | None, secret: bytes | None,
+           time_limit: float | None = None) -> tuple[int, bytes]:
     """Verify and run one invocation; return ``(HTTP status, response body)``.
 
     401: no signature; 403: wrong signature; 400: malformed request; 500: the
     handler has no secret configured.  Nothing is unpickled before the check.
+    ``time_limit``: seconds the platform still allows (Lambda's remaining time
+    less a reserve); the call's timeout is cut to it, so a timeout error is
+    written before the platform kills the call.
     """
     if not secret:
         return 500, b"fnmap handler has no secret: set FNMAP_SECRET to the deployment's secret"
@@ -56,6 +60,8 @@ def handle(body: bytes, signature: str | None, secret: bytes | None) -> tuple[in
         req, payload = decode_request(body)
     except ValueError as e:
         return 400, f"malformed fnmap request: {e}".encode()
+    if time_limit is not None and (req.timeout is None or req.timeout > time_limit):
+        req.timeout = max(time_limit, 0.001)
     resp, out = run(req, payload)
     return 200, encode(resp, out)
 

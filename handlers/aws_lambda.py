@@ -1,0 +1,32 @@
+"""AWS Lambda entry: ``handlers.aws_lambda.handler`` (zip or container image).
+
+Translates the Lambda event (:mod:`fnmap.lambda_event`: a direct Invoke, by
+value or by reference to storage, or a function URL request) into the worker
+routine's ``(body, signature)`` and its answer back.  The signature is checked
+by the worker before anything is unpickled.  The call's timeout is cut to
+Lambda's remaining time less :data:`RESERVE_SECONDS`, so a timeout error and
+the status record are written before Lambda stops the call itself.
+"""
+
+from __future__ import annotations
+
+from fnmap import worker
+from fnmap.lambda_event import decode_event, encode_result, is_url_event, url_result
+from fnmap.signing import secret_from_env
+
+#: Seconds kept back from Lambda's limit to write the outcome (one or two S3 PUTs).
+RESERVE_SECONDS = 5.0
+_SECRET = secret_from_env()
+
+
+def handler(event, context):
+    try:
+        body, signature = decode_event(event)
+    except ValueError as e:
+        status, out = 400, f"malformed fnmap event: {e}".encode()
+    except Exception as e:  # the request stored by reference could not be read: retry later
+        status, out = 503, f"cannot read the stored request: {e!r}".encode()
+    else:
+        remaining = context.get_remaining_time_in_millis() / 1000.0 - RESERVE_SECONDS
+        status, out = worker.handle(body, signature, _SECRET, time_limit=max(remaining, 0.001))
+    return url_result(status, out) if is_url_event(event) else encode_result(status, out)
