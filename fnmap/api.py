@@ -59,8 +59,7 @@ def start_map(func: Callable, items: Iterable, config, mode: str = MODE_ONE, kin
         raise
     job.progress = make_progress(config.progress, index, f"fnmap {getattr(func, '__name__', 'map')}")
     job.seal()
-    for state in states:
-        client.dispatch(job, state)
+    client.dispatch_many(job, states)
     return job
 
 

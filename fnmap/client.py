@@ -79,14 +79,24 @@ class Client:
     def dispatch(self, job: Job, state: CallState) -> None:
         self._pool.submit(self._attempt, job, state, job.next_attempt(state))
 
-    def _attempt(self, job: Job, state: CallState, attempt: int) -> None:
-        if state.done:
+    def dispatch_many(self, job: Job, states: list[CallState]) -> None:
+        """Dispatch a job's calls: one by one, or all in one request where the backend batches calls."""
+        if not self.backend.batches_calls:
+            for state in states:
+                self.dispatch(job, state)
             return
+        attempts = [(state, job.next_attempt(state)) for state in states]
+        self._pool.submit(self._attempt_many, job, attempts)
+
+    def _invocation(self, job: Job, state: CallState, attempt: int) -> Invocation | None:
+        """The signed request of one attempt, or None when the call needs no attempt any more."""
+        if state.done:
+            return None
         if attempt == 1 and not state.future.set_running_or_notify_cancel():
             job.cancelled_before_start(state)
-            return
+            return None
         if job.cancelled:
-            return
+            return None
         cfg = job.config
         req = CallRequest(
             job_id=job.id, call_id=state.call_id, func_key=state.func_key, store_url=self.store.url,
@@ -96,9 +106,43 @@ class Client:
         )
         payload = state.payload
         if payload is None:  # finished by another copy meanwhile
-            return
+            return None
         body = encode(req, payload)
-        invocation = Invocation(req, body, signing.sign(self.secret, body))
+        return Invocation(req, body, signing.sign(self.secret, body), cfg)
+
+    def _attempt_many(self, job: Job, attempts: list[tuple[CallState, int]]) -> None:
+        """One platform request for many calls (an array job); each answer is handled as in ``_attempt``."""
+        ready = [(s, a, inv) for s, a in attempts if (inv := self._invocation(job, s, a)) is not None]
+        if not ready:
+            return
+        self._acquire_slot()
+        for state, attempt, _ in ready:
+            job.record_attempt(state, attempt, time.time())
+        try:
+            answers = self.backend.invoke_many([inv for _, _, inv in ready])
+        except Exception as e:
+            fault = e if isinstance(e, PlatformFault) else PlatformFault("server", f"{type(e).__name__}: {e}")
+            self._release_slot(fault.kind == "throttled")
+            for state, attempt, _ in ready:
+                self._pool.submit(self._on_fault, job, state, attempt, fault)
+            return
+        self._release_slot(False)
+        for (state, attempt, _), answer in zip(ready, answers):
+            if answer is None:
+                self._accepted(job, state, attempt)
+            else:
+                self._pool.submit(self._on_answer, job, state, attempt, answer)
+
+    def _accepted(self, job: Job, state: CallState, attempt: int) -> None:
+        with job._lock:
+            if state.awaiting is None:
+                state.awaiting = {}
+            state.awaiting[attempt] = time.time()
+
+    def _attempt(self, job: Job, state: CallState, attempt: int) -> None:
+        invocation = self._invocation(job, state, attempt)
+        if invocation is None:
+            return
         self._acquire_slot()
         job.record_attempt(state, attempt, time.time())
         throttled = False
@@ -115,10 +159,7 @@ class Client:
             return
         self._release_slot(throttled)
         if answer is None:
-            with job._lock:
-                if state.awaiting is None:
-                    state.awaiting = {}
-                state.awaiting[attempt] = time.time()
+            self._accepted(job, state, attempt)
             return
         self._on_answer(job, state, attempt, answer)
 
@@ -207,6 +248,10 @@ class Client:
                 except Exception:  # storage hiccup: the next poll tries again
                     pass
                 self._speculate(job)
+            try:
+                self._platform_failures(jobs)
+            except Exception:  # the platform's status API hiccupped: the next poll asks again
+                pass
             time.sleep(delay)
             delay = min(_POLL_SECONDS[1], delay * 1.5)
 
@@ -217,6 +262,8 @@ class Client:
         finished = {keys.call_id_from_key(k) for k in self.store.list(keys.results_prefix(job.id))}
         now = time.time()
         lost_after = job.config.timeout + LOST_GRACE_SECONDS if job.config.timeout else self.backend.lost_after
+        if self.backend.watches_calls:  # the platform reports failed calls itself (poll_failures)
+            lost_after = self.backend.lost_after
         for state in waiting:
             if state.call_id in finished:
                 attempt = max(state.awaiting)
@@ -232,6 +279,20 @@ class Client:
                         del state.awaiting[attempt]
                         fault = PlatformFault("lost", f"no result {lost_after:.0f} s after it was accepted")
                         self._pool.submit(self._on_fault, job, state, attempt, fault)
+
+    def _platform_failures(self, jobs: list[Job]) -> None:
+        """Route the calls the platform reports as failed to the usual fault handling (retry or fail)."""
+        by_id = {job.id: job for job in jobs}
+        for failure in self.backend.poll_failures():
+            job = by_id.get(failure.job_id)
+            if job is None or not 0 <= failure.call_id < len(job.calls):
+                continue
+            state = job.calls[failure.call_id]
+            with job._lock:
+                if state.done or not state.awaiting or failure.attempt not in state.awaiting:
+                    continue
+                del state.awaiting[failure.attempt]
+            self._pool.submit(self._on_fault, job, state, failure.attempt, failure.fault)
 
     def _speculate(self, job: Job) -> None:
         if not job.sealed or not job.config.speculation:

@@ -141,6 +141,10 @@ def resolve(**kwargs: Any) -> Config:
         values["retry_on"] = (values["retry_on"],)
     if "retry_on" in values:
         values["retry_on"] = tuple(values["retry_on"])
+    gpu = values.get("gpu")
+    if "backend" not in values and isinstance(gpu, int) and not isinstance(gpu, bool) and gpu > 0:
+        # GPU calls run as container jobs unless a backend is named (issue 6).
+        values["backend"], sources["backend"] = "batch", f"gpu={gpu}: GPU calls run as container jobs"
     return Config(sources=sources, **values)
 
 

@@ -10,8 +10,9 @@ raised as :class:`fnmap.errors.PlatformFault`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from ..errors import PlatformFault
 from ..wire import CallRequest
 
 
@@ -22,6 +23,18 @@ class Invocation:
     request: CallRequest
     body: bytes
     signature: str
+    #: The job's resolved options, for platforms that take resources per job (memory, GPUs).
+    config: Any = None
+
+
+@dataclass
+class Failure:
+    """An asynchronous call the platform reports as failed (see ``BaseBackend.poll_failures``)."""
+
+    job_id: str
+    call_id: int
+    attempt: int
+    fault: PlatformFault
 
 
 @runtime_checkable
@@ -45,6 +58,22 @@ class BaseBackend:
     #: The secret to sign with when the backend knows it (an auto-started emulator made it);
     #: otherwise the client uses the ``secret`` option / ``FNMAP_SECRET``.
     secret: bytes | None = None
+    #: True when ``invoke_many`` delivers all of a job's calls in one platform request (an array job).
+    batches_calls = False
+    #: True when ``poll_failures`` reports every accepted call that fails on the platform; the client
+    #: then never declares such calls lost on a timer (a container job may queue for a long time).
+    watches_calls = False
+
+    def invoke_many(self, invocations: list[Invocation]) -> list[bytes | None]:
+        """Deliver several calls; one answer per invocation, as ``invoke`` gives.
+
+        Raises :class:`PlatformFault` when the platform refused them all.
+        """
+        return [self.invoke(invocation) for invocation in invocations]
+
+    def poll_failures(self) -> list[Failure]:
+        """Accepted calls that failed on the platform since the last poll (the client's monitor asks)."""
+        return []
 
     def close(self) -> None:
         pass
