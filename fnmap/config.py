@@ -63,6 +63,13 @@ class Config:
     function_name: str = "fnmap"
     #: AWS region for the aws and batch backends (None: boto3's default).
     region: str | None = None
+    #: aws backend: Lambda invocation type, "auto" (synchronous while few calls are in flight,
+    #: asynchronous "Event" beyond), "Event" or "RequestResponse".
+    lambda_invocation: str = "auto"
+    #: aws backend: Lambda's payload limits in bytes (synchronous; asynchronous, 256 KiB before
+    #: late 2025); a larger request travels by reference through storage.
+    lambda_sync_limit: int = 6 * 1024 * 1024
+    lambda_async_limit: int = 1024 * 1024
     #: AWS Batch job queue and job definition (batch backend).
     job_queue: str = "fnmap"
     job_definition: str = "fnmap"
@@ -93,6 +100,7 @@ class Config:
         return (
             self.backend, self.storage_url, self.emulator_url, self.http_url, self.secret,
             self.workers, self.emulator_options, self.function_name, self.region,
+            self.lambda_invocation, self.lambda_sync_limit, self.lambda_async_limit,
             self.job_queue, self.job_definition, endpoint_environment(),
         )
 
@@ -174,7 +182,8 @@ def _read_config_file() -> tuple[dict, str | None]:
     return {}, None
 
 
-_INTS = {"chunksize", "retries", "memory", "gpu", "workers", "inline_limit"}
+_INTS = {"chunksize", "retries", "memory", "gpu", "workers", "inline_limit",
+         "lambda_sync_limit", "lambda_async_limit"}
 _FLOATS = {"timeout"}
 _BOOLS = {"progress", "speculation"}
 
