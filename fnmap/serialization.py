@@ -35,9 +35,13 @@ def runtime_info() -> dict:
     }
 
 
-def runtime_mismatch(client: dict) -> str | None:
-    """A plain-words description of a client/worker mismatch, or None when they agree."""
-    mine = runtime_info()
+def runtime_mismatch(client: dict, worker: dict | None = None) -> str | None:
+    """A plain-words description of a client/worker mismatch, or None when they agree.
+
+    ``worker`` defaults to this process (the worker's side); a client passes what
+    the deployment reports, to find a mismatch before it sends anything.
+    """
+    mine = worker or runtime_info()
     problems = []
     if client.get("python") != mine["python"]:
         problems.append(f"the client runs Python {client.get('python')} but the worker runs Python {mine['python']}")
