@@ -21,7 +21,7 @@ from .pool import WorkerPool
 
 RECENT_CALLS = 1000
 #: Modules adding routes that emulate other platform APIs; each has ``register(app, emulator)``.
-EXTENSIONS: list[str] = ["fnmap.emulator.lambda_api"]
+EXTENSIONS: list[str] = ["fnmap.emulator.lambda_api", "fnmap.emulator.batch_api"]
 
 
 class Emulator:

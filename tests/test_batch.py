@@ -1,0 +1,158 @@
+"""The ``batch`` backend (GPU container jobs): its plain decisions, the container entrypoint, the
+emulated AWS Batch API end to end, and ``fnmap deploy batch`` against moto's server.
+
+Everything runs on a CPU-only machine: the emulator then gives each child ``CUDA_VISIBLE_DEVICES=""``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import fnmap
+from fnmap import container, keys, signing
+from fnmap.backends import batch as batch_backend
+from fnmap.config import resolve
+from fnmap.emulator import batch_api
+from fnmap.serialization import dumps, loads, pickle_function, runtime_info
+from fnmap.storage import open_store
+from fnmap.wire import CallRequest, encode
+
+# -- plain decisions ------------------------------------------------------------------------------
+
+
+def test_plan_arrays_splits_above_the_array_limit_into_even_parts():
+    assert batch_backend.plan_arrays(1) == [(0, 1)]
+    assert batch_backend.plan_arrays(10_000) == [(0, 10_000)]
+    assert batch_backend.plan_arrays(10_001) == [(0, 5_001), (5_001, 5_000)]
+    plan = batch_backend.plan_arrays(25_003)
+    assert len(plan) == 3 and sum(size for _, size in plan) == 25_003
+    assert all(2 <= size <= 10_000 for _, size in plan)
+    assert [start for start, _ in plan] == [0, plan[0][1], plan[0][1] + plan[1][1]]
+    assert batch_backend.plan_arrays(7, limit=3) == [(0, 3), (3, 2), (5, 2)]
+
+
+def test_cuda_visible_devices_round_robin():
+    gpus = ["0", "1", "2"]
+    assert [batch_api.assign_gpus(slot, 1, gpus) for slot in range(5)] == ["0", "1", "2", "0", "1"]
+    assert [batch_api.assign_gpus(slot, 2, gpus) for slot in range(3)] == ["0,1", "2,0", "1,2"]
+    assert batch_api.assign_gpus(4, 1, []) == ""  # a CPU machine: the child sees no GPU
+    assert batch_api.assign_gpus(4, 0, gpus) == ""  # a CPU job sees no GPU either
+    with pytest.raises(ValueError, match="asks for 4 GPUs per child but this machine has 3"):
+        batch_api.assign_gpus(0, 4, gpus)
+    listing = "GPU 0: NVIDIA H200 (UUID: GPU-aa)\nGPU 1: NVIDIA H200 (UUID: GPU-bb)\n"
+    assert batch_api.parse_gpu_list(listing) == ["0", "1"]
+
+
+def test_retry_strategy_rules_and_command():
+    rules = batch_backend.retry_strategy(2)["evaluateOnExit"]
+    assert batch_backend.retry_strategy(2)["attempts"] == 3
+    assert batch_backend.retry_strategy(50)["attempts"] == 10
+    assert batch_api.retry_action(rules, None, "Host EC2 (instance i-1) terminated.", "") == "RETRY"
+    assert batch_api.retry_action(rules, 1, "Essential container in task exited", "boom") == "EXIT"
+    assert batch_api.retry_action([], 1, "", "") == "RETRY"
+    assert batch_api.retry_action([{"onExitCode": "7*", "action": "retry"}], 75, "", "") == "RETRY"
+    command = batch_api.command_for(container.COMMAND, {"store": "file:///s", "prefix": "jobs/j/requests/a/"})
+    assert command == [sys.executable, "-m", "handlers.container", "file:///s", "jobs/j/requests/a/"]
+
+
+def test_resources_and_timeout_of_a_submission():
+    config = resolve(gpu=2, memory=16000, timeout=30, backend="batch")
+    assert batch_backend.container_overrides(config) == {"resourceRequirements": [
+        {"type": "GPU", "value": "2"}, {"type": "MEMORY", "value": "16000"}]}
+    assert batch_backend.job_timeout(30) == {"attemptDurationSeconds": 90}
+    assert batch_backend.job_timeout(None) is None
+    assert batch_backend.container_overrides(resolve(backend="batch")) == {}
+
+
+def test_failed_child_faults():
+    kind = lambda *a: batch_backend.fault_for("j:1", *a).kind  # noqa: E731
+    assert kind("Essential container in task exited", container.EXIT_PLATFORM, None) == "server"
+    assert kind("Essential container in task exited", container.EXIT_REJECTED, None) == "rejected"
+    assert kind("Essential container in task exited", container.EXIT_RETRY, None) == "server"
+    assert kind("Essential container in task exited", 137, "OutOfMemoryError: Container killed") == "crashed"
+    assert kind("Job attempt duration exceeded timeout", None, None) == "timeout"
+    fault = batch_backend.fault_for("j:1", "Host EC2 terminated", None, None, "log/1")
+    assert fault.kind == "crashed" and "j:1" in fault.message and "log/1" in fault.message
+
+
+def test_gpu_routes_to_the_batch_backend(monkeypatch):
+    config = resolve(gpu=1, memory=16000)
+    assert config.backend == "batch"
+    assert "gpu=1" in config.describe("backend")
+    assert resolve(gpu=1, backend="local").backend == "local"  # an explicit backend wins
+    assert resolve().backend == "emulator"
+    monkeypatch.setenv("FNMAP_BACKEND", "emulator")
+    assert resolve(gpu=1).backend == "emulator"
+
+
+def test_batch_backend_on_aws_needs_s3_storage(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with pytest.raises(fnmap.FnmapError, match="cannot read the local folder"):
+        batch_backend.BatchBackend(resolve(backend="batch"))
+
+
+# -- the container entrypoint ---------------------------------------------------------------------
+
+
+def _square(x):
+    if x < 0:
+        raise ValueError(f"negative: {x}")
+    return x * x
+
+
+def _write_requests(store_url: str, secret: str, items: list) -> tuple[str, str]:
+    """What the batch backend writes for an array job: one signed request per index."""
+    store = open_store(store_url)
+    digest, data = pickle_function(_square)
+    store.put(keys.function_key(digest), data)
+    job_id = keys.new_job_id()
+    prefix = container.request_prefix(job_id, "a1")
+    for index, item in enumerate(items):
+        req = CallRequest(job_id=job_id, call_id=index, func_key=keys.function_key(digest),
+                          store_url=store_url, runtime=runtime_info(), first_index=index)
+        body = encode(req, dumps(("one", [item])))
+        store.put(container.request_key(prefix, index),
+                  container.pack_request(signing.sign(secret.encode(), body), body))
+    return job_id, prefix
+
+
+def _run_entrypoint(store_url: str, prefix: str, **env) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in container.INDEX_VARIABLES}
+    return subprocess.run([sys.executable, "-m", "handlers.container", store_url, prefix],
+                          env={**full, **env}, capture_output=True, text=True, timeout=60)
+
+
+def test_container_entrypoint_runs_its_index_from_job_completion_index(storage_root):
+    store_url = storage_root.as_uri()
+    secret = signing.new_secret()
+    job_id, prefix = _write_requests(store_url, secret, [3, 4, -1])
+    done = _run_entrypoint(store_url, prefix, JOB_COMPLETION_INDEX="1", FNMAP_SECRET=secret)
+    assert done.returncode == container.EXIT_OK, done.stderr
+    store = open_store(store_url)
+    assert loads(store.get(keys.result_key(job_id, 1))) == [("ok", 16)]
+    assert not store.exists(keys.result_key(job_id, 0))  # only its own index ran
+    # A user exception is a result, not a platform error: exit 0, the error committed.
+    done = _run_entrypoint(store_url, prefix, AWS_BATCH_JOB_ARRAY_INDEX="2", FNMAP_SECRET=secret)
+    assert done.returncode == container.EXIT_OK, done.stderr
+    assert loads(store.get(keys.result_key(job_id, 2)))[0][0] == "err"
+
+
+def test_container_entrypoint_exit_codes(storage_root):
+    store_url = storage_root.as_uri()
+    secret = signing.new_secret()
+    job_id, prefix = _write_requests(store_url, secret, [5])
+    wrong = _run_entrypoint(store_url, prefix, JOB_COMPLETION_INDEX="0", FNMAP_SECRET="not-the-secret")
+    assert wrong.returncode == container.EXIT_REJECTED and "403" in wrong.stderr
+    missing = _run_entrypoint(store_url, prefix, JOB_COMPLETION_INDEX="7", FNMAP_SECRET=secret)
+    assert missing.returncode == container.EXIT_PLATFORM and "cannot read request 7" in missing.stderr
+    bad = _run_entrypoint(store_url, prefix, JOB_COMPLETION_INDEX="x", FNMAP_SECRET=secret)
+    assert bad.returncode == container.EXIT_REJECTED and "JOB_COMPLETION_INDEX='x'" in bad.stderr
+    single = _run_entrypoint(store_url, prefix, FNMAP_SECRET=secret)  # no index: a single job, index 0
+    assert single.returncode == container.EXIT_OK, single.stderr
+    assert loads(open_store(store_url).get(keys.result_key(job_id, 0))) == [("ok", 25)]
