@@ -156,3 +156,119 @@ def test_container_entrypoint_exit_codes(storage_root):
     single = _run_entrypoint(store_url, prefix, FNMAP_SECRET=secret)  # no index: a single job, index 0
     assert single.returncode == container.EXIT_OK, single.stderr
     assert loads(open_store(store_url).get(keys.result_key(job_id, 0))) == [("ok", 25)]
+
+
+# -- end to end through the emulated AWS Batch API ------------------------------------------------
+
+
+@pytest.fixture
+def batch_emulator(emulator_process, monkeypatch):
+    """An emulator speaking the Batch API, with boto3 pointed at it by ``AWS_ENDPOINT_URL_BATCH``."""
+    emu = emulator_process(workers=1, env={batch_api.CONCURRENCY_ENV: "2"})
+    monkeypatch.setenv("AWS_ENDPOINT_URL_BATCH", emu.url)
+    monkeypatch.setenv("FNMAP_SECRET", emu.secret)
+    monkeypatch.setattr(batch_backend.BatchBackend, "status_interval", 0.2)
+    import boto3
+
+    emu.batch = boto3.client("batch", endpoint_url=emu.url, region_name="us-east-1",
+                             aws_access_key_id="x", aws_secret_access_key="x")
+    return emu
+
+
+def _jobs(batch, status: str) -> list[dict]:
+    return batch.list_jobs(jobQueue="fnmap", jobStatus=status)["jobSummaryList"]
+
+
+def _where(x):
+    return x * 10, os.environ.get("AWS_BATCH_JOB_ARRAY_INDEX"), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_gpu_map_runs_as_one_array_job_through_the_emulator(batch_emulator):
+    results = fnmap.map(_where, range(6), gpu=1, memory=4000)
+    assert [value for value, _, _ in results] == [0, 10, 20, 30, 40, 50]
+    assert sorted(int(index) for _, index, _ in results) == list(range(6))
+    gpus = batch_api.detect_gpus()
+    assert all(devices == ("" if not gpus else devices) for _, _, devices in results)
+    jobs = _jobs(batch_emulator.batch, "SUCCEEDED")
+    assert len(jobs) == 1 and jobs[0]["arrayProperties"]["size"] == 6  # one array job per fnmap job
+    detail = batch_emulator.batch.describe_jobs(jobs=[jobs[0]["jobId"]])["jobs"][0]
+    assert detail["arrayProperties"]["statusSummary"]["SUCCEEDED"] == 6
+    assert {"type": "GPU", "value": "1"} in detail["container"]["resourceRequirements"]
+    children = batch_emulator.batch.list_jobs(arrayJobId=jobs[0]["jobId"], jobStatus="SUCCEEDED")
+    assert sorted(c["arrayProperties"]["index"] for c in children["jobSummaryList"]) == list(range(6))
+
+
+def _crash_on_one(x):
+    if x == 1:
+        os.kill(os.getpid(), 9)  # the container dies, as when it runs out of memory
+    if x == 2:
+        raise KeyError("two")
+    return x
+
+
+def test_failed_children_are_retried_then_reported(batch_emulator):
+    out = fnmap.map(_crash_on_one, range(3), backend="batch", retries=1, return_exceptions=True)
+    assert out[0] == 0
+    assert isinstance(out[1], fnmap.WorkerCrashed) and "exit code 137" in str(out[1])
+    assert isinstance(out[2], KeyError)  # a user exception is a result, not a platform failure
+    failed = _jobs(batch_emulator.batch, "FAILED")
+    # The array job, then one single job re-running call 1 (retries=1).
+    assert sorted(j.get("arrayProperties", {}).get("size", 1) for j in failed) == [1, 3]
+
+
+def test_unknown_job_definition_is_a_clear_error(batch_emulator):
+    with pytest.raises(fnmap.PlatformError, match="Job definition nope does not exist.*fnmap deploy batch"):
+        fnmap.map(_square, [1, 2], backend="batch", job_definition="nope", retries=0)
+
+
+# -- fnmap deploy batch against moto's server ------------------------------------------------------
+
+
+def test_deploy_batch_is_idempotent_and_destroys(s3_server, monkeypatch, capsys):
+    import boto3
+
+    from fnmap.cli import main as cli
+
+    for service in ("BATCH", "EC2", "IAM"):
+        monkeypatch.setenv(f"AWS_ENDPOINT_URL_{service}", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    iam = boto3.client("iam")
+    trust = '{"Version": "2012-10-17", "Statement": []}'
+    role = iam.create_role(RoleName="fnmap-batch-service", AssumeRolePolicyDocument=trust)["Role"]["Arn"]
+    iam.create_instance_profile(InstanceProfileName="ecsInstanceRole")
+    batch = boto3.client("batch")
+    deploy = ["deploy", "batch", "deploy", "--name", "gpu-test", "--image", "123.dkr.ecr/fnmap-gpu:1",
+              "--service-role", role, "--secret", "s3cret"]
+
+    assert cli(deploy) == 0
+    assert "(new revision)" in capsys.readouterr().out
+    environment = batch.describe_compute_environments(computeEnvironments=["gpu-test"])["computeEnvironments"][0]
+    assert environment["computeResources"]["instanceTypes"] == ["g5"]
+    assert environment["computeResources"]["minvCpus"] == 0
+    queue = batch.describe_job_queues(jobQueues=["gpu-test"])["jobQueues"][0]
+    assert queue["computeEnvironmentOrder"][0]["computeEnvironment"] == environment["computeEnvironmentArn"]
+    (definition,) = batch.describe_job_definitions(jobDefinitionName="gpu-test", status="ACTIVE")["jobDefinitions"]
+    properties = definition["containerProperties"]
+    assert properties["command"] == container.COMMAND
+    assert {"type": "GPU", "value": "1"} in properties["resourceRequirements"]
+    assert {"name": "FNMAP_SECRET", "value": "s3cret"} in properties["environment"]
+
+    assert cli(deploy) == 0  # again: nothing changes
+    assert "(unchanged)" in capsys.readouterr().out
+    assert len(batch.describe_job_definitions(jobDefinitionName="gpu-test")["jobDefinitions"]) == 1
+
+    assert cli([*deploy[:-2], "--memory", "32000"]) == 0  # the secret is kept, the memory changes
+    assert "(new revision)" in capsys.readouterr().out
+    revisions = batch.describe_job_definitions(jobDefinitionName="gpu-test", status="ACTIVE")["jobDefinitions"]
+    latest = max(revisions, key=lambda d: d["revision"])
+    assert {"type": "MEMORY", "value": "32000"} in latest["containerProperties"]["resourceRequirements"]
+    assert {"name": "FNMAP_SECRET", "value": "s3cret"} in latest["containerProperties"]["environment"]
+
+    assert cli(["deploy", "batch", "destroy", "--name", "gpu-test"]) == 0
+    assert not batch.describe_job_queues(jobQueues=["gpu-test"])["jobQueues"]
+    assert not batch.describe_compute_environments(computeEnvironments=["gpu-test"])["computeEnvironments"]
+    assert not batch.describe_job_definitions(jobDefinitionName="gpu-test", status="ACTIVE")["jobDefinitions"]
+    assert cli(["deploy", "batch", "destroy", "--name", "gpu-test"]) == 0
+    assert "nothing named gpu-test" in capsys.readouterr().out
