@@ -15,6 +15,7 @@ import pytest
 import fnmap
 from fnmap import container, keys, signing
 from fnmap.backends import batch as batch_backend
+from fnmap.client import get_client
 from fnmap.config import resolve
 from fnmap.emulator import batch_api
 from fnmap.serialization import dumps, loads, pickle_function, runtime_info
@@ -172,7 +173,10 @@ def batch_emulator(emulator_process, monkeypatch):
 
     emu.batch = boto3.client("batch", endpoint_url=emu.url, region_name="us-east-1",
                              aws_access_key_id="x", aws_secret_access_key="x")
-    return emu
+    yield emu
+    # Close the keep-alive connections to it, so that the emulator stops at once.
+    emu.batch.close()
+    get_client(resolve(backend="batch")).close()
 
 
 def _jobs(batch, status: str) -> list[dict]:
@@ -217,8 +221,11 @@ def test_failed_children_are_retried_then_reported(batch_emulator):
 
 
 def test_unknown_job_definition_is_a_clear_error(batch_emulator):
-    with pytest.raises(fnmap.PlatformError, match="Job definition nope does not exist.*fnmap deploy batch"):
-        fnmap.map(_square, [1, 2], backend="batch", job_definition="nope", retries=0)
+    try:
+        with pytest.raises(fnmap.PlatformError, match="Job definition nope does not exist.*fnmap deploy batch"):
+            fnmap.map(_square, [1, 2], backend="batch", job_definition="nope", retries=0)
+    finally:
+        get_client(resolve(backend="batch", job_definition="nope")).close()
 
 
 # -- fnmap deploy batch against moto's server ------------------------------------------------------

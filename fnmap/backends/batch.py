@@ -258,6 +258,9 @@ class BatchBackend(BaseBackend):
         with self._lock:
             self._submitted.pop(batch_job_id, None)
 
+    def close(self) -> None:
+        self.client.close()  # its pooled connections; running array jobs go on in the cloud
+
     def _call(self, operation: str, **kwargs) -> dict:
         from botocore.exceptions import BotoCoreError, ClientError
 
