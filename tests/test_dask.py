@@ -1,0 +1,248 @@
+"""The Dask scheduler shim: real Dask collections on the embedded emulator, compared with ``sync``."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+
+import dask
+import dask.array as da
+import dask.bag as db
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+from dask.utils_test import GetFunctionTestMixin, add, inc
+
+import fnmap
+import fnmap.dask
+from fnmap.client import get_client
+from fnmap.config import resolve
+from fnmap.dask_plan import make_plan
+
+
+@pytest.fixture(autouse=True)
+def _two_workers(monkeypatch):
+    # The machine is shared: one small emulator serves the whole file.
+    monkeypatch.setenv("FNMAP_WORKERS", "2")
+
+
+class TestGetConformance(GetFunctionTestMixin):
+    """Dask's own tests for implementations of the scheduler ``get`` specification."""
+
+    get = staticmethod(fnmap.dask.get)
+
+
+# -- collections against the synchronous scheduler -------------------------------------
+
+
+def test_array_reductions_and_matmul():
+    x = da.random.default_rng(42).random((600, 400), chunks=(150, 100))
+    exprs = [x.sum(), x.mean(axis=0), x.std(axis=1), (x @ x.T).sum(), (x.T @ x + 1).max()]
+    expected = dask.compute(*exprs, scheduler="sync")
+    with fnmap.dask.collect_stats() as runs:
+        got = dask.compute(*exprs, scheduler=fnmap.dask.get)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e)
+    (stats,) = runs
+    # Intermediate blocks (60-120 KB) went through storage, the client fetched nothing big.
+    assert stats.bytes_stored > 0
+    assert stats.bytes_fetched == 0
+    assert stats.calls < stats.tasks
+
+
+def test_array_result_fetched_from_storage():
+    x = da.arange(300_000, chunks=50_000) * 2
+    with fnmap.dask.collect_stats() as runs:
+        got = x.compute(scheduler="fnmap")
+    np.testing.assert_array_equal(got, np.arange(300_000) * 2)
+    assert runs[0].bytes_fetched >= got.nbytes  # requested chunks are the only downloads
+
+
+def test_bag_foldby_and_word_count():
+    words = db.from_sequence([f"w{i % 7} w{i % 3} w{i % 5}" for i in range(200)], npartitions=20)
+    flat = words.str.split().flatten()
+    folded = flat.foldby(lambda w: w, lambda total, _w: total + 1, 0, lambda a, b: a + b, 0)
+    counts = flat.frequencies()
+    expected = dask.compute(folded, counts, scheduler="sync")
+    got = dask.compute(folded, counts, scheduler=fnmap.dask.get)
+    assert sorted(got[0]) == sorted(expected[0])
+    assert sorted(got[1]) == sorted(expected[1])
+
+
+def test_dataframe_groupby():
+    rng = np.random.default_rng(0)
+    pdf = pd.DataFrame({"k": rng.integers(0, 10, 2000), "v": rng.random(2000), "w": rng.random(2000)})
+    df = dd.from_pandas(pdf, npartitions=8)
+    expr = df.groupby("k").agg({"v": "mean", "w": "sum"})
+    expected = expr.compute(scheduler="sync")
+    got = expr.compute(scheduler=fnmap.dask.get)
+    pd.testing.assert_frame_equal(got.sort_index(), expected.sort_index())
+    assert df.v.sum().compute(scheduler="fnmap") == pytest.approx(pdf.v.sum())
+
+
+def test_delayed_diamond():
+    @dask.delayed
+    def source(n):
+        return list(range(n))
+
+    @dask.delayed
+    def left(xs):
+        return [x * 2 for x in xs]
+
+    @dask.delayed
+    def right(xs):
+        return [x + 1 for x in xs]
+
+    @dask.delayed
+    def join(a, b):
+        return sum(a) - sum(b)
+
+    s = source(100)
+    total = join(left(s), right(s))
+    assert total.compute(scheduler=fnmap.dask.get) == total.compute(scheduler="sync")
+
+
+def test_named_scheduler_and_config():
+    x = da.ones(20, chunks=5).sum()
+    with dask.config.set(scheduler=fnmap.dask.get):
+        assert x.compute() == 20
+    with dask.config.set(scheduler="fnmap"):
+        assert x.compute() == 20
+
+
+def test_executor_as_dask_scheduler():
+    x = da.arange(40, chunks=10).sum()
+    with fnmap.Executor() as ex:
+        assert x.compute(scheduler=ex) == 780
+
+
+# -- errors, retries, timeouts ---------------------------------------------------------
+
+
+class TwoArgError(Exception):
+    def __init__(self, code, detail):
+        super().__init__(code, detail)
+        self.code = code
+
+
+def explode(x):
+    raise TwoArgError(7, f"bad {x}")
+
+
+def test_failing_task_raises_its_own_exception_with_the_key():
+    dsk = {"a": 1, "b": (inc, "a"), "boom": (explode, "b"), "c": (add, "boom", "b")}
+    with pytest.raises(TwoArgError) as info:
+        fnmap.dask.get(dsk, "c")
+    assert info.value.code == 7
+    assert any("'boom'" in note for note in info.value.__notes__)
+
+
+def bad_block(block):
+    if block[0] == 5:
+        raise ZeroDivisionError("block starting at 5")
+    return block
+
+
+def test_failing_task_in_a_collection():
+    x = da.arange(10, chunks=5).map_blocks(bad_block)
+    with pytest.raises(ZeroDivisionError, match="block starting at 5") as info:
+        x.sum().compute(scheduler="fnmap")
+    assert any("Dask task" in note for note in info.value.__notes__)
+
+
+def crash_once(marker, x):
+    if not os.path.exists(marker):
+        with open(marker, "w"):
+            pass
+        os._exit(1)  # the worker process dies: a platform fault, retried
+    return x + 1
+
+
+def flaky_once(marker, x):
+    if not os.path.exists(marker):
+        with open(marker, "w"):
+            pass
+        raise ConnectionError("first attempt fails")
+    return x * 10
+
+
+def test_retries_apply_to_graph_tasks(tmp_path):
+    dsk = {"a": 1, "b": (crash_once, str(tmp_path / "crash"), "a"), "c": (inc, "b")}
+    assert fnmap.dask.get(dsk, "c", retries=2) == 3
+    dsk = {"a": 1, "b": (flaky_once, str(tmp_path / "flaky"), "a")}
+    assert fnmap.dask.get(dsk, "b", retry_on=(ConnectionError,)) == 10
+
+
+def test_timeout_applies_to_graph_tasks():
+    dsk = {"a": (time.sleep, 30), "b": (inc, 1)}
+    with pytest.raises(fnmap.TimeoutError) as info:
+        fnmap.dask.get(dsk, ["a", "b"], timeout=1, retries=0)
+    assert any("Dask task" in note for note in info.value.__notes__)
+
+
+def test_unknown_keyword_is_refused():
+    with pytest.raises(TypeError, match="unknown keyword.*'colour'"):
+        fnmap.dask.get({"a": 1}, "a", colour="red")
+
+
+# -- diagnostics and what moves --------------------------------------------------------
+
+
+def test_dask_callbacks_and_progress_bar():
+    from dask.callbacks import Callback
+    from dask.diagnostics import ProgressBar
+
+    seen = {"pre": [], "post": []}
+    cb = Callback(pretask=lambda key, dsk, state: seen["pre"].append(key),
+                  posttask=lambda key, result, dsk, state, worker: seen["post"].append(key))
+    out = io.StringIO()
+    x = da.ones((40, 40), chunks=10).sum()
+    with cb, ProgressBar(out=out, dt=0.01):
+        assert x.compute(scheduler="fnmap") == 1600
+    assert sorted(map(str, seen["pre"])) == sorted(map(str, seen["post"]))
+    assert len(seen["pre"]) >= 16
+    assert "100%" in out.getvalue()
+
+
+def test_intermediate_values_are_deleted_after_the_run():
+    x = da.random.default_rng(1).random((400, 400), chunks=200)
+    with fnmap.dask.collect_stats() as runs:
+        (x @ x).sum().compute(scheduler="fnmap")
+    (stats,) = runs
+    assert stats.bytes_stored > 0
+    store = get_client(resolve()).store
+    assert store.list(f"jobs/{stats.job_id}/blobs/") == []
+
+
+def test_many_tiny_tasks_are_batched():
+    b = db.from_sequence(range(400), npartitions=100).map(inc).filter(lambda v: v % 2)
+    with fnmap.dask.collect_stats() as runs:
+        assert b.sum().compute(scheduler="fnmap") == sum(v for v in range(1, 401) if v % 2)
+    (stats,) = runs
+    assert stats.calls < stats.units / 2
+
+
+# -- planning (no server) --------------------------------------------------------------
+
+
+def test_plan_fuses_linear_chains_only():
+    dsk = {"a": 1, "b": (inc, "a"), "c": (inc, "b"), "d": (inc, "c"),
+           "e": (inc, "d"), "f": (add, "d", "e")}
+    plan = make_plan(dsk, ["f"])
+    chains = sorted([n.key for n in u.nodes] for u in plan.units.values())
+    # b-c-d is a chain; d feeds two tasks, so e and f stay separate units.
+    assert chains == [["b", "c", "d"], ["e"], ["f"]]
+    assert plan.data == {"a": 1}
+
+
+def test_plan_does_not_fuse_into_a_task_waiting_on_another():
+    dsk = {"x": (inc, 1), "y": (inc, 2), "z": (add, "x", "y")}
+    plan = make_plan(dsk, ["z"])
+    assert len(plan.units) == 3
+
+
+def test_plan_missing_key():
+    with pytest.raises(KeyError, match="nope"):
+        make_plan({"a": 1}, ["nope"])
