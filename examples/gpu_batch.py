@@ -1,0 +1,119 @@
+"""GPU container jobs: batched matrix products, one call per seed, as one (emulated) AWS Batch array job.
+
+    python examples/gpu_batch.py            # offline: a local emulator runs each call as a process
+    python examples/gpu_batch.py --check    # exit 1 unless every call ran on a CUDA GPU
+    python examples/gpu_batch.py --cloud    # real AWS Batch (after `fnmap deploy batch deploy`)
+
+``gpu=1`` sends the calls to the ``batch`` backend.  Offline, the example
+starts ``fnmap emulator``, whose Batch API runs each child of the array job
+as a local process with ``CUDA_VISIBLE_DEVICES`` set round-robin over the
+GPUs ``nvidia-smi -L`` lists.  Each call multiplies a batch of random
+matrices with torch on the GPU when one is visible, and with NumPy on the CPU
+otherwise, and reports the device it saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import fnmap
+
+
+def batched_matmul(seed: int) -> dict:
+    """Multiply a batch of random matrices on the device this call sees; report it and the speed."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        batch, n = 32, 2048
+        device = torch.device("cuda")
+        generator = torch.Generator(device=device).manual_seed(seed)
+        a = torch.randn(batch, n, n, device=device, generator=generator)
+        b = torch.randn(batch, n, n, device=device, generator=generator)
+        torch.bmm(a, b)  # warm-up: CUDA context and kernels
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        c = torch.bmm(a, b)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        name = f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}"
+        checksum = float(c.double().mean())
+    else:
+        import numpy as np
+
+        batch, n = 8, 256
+        rng = np.random.default_rng(seed)
+        a = rng.standard_normal((batch, n, n), dtype=np.float32)
+        b = rng.standard_normal((batch, n, n), dtype=np.float32)
+        started = time.perf_counter()
+        c = a @ b
+        seconds = time.perf_counter() - started
+        name = "cpu (numpy)" if torch is None else "cpu (torch sees no GPU; numpy)"
+        checksum = float(c.astype(np.float64).mean())
+    return {
+        "seed": seed,
+        "device": name,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "array_index": os.environ.get("AWS_BATCH_JOB_ARRAY_INDEX"),
+        "gflops": 2 * batch * n**3 / seconds / 1e9,
+        "checksum": round(checksum, 6),
+    }
+
+
+def start_emulator() -> subprocess.Popen:
+    """``fnmap emulator`` on a free loopback port; points boto3's Batch client and fnmap at it."""
+    from fnmap.signing import new_secret
+
+    secret = os.environ.get("FNMAP_SECRET") or new_secret()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fnmap", "emulator", "--port", "0", "--workers", "1", "--watch-stdin"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "FNMAP_SECRET": secret},
+    )
+    for line in proc.stdout:
+        if "listening on " in line:
+            url = line.split("listening on ", 1)[1].split()[0]
+            os.environ.update(AWS_ENDPOINT_URL_BATCH=url, FNMAP_SECRET=secret)
+            print(f"emulator with the Batch API at {url}")
+            return proc
+    raise SystemExit(f"the emulator did not start (exit code {proc.wait()})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 unless every call ran on a CUDA GPU")
+    parser.add_argument("--cloud", action="store_true", help="use AWS Batch as configured (no emulator)")
+    parser.add_argument("--calls", type=int, default=8, help="number of calls (children of the array job)")
+    args = parser.parse_args()
+
+    emulator = None
+    if not args.cloud and not os.environ.get("AWS_ENDPOINT_URL_BATCH"):
+        emulator = start_emulator()
+    try:
+        started = time.perf_counter()
+        results = fnmap.map(batched_matmul, range(args.calls), gpu=1, memory=8000)
+        wall = time.perf_counter() - started
+    finally:
+        if emulator is not None:
+            # --watch-stdin: the emulator stops by itself; it finishes once this process (and its
+            # open connections) is gone, so there is nothing to wait for here.
+            emulator.stdin.close()
+    for r in results:
+        print(f"call {r['seed']}: index {r['array_index']}, CUDA_VISIBLE_DEVICES={r['cuda_visible_devices']!r}, "
+              f"{r['device']}, {r['gflops']:.1f} GFLOP/s, checksum {r['checksum']}")
+    print(f"{len(results)} calls in {wall:.1f} s")
+    if args.check:
+        off_gpu = [r["seed"] for r in results if not r["device"].startswith("cuda")]
+        if off_gpu:
+            print(f"CHECK FAILED: calls {off_gpu} did not run on a GPU", file=sys.stderr)
+            return 1
+        print(f"CHECK OK: all {len(results)} calls ran on a GPU: {sorted({r['device'] for r in results})}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
