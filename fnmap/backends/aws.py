@@ -1,0 +1,240 @@
+"""``aws``: invoke an AWS Lambda function through boto3.
+
+Each call is one ``lambda.invoke``.  With ``lambda_invocation="auto"`` (the
+default) a call goes ``RequestResponse`` while fewer than a quarter of the
+dispatch threads hold synchronous calls, so a small job's results ride back in
+the responses; beyond that calls go ``Event`` (asynchronous, 202 at once), so a
+fan-out of thousands is not bounded by the client's threads, and their results
+are gathered from storage by the client's monitor (one LIST per poll).
+
+A request over Lambda's payload limit (``lambda_sync_limit`` 6 MiB,
+``lambda_async_limit`` 1 MiB; base64 included) is written to the job's storage
+and sent by reference (:mod:`fnmap.lambda_event`).  Throttling
+(``TooManyRequestsException``) is first retried by botocore's ``adaptive``
+mode, which also slows this client's request rate; what remains becomes a
+``throttled`` fault, so the client lowers the calls in flight and backs off.
+5xx answers become ``server`` faults.  ``AWS_ENDPOINT_URL_LAMBDA`` points boto3
+at another endpoint (the emulator) with no fnmap setting.
+
+On creation the backend reads the function's configuration once: a missing
+function, missing permissions, or a Python/cloudpickle version that differs
+from the client's are reported before any call is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from .. import keys
+from ..errors import ConfigError, PlatformFault, VersionMismatch
+from ..lambda_event import decode_result, encode_event, encode_reference_event
+from ..serialization import runtime_info, runtime_mismatch
+from ..storage import open_store
+from .base import BaseBackend, Invocation
+from .http import fault_from_status
+
+INVOCATION_TYPES = ("auto", "Event", "RequestResponse")
+#: Seconds an asynchronous call may sit in Lambda's queue and run before the client calls it lost,
+#: on top of the function's own timeout (events wait in the queue while concurrency is used up).
+ASYNC_GRACE_SECONDS = 120.0
+_CONNECT_TIMEOUT = 10
+#: Lambda runs a call for at most 15 minutes; a synchronous answer may take that long.
+_READ_TIMEOUT = 15 * 60 + 60
+#: Function errors that no retry can fix (the package is broken): fail the call at once.
+_BROKEN_PACKAGE = ("Runtime.ImportModuleError", "Runtime.HandlerNotFound", "Runtime.UserCodeSyntaxError")
+
+
+class AwsBackend(BaseBackend):
+    name = "aws"
+
+    def __init__(self, config):
+        if config.lambda_invocation not in INVOCATION_TYPES:
+            raise ConfigError(
+                f"{config.describe('lambda_invocation')} is not a Lambda invocation type; "
+                f"choose one of: {', '.join(INVOCATION_TYPES)}"
+            )
+        for name in ("lambda_sync_limit", "lambda_async_limit"):
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1024:
+                raise ConfigError(f"{config.describe(name)} must be a payload size in bytes, at least 1024")
+        self.config = config
+        self.function_name = config.function_name
+        self.invocation = config.lambda_invocation
+        self.sync_limit = config.lambda_sync_limit
+        self.async_limit = config.lambda_async_limit
+        self.max_workers = config.workers or 64
+        self._sync_slots = max(1, self.max_workers // 4)
+        self._sync_in_flight = 0
+        self._lock = threading.Lock()
+        self._client = make_lambda_client(config.region, self.max_workers)
+        self.function = self._describe()
+        self.lost_after = float(self.function.get("Timeout", 900)) + ASYNC_GRACE_SECONDS
+
+    # -- checks before anything is sent ----------------------------------------
+
+    def _describe(self) -> dict:
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+        where = f"Lambda function {self.function_name!r} (region {self._client.meta.region_name})"
+        try:
+            function = self._client.get_function_configuration(FunctionName=self.function_name)
+        except NoCredentialsError:
+            raise ConfigError(
+                "the aws backend found no AWS credentials: configure them (aws configure, "
+                "AWS_PROFILE, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+            ) from None
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code == "ResourceNotFoundException":
+                raise ConfigError(
+                    f"{where} does not exist ({self.config.describe('function_name')}): deploy it with "
+                    f"`fnmap deploy aws deploy --name {self.function_name}`, or set function_name and "
+                    "region to what the deploy printed"
+                ) from None
+            if code in ("AccessDeniedException", "AccessDenied", "UnrecognizedClientException"):
+                raise ConfigError(
+                    f"cannot read the configuration of {where} ({code}): the client's credentials need "
+                    "lambda:GetFunctionConfiguration and lambda:InvokeFunction on it (see README, Run on AWS)"
+                ) from None
+            raise ConfigError(f"cannot read the configuration of {where}: {e}") from e
+        except BotoCoreError as e:
+            raise ConfigError(f"cannot reach {where} at {self._client.meta.endpoint_url}: {e}") from e
+        mismatch = runtime_mismatch(runtime_info(), _function_runtime(function))
+        if mismatch:
+            raise VersionMismatch(f"{where}: {mismatch}")
+        return function
+
+    # -- invocation --------------------------------------------------------------
+
+    def invoke(self, invocation: Invocation) -> bytes | None:
+        kind = self._choose()
+        try:
+            payload = self._payload(invocation, kind)
+            answer = self._call(kind, payload)
+        finally:
+            if kind == "RequestResponse" and self.invocation == "auto":
+                with self._lock:
+                    self._sync_in_flight -= 1
+        return answer
+
+    def _choose(self) -> str:
+        if self.invocation != "auto":
+            return self.invocation
+        with self._lock:
+            if self._sync_in_flight < self._sync_slots:
+                self._sync_in_flight += 1
+                return "RequestResponse"
+        return "Event"
+
+    def _payload(self, invocation: Invocation, kind: str) -> bytes:
+        """The event, inline when it fits the payload limit, else by reference through storage."""
+        limit = self.sync_limit if kind == "RequestResponse" else self.async_limit
+        # base64 grows the body by a third; skip encoding it when it clearly cannot fit.
+        if 4 * ((len(invocation.body) + 2) // 3) + 200 <= limit:
+            payload = encode_event(invocation.body, invocation.signature)
+            if len(payload) <= limit:
+                return payload
+        req = invocation.request
+        key = keys.blob_key(req.job_id, f"request-{req.call_id}-{req.attempt}")
+        try:
+            open_store(req.store_url).put(key, invocation.body)
+        except Exception as e:
+            raise PlatformFault("server", f"cannot store the {len(invocation.body)}-byte request: {e!r}") from e
+        return encode_reference_event(req.store_url, key, invocation.signature)
+
+    def _call(self, kind: str, payload: bytes) -> bytes | None:
+        from botocore.exceptions import (
+            ClientError,
+            ConnectionClosedError,
+            EndpointConnectionError,
+            ReadTimeoutError,
+        )
+
+        target = f"Lambda function {self.function_name!r}"
+        try:
+            resp = self._client.invoke(FunctionName=self.function_name, InvocationType=kind, Payload=payload)
+        except ClientError as e:
+            raise _fault_from_client_error(e, target) from e
+        except ReadTimeoutError as e:
+            raise PlatformFault("lost", f"no answer from {target} within {_READ_TIMEOUT} s") from e
+        except (EndpointConnectionError, ConnectionClosedError) as e:
+            raise PlatformFault("connection", f"cannot reach {target}: {e}") from e
+        if kind == "Event":
+            return None
+        body = resp["Payload"].read()
+        if resp.get("FunctionError"):
+            return _function_error(body, target)
+        try:
+            status, out = decode_result(body)
+        except ValueError as e:
+            raise PlatformFault("server", f"{target}: {e}") from None
+        if status == 200:
+            return out
+        raise fault_from_status(status, {}, out.decode(errors="replace"), target)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def make_lambda_client(region: str | None, max_workers: int):
+    """A boto3 Lambda client: endpoint from boto3's settings, adaptive retries, a pool per thread."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        retries={"mode": "adaptive", "max_attempts": 3},
+        connect_timeout=_CONNECT_TIMEOUT,
+        read_timeout=_READ_TIMEOUT,
+        max_pool_connections=max_workers,
+        tcp_keepalive=True,
+    )
+    return boto3.session.Session().client("lambda", region_name=region, config=config)
+
+
+def _function_runtime(function: dict) -> dict:
+    """The Python and cloudpickle versions a deployed function runs, as far as it says."""
+    mine = runtime_info()
+    env = (function.get("Environment") or {}).get("Variables") or {}
+    try:
+        recorded = json.loads(env.get("FNMAP_RUNTIME") or "{}")
+    except ValueError:
+        recorded = {}
+    runtime = str(function.get("Runtime") or "")
+    python = recorded.get("python") or (runtime[len("python"):] if runtime.startswith("python") else None)
+    # A container image (no Runtime) deployed without FNMAP_RUNTIME cannot tell; its calls report
+    # a mismatch themselves ("version" fault).
+    return {"python": python or mine["python"], "cloudpickle": recorded.get("cloudpickle") or mine["cloudpickle"]}
+
+
+def _fault_from_client_error(e, target: str) -> PlatformFault:
+    err = e.response.get("Error", {})
+    code = err.get("Code", "")
+    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    message = f"{target}: {code}: {err.get('Message', '')}"
+    if code in ("TooManyRequestsException", "ThrottlingException") or status == 429:
+        return PlatformFault("throttled", message)
+    if status >= 500:
+        return PlatformFault("server", message)
+    if code == "ResourceNotFoundException":
+        return PlatformFault("rejected", message + " (was the function destroyed? redeploy it)")
+    return PlatformFault("rejected", message)
+
+
+def _function_error(body: bytes, target: str) -> None:
+    """Lambda's own error payload (the runtime died, timed out, or the answer was too big)."""
+    try:
+        error = json.loads(body)
+    except ValueError:
+        error = {"errorMessage": body[:500].decode(errors="replace")}
+    kind = str(error.get("errorType", ""))
+    message = f"{target}: {kind or 'error'}: {error.get('errorMessage', '')}"
+    if kind == "Function.ResponseSizeTooLarge":
+        return None  # the worker committed the result before answering: the monitor reads it from storage
+    if kind in ("Runtime.ExitError", "Runtime.OutOfMemory") or "exited" in message:
+        raise PlatformFault("crashed", message)
+    if kind == "Sandbox.Timedout" or "timed out" in message:
+        raise PlatformFault("timeout", message)
+    if kind in _BROKEN_PACKAGE:
+        raise PlatformFault("rejected", message + " (the deployed package is broken: redeploy it)")
+    raise PlatformFault("server", message)

@@ -1,0 +1,204 @@
+"""The whole ``aws`` path — real boto3 Lambda and S3 clients — against the emulator and moto on loopback.
+
+boto3 is pointed with its standard settings only: ``AWS_ENDPOINT_URL_LAMBDA``
+at the emulator's Lambda API, ``AWS_ENDPOINT_URL_S3`` at moto's S3 server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import boto3
+import pytest
+import requests
+
+import fnmap
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def square(x):
+    return x * x
+
+
+def nap_square(x):
+    time.sleep(0.05)
+    return x * x
+
+
+def slow_square(x):
+    time.sleep(0.3)
+    return x * x
+
+
+def size_of(blob):
+    return len(blob)
+
+
+class TwoArgError(Exception):
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
+        self.a, self.b = a, b
+
+
+def fail_on_three(x):
+    if x == 3:
+        raise TwoArgError("bad", x)
+    return x
+
+
+def crash_once(args):
+    marker, x = args
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    return x + 1
+
+
+@pytest.fixture
+def aws(s3_env, emulator_process, monkeypatch):
+    """An emulator answering Lambda's API, storage in a fresh moto bucket, options in the environment."""
+    bucket = s3_env(f"fnmap-aws-{uuid.uuid4().hex[:12]}")
+    emu = emulator_process(workers=2)  # inherits the moto endpoint and credentials for its workers
+    monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", emu.url)
+    monkeypatch.setenv("FNMAP_BACKEND", "aws")
+    monkeypatch.setenv("FNMAP_STORAGE", f"s3://{bucket}/fnmap")
+    monkeypatch.setenv("FNMAP_SECRET", emu.secret)
+    emu.bucket = bucket
+    emu.stats = lambda: requests.get(emu.url + "/lambda/stats", timeout=5).json()
+    yield emu
+    _close_aws_clients()
+
+
+def _close_aws_clients():
+    """Close the clients' pooled connections, so the emulator stops at once rather than waiting on them."""
+    from fnmap import client
+
+    for c in list(client._clients.values()):
+        if c.config.backend == "aws":
+            c.close()
+
+
+def test_request_response_results_ride_back(aws):
+    assert fnmap.map(square, range(20), chunksize=2, lambda_invocation="RequestResponse") == [
+        x * x for x in range(20)
+    ]
+    stats = aws.stats()
+    assert stats["RequestResponse"] == 10 and "Event" not in stats
+
+
+def test_event_fan_out_gathers_results_from_s3(aws, s3_env):
+    job = fnmap.map(square, range(30), chunksize=3, lambda_invocation="Event", return_job=True)
+    assert job.results() == [x * x for x in range(30)]
+    assert aws.stats()["Event"] == 10
+    listed = s3_env.client.list_objects_v2(Bucket=aws.bucket, Prefix=f"fnmap/jobs/{job.id}/out/")
+    assert listed["KeyCount"] == 10
+
+
+def test_auto_uses_both_invocation_types(aws):
+    assert fnmap.map(nap_square, range(40), workers=8) == [x * x for x in range(40)]
+    stats = aws.stats()
+    assert stats["RequestResponse"] >= 1 and stats["Event"] >= 1
+    assert stats["RequestResponse"] + stats["Event"] == 40
+
+
+def test_request_over_the_payload_limit_travels_by_reference(aws):
+    blobs = [bytes(10_000 + i) for i in range(4)]
+    assert fnmap.map(size_of, blobs, lambda_invocation="Event", lambda_async_limit=4096) == [
+        10_000 + i for i in range(4)
+    ]
+    assert aws.stats()["by_reference"] == 4
+
+
+def test_remote_exception_keeps_its_type(aws):
+    with pytest.raises(TwoArgError) as info:
+        fnmap.map(fail_on_three, range(5), lambda_invocation="RequestResponse")
+    assert info.value.args == ("bad/3",) and info.value.b == 3
+    assert any("item 3" in note for note in info.value.__notes__)
+
+
+def test_crashed_runtime_is_retried(aws, tmp_path):
+    """A worker that dies answers X-Amz-Function-Error (Runtime.ExitError): a fault the client retries."""
+    job = fnmap.map(crash_once, [(str(tmp_path / "crashed"), 41)], lambda_invocation="RequestResponse",
+                    return_job=True)
+    assert job.results() == [42]
+    assert job.summary()["retries"] == 1
+
+
+def test_throttled_calls_back_off_and_finish(aws):
+    """Reserved concurrency 1: synchronous calls beyond it get 429 TooManyRequestsException."""
+    lam = boto3.client("lambda", endpoint_url=aws.url)
+    lam.put_function_concurrency(FunctionName="fnmap", ReservedConcurrentExecutions=1)
+    assert lam.get_function_concurrency(FunctionName="fnmap")["ReservedConcurrentExecutions"] == 1
+    items = range(5)
+    assert fnmap.map(slow_square, items, lambda_invocation="RequestResponse", workers=5, retries=20) == [
+        x * x for x in items
+    ]
+    assert aws.stats()["throttled"] >= 1
+
+
+def test_unknown_invocation_type_is_named(aws):
+    with pytest.raises(fnmap.ConfigError, match="lambda_invocation='event'.*Event, RequestResponse"):
+        fnmap.map(square, [1], lambda_invocation="event")
+
+
+_HANDLER_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    from fnmap import keys, signing, wire
+    from fnmap.lambda_event import encode_event
+    from fnmap.serialization import dumps, pickle_function, runtime_info
+    from fnmap.storage import open_store
+    from handlers.aws_lambda import handler
+
+    class Context:  # what the Lambda runtime passes: here 5.5 s left, of which 5 s are kept back
+        def __init__(self):
+            self.end = time.monotonic() + 5.5
+        def get_remaining_time_in_millis(self):
+            return int((self.end - time.monotonic()) * 1000)
+
+    store_url, secret = sys.argv[1], sys.argv[2].encode()
+    digest, data = pickle_function(time.sleep)
+    open_store(store_url).put(keys.function_key(digest), data)
+    req = wire.CallRequest(job_id="j" * 32, call_id=0, func_key=keys.function_key(digest),
+                           store_url=store_url, runtime=runtime_info())
+    body = wire.encode(req, dumps(("one", [3])))
+    signature = signing.sign(secret, body)
+    started = time.monotonic()
+    direct = handler(json.loads(encode_event(body, signature)), Context())
+    took = time.monotonic() - started
+    url = handler({"requestContext": {}, "headers": {"x-fnmap-signature": "0" * 64},
+                   "body": "", "isBase64Encoded": True}, Context())
+    print(json.dumps({"direct": direct, "took": took, "url_status": url["statusCode"]}))
+""")
+
+
+def test_handler_writes_a_timeout_before_lambdas_own_limit(tmp_path):
+    """handlers/aws_lambda.py in a fresh process, as Lambda runs it: time.sleep(3) with 0.5 s to spare."""
+    secret = "s" * 64
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FNMAP_")}
+    out = subprocess.run(
+        [sys.executable, "-c", _HANDLER_SCRIPT, tmp_path.as_uri(), secret],
+        env=dict(env, FNMAP_SECRET=secret), capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["took"] < 2.5
+    assert report["url_status"] == 403  # a function URL request with a wrong signature is refused
+
+    from fnmap.lambda_event import decode_result
+    from fnmap.serialization import loads
+    from fnmap.wire import decode_response
+
+    status, body = decode_result(json.dumps(report["direct"]).encode())
+    assert status == 200
+    resp, payload = decode_response(body)
+    assert resp.ok
+    outcomes = loads(bytes(payload)) if resp.inline else None
+    assert outcomes is not None and outcomes[0][0] == "err"
+    assert isinstance(loads(outcomes[0][1]), fnmap.TimeoutError)
