@@ -1,25 +1,43 @@
-"""``fnmap.map`` and ``fnmap.map_reduce``: thin wrappers over the process-wide client."""
+"""``fnmap.map`` and ``fnmap.map_reduce``: thin wrappers over the process-wide client.
+
+Data in object storage (issue 7): a storage URL, glob or list of URLs as
+``items`` is listed and split into partitions by :mod:`fnmap.data`;
+``map_reduce`` keeps large map outputs in storage and reduces them as a tree
+(:mod:`fnmap.reduce`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import policy
+from . import keys, policy
 from .client import get_client
 from .config import resolve
+from .errors import ConfigError
 from .progress import make_progress
 from .worker import MODE_ONE
 
+#: Default ``reduce_fanin`` of ``map_reduce``: up to this many map outputs reduce in one call.
+REDUCE_FANIN = 64
+
 
 def map(func: Callable, items: Iterable, *, return_exceptions: bool = False,
-        return_job: bool = False, **options: Any):
+        return_job: bool = False, obj_chunk_size: int | None = None,
+        obj_chunk_number: int | None = None, **options: Any):
     """Run ``func(item)`` for every item, in parallel, and return the results in input order.
 
     ``items`` may be any iterable, generators included.  Options (all optional):
     ``backend``, ``storage``, ``chunksize`` (items per invocation), ``timeout``
     (seconds per call), ``retries``, ``retry_on``, ``memory``, ``gpu``,
     ``progress``, ``extra_env`` and the rest of :class:`fnmap.config.Config`.
+
+    ``items`` may also name data in object storage: ``"s3://bucket/prefix/"``,
+    a glob such as ``"s3://bucket/logs/*.csv"``, a list of object URLs, or
+    the ``file://`` equivalents.  Then ``func`` gets one
+    :class:`fnmap.partition.Partition` per object, or per ``obj_chunk_size``
+    bytes (or ``obj_chunk_number`` pieces) of each object, split at line
+    boundaries; ``part.stream()`` and ``part.read()`` give its records.
 
     A remote exception is raised here as the same type, with the remote
     traceback as its cause and the item's index in a note; with
@@ -32,49 +50,150 @@ def map(func: Callable, items: Iterable, *, return_exceptions: bool = False,
     [0, 1, 4, 9, 16]
     """
     config = resolve(**options)
-    if isinstance(items, (str, bytes)):
-        raise TypeError(
-            f"items={items!r:.80} is a {type(items).__name__}; pass a list or other iterable of items"
-        )
+    items = _input_items(items, obj_chunk_size, obj_chunk_number)
     job = start_map(func, items, config)
     if return_job:
         return job
     return job.results(return_exceptions=return_exceptions)
 
 
+def _input_items(items, obj_chunk_size: int | None, obj_chunk_number: int | None):
+    """Partitions when ``items`` names data in storage, else ``items`` as given."""
+    from . import data
+
+    if data.is_data_input(items):
+        return data.partitions(items, obj_chunk_size, obj_chunk_number)
+    if obj_chunk_size is not None or obj_chunk_number is not None:
+        raise ConfigError(
+            f"obj_chunk_size/obj_chunk_number split objects in storage, but items={items!r:.80} is "
+            "not a storage URL, glob or list of URLs (e.g. 's3://bucket/logs/'); drop the option"
+        )
+    if isinstance(items, (str, bytes)):
+        raise TypeError(
+            f"items={items!r:.80} is a {type(items).__name__}; pass a list or other iterable of "
+            "items, or a storage URL such as 's3://bucket/prefix/' or 'file:///data/'"
+        )
+    return items
+
+
 def start_map(func: Callable, items: Iterable, config, mode: str = MODE_ONE, kind: str = "map"):
     """Serialize every chunk first (so a bad item fails before anything runs), then dispatch all."""
-    client = get_client(config)
+    return _start(get_client(config), config, func, kind, lambda _job_id: items, mode)
+
+
+def _start(client, config, func: Callable, kind: str, make_items: Callable[[str], Iterable],
+           mode: str = MODE_ONE, label: str | None = None):
+    """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix)."""
     func_key = client.upload_function(func)
     job = client.new_job(config, kind)
     index = 0
     states = []
     try:
-        for chunk in policy.chunks(items, config.chunksize):
+        for chunk in policy.chunks(make_items(job.id), config.chunksize):
             states.append(job.add_call(func_key, (mode, chunk), index, len(chunk)))
             index += len(chunk)
     except BaseException:
         job.cancel()
         job.seal()
         raise
-    job.progress = make_progress(config.progress, index, f"fnmap {getattr(func, '__name__', 'map')}")
+    label = label or f"fnmap {getattr(func, '__name__', 'map')}"
+    job.progress = make_progress(config.progress, index, label)
     job.seal()
     client.dispatch_many(job, states)
     return job
 
 
 def map_reduce(map_func: Callable, items: Iterable, reduce_func: Callable, *,
+               reduce_fanin: int | None = REDUCE_FANIN, reduce_by_key: bool = False,
+               obj_chunk_size: int | None = None, obj_chunk_number: int | None = None,
                return_job: bool = False, **options: Any):
-    """Map ``map_func`` over ``items`` remotely, then run ``reduce_func(list_of_results)`` remotely.
+    """Map ``map_func`` over ``items``, then reduce the results with ``reduce_func``, all remotely.
+
+    ``reduce_func`` gets a list of map results.  Map results larger than about
+    a kilobyte stay in storage and the reducers fetch them, so neither the
+    client nor any one reducer holds them all: with more than
+    ``reduce_fanin`` (default 64) results the reduce runs as a tree, each
+    reducer combining at most ``reduce_fanin`` values -- the map results or
+    its own earlier outputs -- so ``reduce_func`` must accept a list of its
+    own results (``sum``, ``max`` and merging ``Counter`` objects do).
+    ``reduce_fanin=None`` reduces everything in one call.
+
+    ``items`` may name data in object storage as in :func:`map`.  With
+    ``reduce_by_key=True`` each object's partitions are reduced separately
+    and a dict ``{object URL: reduced value}`` is returned, in object order.
+    With ``return_job=True`` the last reduce level's :class:`fnmap.job.Job` is
+    returned (after everything has run).
 
     >>> import fnmap
     >>> fnmap.map_reduce(lambda x: x * x, range(4), sum)
     14
     """
+    from .partition import Partition
+    from .reduce import MapStage, ReduceStage, check_fanin
+
     config = resolve(**options)
-    results = map(map_func, items, **options)
+    check_fanin(reduce_fanin)
+    if not callable(reduce_func):
+        raise TypeError(
+            f"reduce_func must be callable, got {type(reduce_func).__name__}: {reduce_func!r:.100}"
+        )
+    items = list(_input_items(items, obj_chunk_size, obj_chunk_number))
+    if reduce_by_key and not all(isinstance(item, Partition) for item in items):
+        raise ConfigError(
+            "reduce_by_key=True reduces each object's partitions separately, so items must name "
+            "data in object storage (a URL, glob or list of URLs); use reduce_by_key=False for "
+            "other items"
+        )
+    client = get_client(config)
+    name = getattr(map_func, "__name__", "map")
+    map_job = _start(
+        client, config, MapStage(map_func, client.store.url), "map",
+        lambda job_id: [(keys.blob_key(job_id, f"map/{i}"), item) for i, item in enumerate(items)],
+        label=f"fnmap {name}",
+    )
+    outputs = map_job.results()
+    if reduce_by_key:
+        groups: dict = {}
+        for item, out in zip(items, outputs):
+            groups.setdefault(item.url, []).append(out)
+    else:
+        groups = {None: outputs}
+    stage = ReduceStage(reduce_func, client.store.url)
     reduce_config = config.replace(chunksize=1)
-    job = start_map(reduce_func, [results], reduce_config, kind="reduce")
+    results, last_job = _reduce_tree(client, reduce_config, stage, groups, reduce_fanin)
     if return_job:
-        return job
-    return job.results()[0]
+        return last_job
+    return results if reduce_by_key else results[None]
+
+
+def _reduce_tree(client, config, stage, groups: dict, fanin: int | None):
+    """Reduce each group's values level by level; one job per level for all groups together."""
+    from .reduce import Stored, plan_level
+
+    done: dict = {}
+    job = None
+    pending = groups
+    while pending:
+        nodes = []  # (group, final, inputs) per reducer of this level
+        for group, inputs in pending.items():
+            level = plan_level(len(inputs), fanin)
+            nodes.extend((group, len(level) == 1, [inputs[i] for i in r]) for r in level)
+        job = _start(
+            client, config, stage, "reduce",
+            lambda job_id, nodes=nodes: [
+                (None if final else keys.blob_key(job_id, f"reduce/{n}"), inputs)
+                for n, (_group, final, inputs) in enumerate(nodes)
+            ],
+            label=f"fnmap {getattr(stage.reduce_func, '__name__', 'reduce')}",
+        )
+        values = job.results()
+        # This level's inputs are consumed: free the stored ones now, not at the end.
+        consumed = [v.key for _g, _f, inputs in nodes for v in inputs if isinstance(v, Stored)]
+        client.store.delete(consumed)
+        pending = {}
+        for (group, final, _inputs), value in zip(nodes, values):
+            if final:
+                done[group] = value
+            else:
+                pending.setdefault(group, []).append(value)
+    return {group: done[group] for group in groups}, job

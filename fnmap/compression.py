@@ -21,7 +21,7 @@ _WORTH_IT = 0.8
 
 
 def pack(data: bytes, threshold: int = THRESHOLD) -> bytes:
-    """``data`` compressed behind :data:`MAGIC` when it is large and compressible, else unchanged."""
+    """``data`` zlib-compressed behind :data:`MAGIC` if large and compressible, else unchanged."""
     if len(data) < threshold:
         return data
     sample = bytes(data[:_SAMPLE])
