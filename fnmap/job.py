@@ -11,7 +11,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 
-from . import keys
+from . import keys, records
 from .errors import (
     CallLost,
     PlatformError,
@@ -59,6 +59,9 @@ class CallState:
         return f"call {self.call_id} ({items})"
 
 
+#: Lines of a failing call's output added to its exception's notes.
+_LOG_NOTE_LINES = 20
+
 _FAULT_ERRORS = {
     "crashed": WorkerCrashed,
     "lost": CallLost,
@@ -86,6 +89,11 @@ class Job:
         self.duplicate_count = 0
         self.durations: list[float] = []
         self.progress = None
+        #: Call id -> (status, "Type: message") of calls that failed, for the job record (issue 8).
+        self.call_errors: dict[int, tuple[str, str]] = {}
+        self._record_saved = False
+        #: Why the job record could not be written, if it could not (also warned about).
+        self.record_error: str | None = None
         self.retry_on_names = sorted(
             {f"{t.__module__}.{t.__qualname__}" for t in config.retry_on}
         )
@@ -117,7 +125,11 @@ class Job:
         """No more calls will be added (a map job); the job is done when every call is."""
         with self._lock:
             self.sealed = True
+            if self.progress is not None and self.progress.calls is None:
+                self.progress.calls = len(self.calls)
             self._check_all_done()
+        if not self._save_record_if_last():
+            self._save_record(final=False)  # a "running" index entry, so `fnmap jobs` shows the job
 
     # -- outcomes ------------------------------------------------------------
 
@@ -140,8 +152,11 @@ class Job:
             self.done_count += 1
             failed = sum(1 for o in outcomes if o[0] != "ok")
             self.failed_count += failed
+            if failed:
+                self.call_errors[state.call_id] = records.call_error(outcomes)
             self._mark_attempt(state, attempt, "ok" if not failed else "error")
             state.payload = None
+        self._save_record_if_last()  # before the last result is delivered: a returned map has its record
         if state.unwrap:
             outcome = outcomes[0]
             if outcome[0] == "ok":
@@ -150,7 +165,7 @@ class Job:
                 _set(state.future, exception=self.item_exception(state, 0, outcome))
         else:
             _set(state.future, result=outcomes)
-        self._progress_update(state.n_items, failed)
+        self._progress_update(state.n_items, failed, state.call_id)
         self._after_done()
         return True
 
@@ -162,6 +177,7 @@ class Job:
             state.done = True
             self.done_count += 1
             self.failed_count += state.n_items
+            self.call_errors[state.call_id] = (fault.kind, fault.message)
             self._mark_attempt(state, attempt, fault.kind)
             state.payload = None
             attempts = len(state.attempts)
@@ -172,8 +188,9 @@ class Job:
             f"{state.describe()} of job {self.id} failed after {attempts} attempt(s): {fault.message}"
         )
         exc.add_note(f"fnmap: {state.describe()} of job {self.id}; retries={self.config.retries}")
+        self._save_record_if_last()
         _set(state.future, exception=exc)
-        self._progress_update(state.n_items, state.n_items)
+        self._progress_update(state.n_items, state.n_items, state.call_id)
         self._after_done()
 
     def record_attempt(self, state: CallState, attempt: int, sent: float) -> None:
@@ -183,6 +200,8 @@ class Job:
             state.in_flight += 1
             if attempt > 1:
                 self.retry_count += 1
+                if self.progress is not None:
+                    self.progress.retrying(state.call_id)
 
     def record_fault(self, state: CallState, attempt: int, kind: str) -> None:
         with self._lock:
@@ -206,17 +225,44 @@ class Job:
     def _after_done(self) -> None:
         with self._lock:
             self._check_all_done()
+        self._save_record_if_last()
 
     def _check_all_done(self) -> None:
         if self.sealed and self.done_count == len(self.calls) and not self._all_done.is_set():
-            self.finished = time.time()
+            self.finished = self.finished or time.time()  # set already if the record was written
             self._all_done.set()
             if self.progress is not None:
                 self.progress.close()
 
-    def _progress_update(self, n: int, failed: int) -> None:
+    def _progress_update(self, n: int, failed: int, call_id: int | None = None) -> None:
         if self.progress is not None:
-            self.progress.update(n, failed)
+            self.progress.update(n, failed, call_id)
+
+    # -- the job record (issue 8) ---------------------------------------------
+
+    def _save_record_if_last(self) -> bool:
+        """Write the full record once, when every call is done; True if this call wrote it."""
+        with self._lock:
+            if self._record_saved or not self.sealed or self.done_count != len(self.calls):
+                return False
+            self._record_saved = True
+            self.finished = self.finished or time.time()
+        self._save_record(final=True)
+        return True
+
+    def _save_record(self, final: bool) -> None:
+        try:
+            record = records.build(self)
+            if final:
+                records.write(self.client.store, record)
+            else:
+                records.write_index(self.client.store, record["summary"])
+        except Exception as e:  # a job's results matter more than its record: warn, do not fail the job
+            import warnings
+
+            self.record_error = f"{type(e).__name__}: {e}"
+            warnings.warn(f"fnmap: could not write the record of job {self.id} to "
+                          f"{self.client.store.url}: {self.record_error}", RuntimeWarning, stacklevel=2)
 
     # -- results -------------------------------------------------------------
 
@@ -226,6 +272,12 @@ class Job:
             f"fnmap: raised remotely by item {state.first_index + offset} "
             f"(job {self.id}, {state.describe()})"
         )
+        tail = (state.stats or {}).get("log_tail")
+        if tail:  # the call's own output, shown with its exception (issue 8)
+            lines = tail.rstrip("\n").splitlines()[-_LOG_NOTE_LINES:]
+            exc.add_note(f"fnmap: output of {state.describe()} (last {len(lines)} lines; all of it: "
+                         f"fnmap logs {self.id} --call {state.call_id}):\n"
+                         + "\n".join("    " + line for line in lines))
         return exc
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -292,6 +344,32 @@ class Job:
             "duplicates_discarded": self.duplicate_count,
             "wall_seconds": end - self.created,
         }
+
+    # -- observability (issue 8) ---------------------------------------------
+
+    def record(self) -> dict:
+        """The job record: per call its times, worker, cold start, attempts, bytes, memory and status,
+        plus ``record["summary"]`` (durations p50/p95/max, throughput, cost).  What ``fnmap job ID
+        --json`` prints; while the job runs, a snapshot."""
+        return records.build(self)
+
+    def logs(self, call: int | None = None) -> str:
+        """The captured stdout and stderr of every call (or of call ``call``), one header per attempt."""
+        found = records.read_logs(self.client.store, self.id, call)
+        return "".join(f"--- call {c} attempt {a} ---\n{text}" + ("" if text.endswith("\n") else "\n")
+                       for c, a, text in found)
+
+    @property
+    def cost(self) -> dict:
+        """Estimated cost: AWS Lambda GB-seconds and requests (Batch: instance time); ``["usd"]``."""
+        return records.build(self)["summary"]["cost"]
+
+    def plot(self, path: str) -> str:
+        """Save a timeline (one row per call; queued, cold start, running, writing) and a histogram
+        of call durations to ``path`` (PNG, SVG or PDF by its extension); needs matplotlib."""
+        from .plot import plot_record
+
+        return plot_record(records.build(self), path)
 
     def __repr__(self) -> str:
         return f"<fnmap.Job {self.id} {self.done_count}/{len(self.calls)} calls done>"

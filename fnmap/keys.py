@@ -70,3 +70,17 @@ def log_key(job_id: str, call_id: int, attempt: int) -> str:
 
 def logs_prefix(job_id: str) -> str:
     return f"jobs/{job_id}/logs/"
+
+
+def call_logs_prefix(job_id: str, call_id: int) -> str:
+    """Every attempt's captured output of one call."""
+    return f"jobs/{job_id}/logs/{_spread(call_id)}/{call_id}."
+
+
+def job_index_key(job_id: str, created: float) -> str:
+    """One small summary per job, named by creation time, so ``fnmap jobs`` needs no walk of every job."""
+    return f"index/jobs/{int(created):010d}-{job_id}.json"
+
+
+def job_index_prefix() -> str:
+    return "index/jobs/"

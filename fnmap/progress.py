@@ -1,8 +1,15 @@
-"""Progress bars for long jobs (tqdm: the widget in Jupyter, text in a terminal)."""
+"""Progress bars for long jobs (tqdm: the widget in Jupyter, text in a terminal).
+
+The bar counts items; its postfix shows calls done out of all calls, calls
+whose items failed, and calls being retried right now (a retry or a
+speculative copy in flight).  With no terminal and no notebook there is no bar
+unless ``progress=True`` asks for one.
+"""
 
 from __future__ import annotations
 
 import sys
+import threading
 
 #: Jobs with fewer items than this show no bar unless ``progress=True``.
 MIN_ITEMS_FOR_AUTO = 100
@@ -18,30 +25,56 @@ def _interactive() -> bool:
 
 
 class Progress:
-    """Counts items done and failed; ``update`` is called from dispatch threads."""
+    """Counts items and calls done, failed and being retried; methods are called from dispatch threads."""
 
-    def __init__(self, total: int, description: str):
+    def __init__(self, total: int, description: str, calls: int | None = None, file=None):
         if "ipykernel" in sys.modules:
             from tqdm.auto import tqdm
         else:
             from tqdm import tqdm
         self.failed = 0
-        self._bar = tqdm(total=total, desc=description, unit="item", leave=True, dynamic_ncols=True)
+        self.calls = calls
+        self.calls_done = 0
+        self.calls_failed = 0
+        self._retrying: set[int] = set()
+        self._lock = threading.Lock()
+        self._bar = tqdm(total=total, desc=description, unit="item", leave=True, dynamic_ncols=True,
+                         file=file)
 
-    def update(self, n: int, failed: int = 0) -> None:
-        if failed:
+    def update(self, n: int, failed: int = 0, call_id: int | None = None) -> None:
+        """``n`` items of one call are done, ``failed`` of them failed."""
+        with self._lock:
+            self.calls_done += 1
             self.failed += failed
-            self._bar.set_postfix(failed=self.failed, refresh=False)
-        self._bar.update(n)
+            if failed:
+                self.calls_failed += 1
+            self._retrying.discard(call_id)
+            self._postfix()
+            self._bar.update(n)
+
+    def retrying(self, call_id: int) -> None:
+        """Call ``call_id`` is being sent again."""
+        with self._lock:
+            self._retrying.add(call_id)
+            self._postfix()
+
+    def _postfix(self) -> None:
+        fields = {"calls": f"{self.calls_done}/{self.calls}" if self.calls else self.calls_done}
+        if self.failed:
+            fields["failed"] = self.failed
+        if self._retrying:
+            fields["retrying"] = len(self._retrying)
+        self._bar.set_postfix(fields, refresh=False)
 
     def close(self) -> None:
         self._bar.close()
 
 
-def make_progress(setting: bool | None, total: int, description: str) -> Progress | None:
+def make_progress(setting: bool | None, total: int, description: str,
+                  calls: int | None = None) -> Progress | None:
     """A bar when asked (``True``), or by default for long jobs in a terminal or notebook."""
     if setting is False or total == 0:
         return None
     if setting is None and (total < MIN_ITEMS_FOR_AUTO or not _interactive()):
         return None
-    return Progress(total, description)
+    return Progress(total, description, calls)

@@ -7,7 +7,7 @@ import importlib
 import sys
 
 #: Modules under fnmap.cli that add subcommands, in the order ``--help`` lists them.
-COMMAND_MODULES = ["emulator", "deploy"]
+COMMAND_MODULES = ["emulator", "deploy", "jobs"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,397 @@
+"""Job records: what every job leaves in storage so that it can be inspected later, from anywhere.
+
+A job writes two objects, both JSON, both through the job's own store:
+
+* ``jobs/<job_id>/job.json``, the record: the job's options, and per call
+  the times it was submitted, started (by the worker), loaded, finished and
+  written, the client's view of every attempt, the worker id, cold or warm
+  start, bytes in and out, peak memory, its status and error, and a summary
+  (:func:`summarize`).  It is written once, when the last call finishes and
+  before its result reaches the caller, so a ``fnmap.map`` that has returned
+  has its record in storage.
+* ``index/jobs/<created>-<job_id>.json``, the summary only, written when a map
+  job starts (status ``running``) and again at the end, so ``fnmap jobs``
+  lists recent jobs with one LIST and a few small GETs.
+
+Readers (:func:`load`) fill in what the client did not see, such as the
+worker's stats of calls whose results were gathered from storage, from the
+status record each worker writes per attempt; a job whose client died before
+writing its record is rebuilt from those status records alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from . import cost, keys
+from .errors import FnmapError
+
+FORMAT = 1
+#: Call statuses that mean the call has not finished.
+UNFINISHED = ("pending", "running")
+#: Worker stats copied from the counted attempt into the call's entry.
+_STATS_FIELDS = ("worker", "cold", "started", "loaded", "finished", "written", "bytes_in", "bytes_out",
+                 "peak_memory_kb", "log_tail")
+_TIMEOUT_ERROR = "fnmap.errors.TimeoutError"
+
+
+class JobNotFound(FnmapError, LookupError):
+    """No job with this id (or id prefix) has a record or status records in the store."""
+
+
+# -- writing -------------------------------------------------------------------
+
+
+def build(job) -> dict:
+    """The record of a :class:`fnmap.job.Job`, finished or not, as plain JSON-ready data."""
+    with job._lock:
+        calls = [_call_entry(s, job.call_errors.get(s.call_id)) for s in job.calls]
+        finished = job.finished if job.done_count == len(job.calls) and job.sealed else None
+    cfg = job.config
+    record = {
+        "format": FORMAT,
+        "job_id": job.id,
+        "kind": job.kind,
+        "backend": cfg.backend,
+        "storage": job.client.store.url,
+        "created": job.created,
+        "finished": finished,
+        "options": {
+            "chunksize": cfg.chunksize, "timeout": cfg.timeout, "retries": cfg.retries,
+            "memory": cfg.memory, "gpu": cfg.gpu, "region": cfg.region,
+            "retry_on": list(job.retry_on_names),
+            "instance_type": getattr(cfg, "instance_type", None),
+        },
+        "calls": calls,
+    }
+    record["summary"] = summarize(record)
+    return record
+
+
+def _call_entry(state, error: tuple[str, str] | None) -> dict:
+    stats = state.stats or {}
+    attempts = [{"attempt": a, "sent": s, "ended": e, "outcome": o} for a, s, e, o in state.attempts]
+    if state.done:
+        if error is not None:
+            status = error[0]
+        elif not attempts:
+            status = "cancelled"
+        else:
+            status = "ok"
+    else:
+        status = "running" if state.in_flight else "pending"
+    ended = max((a["ended"] for a in attempts if a["ended"] is not None), default=None)
+    entry = {
+        "call": state.call_id,
+        "first_item": state.first_index,
+        "items": state.n_items,
+        "status": status,
+        "error": error[1] if error else None,
+        "submitted": attempts[0]["sent"] if attempts else None,
+        "ended": ended,
+        "attempt": stats.get("attempt"),
+        "attempts": attempts,
+        "failed_items": _failed_items(status, stats, state.n_items),
+    }
+    for name in _STATS_FIELDS:
+        entry[name] = stats.get(name)
+    return entry
+
+
+def _failed_items(status: str, stats: dict, n_items: int) -> int:
+    if status in ("ok", "cancelled", *UNFINISHED):
+        return 0
+    if status in ("error", "timeout") and stats.get("failed_items") is not None:
+        return stats["failed_items"]
+    return n_items
+
+
+def call_error(outcomes: list) -> tuple[str, str]:
+    """``(status, "Type: message")`` of the first failing item of a call's outcomes."""
+    for outcome in outcomes:
+        if outcome[0] != "ok":
+            names, tb = outcome[3], outcome[2]
+            lines = [line for line in tb.strip().splitlines() if line.strip()]
+            message = lines[-1] if lines else names[0]
+            return ("timeout" if _TIMEOUT_ERROR in names else "error"), message
+    return "ok", ""
+
+
+def write(store, record: dict) -> None:
+    """Store the record and its index entry."""
+    store.put(keys.job_record_key(record["job_id"]), json.dumps(record, separators=(",", ":")).encode())
+    write_index(store, record["summary"])
+
+
+def write_index(store, summary: dict) -> None:
+    store.put(keys.job_index_key(summary["job_id"], summary["created"]), json.dumps(summary).encode())
+
+
+# -- summary -------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (``q`` in 0..100), as numpy's default."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _spread(values: list[float]) -> dict:
+    return {"p50": percentile(values, 50), "p95": percentile(values, 95),
+            "max": max(values) if values else None, "count": len(values)}
+
+
+def run_seconds(call: dict) -> float | None:
+    """How long the worker ran the call (load, items), or None when it never reported."""
+    if call.get("started") is None or call.get("finished") is None:
+        return None
+    return call["finished"] - call["started"]
+
+
+def summarize(record: dict) -> dict:
+    """Counts, durations p50/p95/max, throughput and estimated cost of a record."""
+    calls = record["calls"]
+    done = [c for c in calls if c["status"] not in UNFINISHED]
+    failed = [c for c in done if c["status"] not in ("ok", "cancelled")]
+    durations = [d for d in (run_seconds(c) for c in done) if d is not None]
+    latencies = [c["ended"] - c["submitted"] for c in done
+                 if c.get("ended") is not None and c.get("submitted") is not None]
+    end = record.get("finished") or max((c["ended"] for c in done if c.get("ended")), default=None)
+    wall = end - record["created"] if end else None
+    items = sum(c["items"] for c in calls)
+    items_done = sum(c["items"] for c in done)
+    if len(done) < len(calls):
+        status = "running" if record.get("finished") is None else "incomplete"
+    elif any(c["status"] == "cancelled" for c in calls):
+        status = "cancelled"
+    else:
+        status = "failed" if failed else "succeeded"
+    peaks = [c["peak_memory_kb"] for c in done if c.get("peak_memory_kb")]
+    summary = {
+        "job_id": record["job_id"],
+        "kind": record.get("kind"),
+        "backend": record.get("backend"),
+        "storage": record.get("storage"),
+        "status": status,
+        "created": record["created"],
+        "finished": record.get("finished"),
+        "wall_seconds": wall,
+        "calls": len(calls),
+        "calls_done": len(done),
+        "calls_failed": len(failed),
+        "items": items,
+        "failed_items": sum(c["failed_items"] for c in done),
+        "retries": sum(max(0, len(c["attempts"]) - 1) for c in calls),
+        "calls_retried": sum(1 for c in calls if len(c["attempts"]) > 1),
+        "cold_starts": sum(1 for c in done if c.get("cold")),
+        "workers": len({c["worker"] for c in done if c.get("worker")}),
+        "duration_seconds": _spread(durations),
+        "latency_seconds": _spread(latencies),
+        "throughput": {
+            "items_per_second": items_done / wall if wall else None,
+            "calls_per_second": len(done) / wall if wall else None,
+        },
+        "bytes_in": sum(c.get("bytes_in") or 0 for c in done),
+        "bytes_out": sum(c.get("bytes_out") or 0 for c in done),
+        "peak_memory_mb": max(peaks) / 1024 if peaks else None,
+        "cost": cost.estimate(record),
+    }
+    return summary
+
+
+# -- reading -------------------------------------------------------------------
+
+
+def list_jobs(store, limit: int | None = 20) -> list[dict]:
+    """Summaries of the most recent jobs, newest first."""
+    entries = store.list(keys.job_index_prefix())
+    entries.reverse()  # keys sort by creation time
+    if limit is not None:
+        entries = entries[:limit]
+    out = []
+    for key in entries:
+        try:
+            out.append(json.loads(store.get(key)))
+        except (FnmapError, ValueError):  # deleted meanwhile (gc) or a partial object from a dead writer
+            continue
+    return out
+
+
+def resolve_id(store, job_id: str) -> str:
+    """The full id of a job given its id or a unique prefix of it."""
+    job_id = job_id.strip().lower()
+    if not job_id or any(ch not in "0123456789abcdef" for ch in job_id):
+        raise JobNotFound(f"{job_id!r} is not a job id: ids are hexadecimal (see `fnmap jobs`)")
+    if len(job_id) == 32:
+        return job_id
+    matches = sorted({_index_job_id(k) for k in store.list(keys.job_index_prefix())
+                      if _index_job_id(k).startswith(job_id)})
+    if not matches:
+        raise JobNotFound(f"no job id starts with {job_id!r} in {store.url} (see `fnmap jobs`)")
+    if len(matches) > 1:
+        raise JobNotFound(f"job id prefix {job_id!r} is ambiguous: {', '.join(matches[:5])}; give more digits")
+    return matches[0]
+
+
+def _index_job_id(key: str) -> str:
+    return key.rsplit("/", 1)[1].split("-", 1)[1].removesuffix(".json")
+
+
+def _index_created(key: str) -> float:
+    return float(key.rsplit("/", 1)[1].split("-", 1)[0])
+
+
+def load(store, job_id: str) -> dict:
+    """A job's record (``job_id`` may be a unique prefix), completed from the workers' status records."""
+    job_id = resolve_id(store, job_id)
+    try:
+        record = json.loads(store.get(keys.job_record_key(job_id)))
+    except FnmapError:  # KeyNotFound: the client has not written it (running, or died)
+        record = None
+    status_keys = store.list(keys.status_prefix(job_id))
+    if record is None:
+        if not status_keys:
+            raise JobNotFound(f"job {job_id} has no record and no status records in {store.url}")
+        return _rebuild(store, job_id, status_keys)
+    missing = {c["call"] for c in record["calls"] if c["status"] not in UNFINISHED and c.get("started") is None}
+    wanted = [k for k in status_keys if _status_call(k)[0] in missing]
+    if wanted:
+        by_call = {}
+        for stats in _get_json_many(store, wanted):
+            by_call.setdefault(stats["call_id"], []).append(stats)
+        for call in record["calls"]:
+            found = by_call.get(call["call"])
+            if found:
+                _apply_stats(call, max(found, key=lambda s: s["attempt"]))
+        record["summary"] = summarize(record)
+    return record
+
+
+def _status_call(key: str) -> tuple[int, int]:
+    name = key.rsplit("/", 1)[1]  # "<call>.<attempt>.json"
+    call, attempt, _ = name.split(".")
+    return int(call), int(attempt)
+
+
+def _apply_stats(call: dict, stats: dict) -> None:
+    call["attempt"] = stats.get("attempt")
+    for name in _STATS_FIELDS:
+        call[name] = stats.get(name)
+    if call["status"] in ("error", "timeout") and stats.get("failed_items") is not None:
+        call["failed_items"] = stats["failed_items"]
+
+
+def _get_json_many(store, keys_: list[str]) -> list[dict]:
+    def get(key):
+        try:
+            return json.loads(store.get(key))
+        except (FnmapError, ValueError):
+            return None
+
+    if not keys_:
+        return []
+    with ThreadPoolExecutor(min(16, len(keys_))) as pool:
+        return [s for s in pool.map(get, keys_) if s is not None]
+
+
+def _rebuild(store, job_id: str, status_keys: list[str]) -> dict:
+    """A record from status records alone (the client never wrote one)."""
+    by_call: dict[int, list[dict]] = {}
+    for stats in _get_json_many(store, status_keys):
+        by_call.setdefault(stats["call_id"], []).append(stats)
+    calls = []
+    for call_id in sorted(by_call):
+        attempts = sorted(by_call[call_id], key=lambda s: s["attempt"])
+        last = attempts[-1]
+        failed = last.get("failed_items") or 0
+        call = {
+            "call": call_id, "first_item": None, "items": last.get("items", 0),
+            "status": "error" if failed else "ok", "error": None,
+            "submitted": None, "ended": last.get("written"),
+            "attempts": [{"attempt": s["attempt"], "sent": s.get("started"), "ended": s.get("written"),
+                          "outcome": "error" if s.get("failed_items") else "ok"} for s in attempts],
+            "failed_items": failed,
+        }
+        _apply_stats(call, last)
+        calls.append(call)
+    created = min((c["started"] for c in calls if c.get("started")), default=time.time())
+    record = {
+        "format": FORMAT, "job_id": job_id, "kind": None, "backend": None, "storage": store.url,
+        "created": created, "finished": None, "options": {}, "calls": calls,
+        "rebuilt": "the job wrote no record (still running, or its client stopped): rebuilt from "
+                   "the workers' status records; calls that never reported are missing",
+    }
+    record["summary"] = summarize(record)
+    record["summary"]["status"] = "unknown"
+    return record
+
+
+def read_logs(store, job_id: str, call: int | None = None) -> list[tuple[int, int, str]]:
+    """Captured output as ``(call, attempt, text)``, by call then attempt."""
+    prefix = keys.call_logs_prefix(job_id, call) if call is not None else keys.logs_prefix(job_id)
+    found = []
+    for key in store.list(prefix):
+        call_id, attempt, _ = key.rsplit("/", 1)[1].split(".")
+        found.append((int(call_id), int(attempt), key))
+    found.sort()
+    return [(c, a, store.get(k).decode("utf-8", errors="replace")) for c, a, k in found]
+
+
+# -- cleaning ------------------------------------------------------------------
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """Seconds in an age like ``90s``, ``30m``, ``12h``, ``7d`` or ``2w``."""
+    text = text.strip().lower()
+    unit = _UNITS.get(text[-1:]) if text else None
+    try:
+        value = float(text[:-1]) if unit else None
+    except ValueError:
+        value = None
+    if unit is None or value is None or value < 0:
+        raise ValueError(f"{text!r} is not an age: use a number and a unit s, m, h, d or w, e.g. 12h or 7d")
+    return value * unit
+
+
+def collect_garbage(store, older_than: float, dry_run: bool = False, now: float | None = None) -> dict:
+    """Delete every key of the jobs created more than ``older_than`` seconds ago, and their index entries.
+
+    Jobs with no index entry (their client died) are dated by their newest status record; a job with
+    neither is left alone and reported.  Functions (``functions/``) are shared by jobs and kept.
+    """
+    now = time.time() if now is None else now
+    cutoff = now - older_than
+    index = {_index_job_id(k): k for k in store.list(keys.job_index_prefix())}
+    job_ids = {k.split("/", 2)[1] for k in store.list("jobs/") if k.count("/") >= 2}
+    old, kept, undated = [], [], []
+    for job_id in sorted(job_ids | set(index)):
+        if job_id in index:
+            created = _index_created(index[job_id])
+        else:
+            stats = _get_json_many(store, store.list(keys.status_prefix(job_id))[-64:] or [])
+            created = max((s.get("written") or 0 for s in stats), default=None)
+        if created is None:
+            undated.append(job_id)
+        elif created < cutoff:
+            old.append(job_id)
+        else:
+            kept.append(job_id)
+    deleted_keys = 0
+    for job_id in old:
+        doomed = store.list(keys.job_prefix(job_id))
+        if job_id in index:
+            doomed.append(index[job_id])
+        deleted_keys += len(doomed)
+        if not dry_run:
+            store.delete(doomed)
+    return {"deleted_jobs": old, "deleted_keys": deleted_keys, "kept_jobs": len(kept),
+            "undated_jobs": undated, "dry_run": dry_run, "older_than_seconds": older_than}
