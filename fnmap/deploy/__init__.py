@@ -6,4 +6,4 @@ library itself, only by the command line and ``infra/`` scripts.
 """
 
 #: Modules under fnmap.deploy that add a target to ``fnmap deploy``.
-TARGETS: list[str] = ["batch"]
+TARGETS: list[str] = ["aws", "batch"]

@@ -1,0 +1,80 @@
+"""The code the cloud runs: a reproducible zip of fnmap + handlers + cloudpickle, and dependency layers.
+
+The zip carries the client's own cloudpickle, so pickles made by the client
+load in the function; boto3 comes with Lambda's Python runtime.  The same
+zip serves any host that runs ``handlers/`` from a folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+from ..errors import ConfigError, FnmapError
+
+#: Lambda's limit on a function's unzipped code and layers together.
+UNZIPPED_LIMIT = 250 * 1024 * 1024
+
+
+def build_zip(path: str) -> str:
+    """Write the function's zip (fnmap, handlers, cloudpickle) to ``path``; reproducible byte for byte."""
+    import cloudpickle
+
+    import fnmap
+
+    roots = [os.path.dirname(fnmap.__file__), _handlers_dir(), os.path.dirname(cloudpickle.__file__)]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for root in roots:
+            base = os.path.dirname(root)
+            for folder, dirs, files in sorted(os.walk(root)):
+                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+                for name in sorted(files):
+                    if name.endswith((".py", ".typed")):
+                        full = os.path.join(folder, name)
+                        info = zipfile.ZipInfo(os.path.relpath(full, base), date_time=(2020, 1, 1, 0, 0, 0))
+                        info.external_attr = 0o644 << 16
+                        info.compress_type = zipfile.ZIP_DEFLATED
+                        with open(full, "rb") as f:
+                            zf.writestr(info, f.read())
+    return path
+
+
+def _handlers_dir() -> str:
+    import handlers
+
+    return os.path.dirname(os.path.abspath(handlers.__file__))
+
+
+def unzipped_size(path: str) -> int:
+    with zipfile.ZipFile(path) as zf:
+        return sum(i.file_size for i in zf.infolist())
+
+
+def build_layer(requirements: str, runtime: str, architecture: str, path: str) -> str:
+    """pip-install ``requirements`` for Lambda's platform into a layer zip (``python/`` inside)."""
+    if not os.path.isfile(requirements):
+        raise ConfigError(f"--requirements {requirements!r} is not a file; pass a requirements.txt")
+    platform = "manylinux2014_aarch64" if architecture == "arm64" else "manylinux2014_x86_64"
+    with tempfile.TemporaryDirectory() as tmp:
+        target = os.path.join(tmp, "python")
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "-r", requirements, "--target", target,
+               "--platform", platform, "--implementation", "cp", "--python-version", runtime[len("python"):],
+               "--only-binary=:all:"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise FnmapError(f"building the dependency layer failed ({' '.join(cmd)}):\n{result.stderr[-2000:]}")
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+            for folder, _dirs, files in os.walk(target):
+                for name in files:
+                    full = os.path.join(folder, name)
+                    zf.write(full, os.path.relpath(full, tmp))
+    return path
+
+
+def code_sha256(data: bytes) -> str:
+    return base64.b64encode(hashlib.sha256(data).digest()).decode()
