@@ -80,7 +80,9 @@ class RunStats:
         return self.bytes_stored + self.bytes_loaded + self.bytes_fetched + self.call_bytes
 
 
-_collectors: contextvars.ContextVar[list | None] = contextvars.ContextVar("fnmap_dask_stats", default=None)
+_collectors: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "fnmap_dask_stats", default=None
+)
 
 
 @contextlib.contextmanager
@@ -290,7 +292,7 @@ class _Run:
             raise exc
         result: BatchResult = outcome[1]
         self._account(call, result)
-        for unit, out in zip(units, result.outputs):
+        for unit, out in zip(units, result.outputs, strict=True):
             self.remote[unit.output] = out
             if isinstance(out, Stored):
                 self.stored.append(out.key)
@@ -324,7 +326,7 @@ class _Run:
         if stored:
             with ThreadPoolExecutor(min(8, len(stored))) as pool:
                 datas = list(pool.map(lambda k: self.store.get(self.remote[k].key), stored))
-            for k, data in zip(stored, datas):
+            for k, data in zip(stored, datas, strict=True):
                 self.stats.bytes_fetched += len(data)
                 values[k] = loads(data)
         return values
@@ -359,7 +361,10 @@ def _some(keys: list, n: int = 5) -> str:
 
 
 def _register() -> None:
-    """Make ``scheduler="fnmap"`` work; Dask has no public registration, so only if its table exists."""
+    """Make ``scheduler="fnmap"`` work where Dask's table of named schedulers exists.
+
+    Dask has no public registration, so a Dask without that table imports us cleanly all the same.
+    """
     try:
         from dask.base import named_schedulers
     except ImportError:

@@ -126,7 +126,7 @@ def _fuse(plan: Plan, tasks: dict, wanted: set) -> None:
         plan.priority[uid] = min(priorities.get(k, 0) for k in chain)
         for dep in needs:
             plan.waiters[dep].append(uid)
-        for k, n in zip(chain, nodes):
+        for k, n in zip(chain, nodes, strict=True):
             plan.dependencies[k] = set(n.dependencies)
     for key, target in plan.aliases.items():
         plan.alias_waiters[target].append(key)

@@ -1,4 +1,4 @@
-"""The Dask scheduler shim: real Dask collections on the embedded emulator, compared with ``sync``."""
+"""The Dask scheduler shim: real Dask collections on the embedded emulator, against ``sync``."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_array_reductions_and_matmul():
     expected = dask.compute(*exprs, scheduler="sync")
     with fnmap.dask.collect_stats() as runs:
         got = dask.compute(*exprs, scheduler=fnmap.dask.get)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         np.testing.assert_allclose(g, e)
     (stats,) = runs
     # Intermediate blocks (60-120 KB) went through storage, the client fetched nothing big.
@@ -73,7 +73,8 @@ def test_bag_foldby_and_word_count():
 
 def test_dataframe_groupby():
     rng = np.random.default_rng(0)
-    pdf = pd.DataFrame({"k": rng.integers(0, 10, 2000), "v": rng.random(2000), "w": rng.random(2000)})
+    pdf = pd.DataFrame({"k": rng.integers(0, 10, 2000), "v": rng.random(2000),
+                        "w": rng.random(2000)})
     df = dd.from_pandas(pdf, npartitions=8)
     expr = df.groupby("k").agg({"v": "mean", "w": "sum"})
     expected = expr.compute(scheduler="sync")
