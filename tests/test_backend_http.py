@@ -51,11 +51,11 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _host(cmd: list[str], secret: str, port: int, env: dict | None = None):
+def _host(cmd: list[str], secret: str, port: int, env: dict | None = None, cwd: str = ROOT):
     """Run a function host on 127.0.0.1:port until the block ends; stop its whole process group."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("FNMAP_")}
     full_env.update(FNMAP_SECRET=secret, HOST="127.0.0.1", PORT=str(port), **(env or {}))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -145,3 +145,26 @@ def test_plain_wsgi_entry_on_port():
         ]
         r = requests.post(url + "/invoke", data=b"\0\0\0\2{}", timeout=5)
         assert r.status_code == 401 and "unsigned" in r.text
+
+
+def fnmap_location(_):
+    import fnmap as worker_fnmap
+
+    return worker_fnmap.__file__
+
+
+def test_staged_cloud_functions_source_serves_a_job(tmp_path):
+    """The folder `gcloud functions deploy --source` uploads (infra/http/gcf_source.py) runs as is."""
+    exe = shutil.which("functions-framework")
+    if exe is None:
+        pytest.skip("functions-framework is not installed (pip install -e '.[test]')")
+    from fnmap.deploy.package import stage_gcf_source
+
+    dest = stage_gcf_source(str(tmp_path / "gcf"))
+    assert {"main.py", "requirements.txt", "fnmap", "handlers", "cloudpickle"} <= set(os.listdir(dest))
+    secret = new_secret()
+    port = _free_port()
+    cmd = [exe, "--target=invoke", f"--source={dest}/main.py", "--host=127.0.0.1", f"--port={port}"]
+    with _host(cmd, secret, port, env={"PYTHONPATH": ""}, cwd=dest) as url:
+        where = fnmap.map(fnmap_location, [0], backend="http", http_url=url, secret=secret)
+    assert where[0].startswith(dest)  # the staged fnmap, not this checkout's

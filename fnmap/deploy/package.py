@@ -78,3 +78,34 @@ def build_layer(requirements: str, runtime: str, architecture: str, path: str) -
 
 def code_sha256(data: bytes) -> str:
     return base64.b64encode(hashlib.sha256(data).digest()).decode()
+
+
+def stage_gcf_source(dest: str, requirements: str | None = None) -> str:
+    """Write a Google Cloud Functions source folder: ``main.py`` (``handlers/gcf.py``), the zip's
+    packages, and ``requirements.txt`` (functions-framework, boto3, and ``requirements`` if given).
+
+    Returns ``dest``; deploy it with ``gcloud functions deploy ... --source=DEST --entry-point=invoke``.
+    """
+    import shutil
+    from importlib.metadata import PackageNotFoundError, version
+
+    if os.path.exists(dest) and os.listdir(dest):
+        raise ConfigError(f"{dest!r} is not empty; pass a new or empty folder to stage the source in")
+    os.makedirs(dest, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(build_zip(os.path.join(tmp, "src.zip"))) as zf:
+            zf.extractall(dest)
+    shutil.copyfile(os.path.join(_handlers_dir(), "gcf.py"), os.path.join(dest, "main.py"))
+    try:
+        framework = f"functions-framework=={version('functions-framework')}"
+    except PackageNotFoundError:
+        framework = "functions-framework"
+    lines = [framework, "boto3"]
+    if requirements:
+        if not os.path.isfile(requirements):
+            raise ConfigError(f"requirements {requirements!r} is not a file; pass a requirements.txt")
+        with open(requirements) as f:
+            lines.extend(line.strip() for line in f if line.strip() and not line.startswith("#"))
+    with open(os.path.join(dest, "requirements.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return dest
