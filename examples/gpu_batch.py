@@ -1,4 +1,4 @@
-"""GPU container jobs: batched matrix products, one call per seed, as one (emulated) AWS Batch array job.
+"""GPU container jobs: batched matrix products, one call per seed, in one (emulated) array job.
 
     python examples/gpu_batch.py            # offline: a local emulator runs each call as a process
     python examples/gpu_batch.py --check    # exit 1 unless every call ran on a CUDA GPU
@@ -71,8 +71,21 @@ def start_emulator() -> subprocess.Popen:
 
     secret = os.environ.get("FNMAP_SECRET") or new_secret()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fnmap", "emulator", "--port", "0", "--workers", "1", "--watch-stdin"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "FNMAP_SECRET": secret},
+        [
+            sys.executable,
+            "-m",
+            "fnmap",
+            "emulator",
+            "--port",
+            "0",
+            "--workers",
+            "1",
+            "--watch-stdin",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FNMAP_SECRET": secret},
     )
     for line in proc.stdout:
         if "listening on " in line:
@@ -85,9 +98,15 @@ def start_emulator() -> subprocess.Popen:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 unless every call ran on a CUDA GPU")
-    parser.add_argument("--cloud", action="store_true", help="use AWS Batch as configured (no emulator)")
-    parser.add_argument("--calls", type=int, default=8, help="number of calls (children of the array job)")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 unless every call ran on a CUDA GPU"
+    )
+    parser.add_argument(
+        "--cloud", action="store_true", help="use AWS Batch as configured (no emulator)"
+    )
+    parser.add_argument(
+        "--calls", type=int, default=8, help="number of calls (children of the array job)"
+    )
     args = parser.parse_args()
 
     emulator = None
@@ -103,15 +122,21 @@ def main() -> int:
             # open connections) is gone, so there is nothing to wait for here.
             emulator.stdin.close()
     for r in results:
-        print(f"call {r['seed']}: index {r['array_index']}, CUDA_VISIBLE_DEVICES={r['cuda_visible_devices']!r}, "
-              f"{r['device']}, {r['gflops']:.1f} GFLOP/s, checksum {r['checksum']}")
+        print(
+            f"call {r['seed']}: index {r['array_index']}, "
+            f"CUDA_VISIBLE_DEVICES={r['cuda_visible_devices']!r}, "
+            f"{r['device']}, {r['gflops']:.1f} GFLOP/s, checksum {r['checksum']}"
+        )
     print(f"{len(results)} calls in {wall:.1f} s")
     if args.check:
         off_gpu = [r["seed"] for r in results if not r["device"].startswith("cuda")]
         if off_gpu:
             print(f"CHECK FAILED: calls {off_gpu} did not run on a GPU", file=sys.stderr)
             return 1
-        print(f"CHECK OK: all {len(results)} calls ran on a GPU: {sorted({r['device'] for r in results})}")
+        print(
+            f"CHECK OK: all {len(results)} calls ran on a GPU: "
+            f"{sorted({r['device'] for r in results})}"
+        )
     return 0
 
 

@@ -29,7 +29,7 @@ COMMAND = ["python", "-m", "handlers.container", "Ref::store", "Ref::prefix"]
 MAX_ARRAY_SIZE = 10_000
 
 EXIT_OK = 0
-#: A platform error (storage unreachable, version mismatch, an uncaught error): re-running may succeed.
+#: A platform error (storage unreachable, version mismatch, an uncaught error): worth a re-run.
 EXIT_PLATFORM = 1
 #: The call raised a user exception listed in ``retry_on`` with attempts left; nothing was committed
 #: (sysexits' EX_TEMPFAIL).
@@ -80,7 +80,10 @@ def array_index(environ: Mapping[str, str]) -> int:
 def exit_status(status: int, answer: bytes) -> tuple[int, str]:
     """Map the worker's answer to the child's exit code and a one-line message for its log."""
     if status != 200:
-        return EXIT_REJECTED, f"fnmap: request refused ({status}): {answer.decode(errors='replace')}"
+        return (
+            EXIT_REJECTED,
+            f"fnmap: request refused ({status}): {answer.decode(errors='replace')}",
+        )
     resp, _ = decode_response(answer)
     where = f"call {resp.call_id} of job {resp.job_id}, attempt {resp.attempt}"
     if not resp.ok:

@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fnmap: {e}", file=sys.stderr)
         return container.EXIT_REJECTED
     except Exception as e:  # storage unreachable or the request missing: a platform error
-        print(f"fnmap: cannot read request {index} under {store_url} {prefix}: {e!r}", file=sys.stderr)
+        print(
+            f"fnmap: cannot read request {index} under {store_url} {prefix}: {e!r}", file=sys.stderr
+        )
         return container.EXIT_PLATFORM
     try:
         signature, body = container.unpack_request(data)

@@ -1,7 +1,7 @@
 """The ``batch`` backend (GPU container jobs): its plain decisions, the container entrypoint, the
 emulated AWS Batch API end to end, and ``fnmap deploy batch`` against moto's server.
 
-Everything runs on a CPU-only machine: the emulator then gives each child ``CUDA_VISIBLE_DEVICES=""``.
+Everything runs on a CPU-only machine: the emulator then sets ``CUDA_VISIBLE_DEVICES=""``.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -17,7 +18,7 @@ from fnmap import container, keys, signing
 from fnmap.backends import batch as batch_backend
 from fnmap.client import get_client
 from fnmap.config import resolve
-from fnmap.emulator import batch_api
+from fnmap.emulator import batch_api, batch_jobs
 from fnmap.serialization import dumps, loads, pickle_function, runtime_info
 from fnmap.storage import open_store
 from fnmap.wire import CallRequest, encode
@@ -38,32 +39,44 @@ def test_plan_arrays_splits_above_the_array_limit_into_even_parts():
 
 def test_cuda_visible_devices_round_robin():
     gpus = ["0", "1", "2"]
-    assert [batch_api.assign_gpus(slot, 1, gpus) for slot in range(5)] == ["0", "1", "2", "0", "1"]
-    assert [batch_api.assign_gpus(slot, 2, gpus) for slot in range(3)] == ["0,1", "2,0", "1,2"]
-    assert batch_api.assign_gpus(4, 1, []) == ""  # a CPU machine: the child sees no GPU
-    assert batch_api.assign_gpus(4, 0, gpus) == ""  # a CPU job sees no GPU either
+    assert [batch_jobs.assign_gpus(slot, 1, gpus) for slot in range(5)] == ["0", "1", "2", "0", "1"]
+    assert [batch_jobs.assign_gpus(slot, 2, gpus) for slot in range(3)] == ["0,1", "2,0", "1,2"]
+    assert batch_jobs.assign_gpus(4, 1, []) == ""  # a CPU machine: the child sees no GPU
+    assert batch_jobs.assign_gpus(4, 0, gpus) == ""  # a CPU job sees no GPU either
     with pytest.raises(ValueError, match="asks for 4 GPUs per child but this machine has 3"):
-        batch_api.assign_gpus(0, 4, gpus)
+        batch_jobs.assign_gpus(0, 4, gpus)
     listing = "GPU 0: NVIDIA H200 (UUID: GPU-aa)\nGPU 1: NVIDIA H200 (UUID: GPU-bb)\n"
-    assert batch_api.parse_gpu_list(listing) == ["0", "1"]
+    assert batch_jobs.parse_gpu_list(listing) == ["0", "1"]
 
 
 def test_retry_strategy_rules_and_command():
     rules = batch_backend.retry_strategy(2)["evaluateOnExit"]
     assert batch_backend.retry_strategy(2)["attempts"] == 3
     assert batch_backend.retry_strategy(50)["attempts"] == 10
-    assert batch_api.retry_action(rules, None, "Host EC2 (instance i-1) terminated.", "") == "RETRY"
-    assert batch_api.retry_action(rules, 1, "Essential container in task exited", "boom") == "EXIT"
-    assert batch_api.retry_action([], 1, "", "") == "RETRY"
-    assert batch_api.retry_action([{"onExitCode": "7*", "action": "retry"}], 75, "", "") == "RETRY"
-    command = batch_api.command_for(container.COMMAND, {"store": "file:///s", "prefix": "jobs/j/requests/a/"})
-    assert command == [sys.executable, "-m", "handlers.container", "file:///s", "jobs/j/requests/a/"]
+    assert batch_jobs.retry_action(rules, None, "Host EC2 (i-1) terminated.", "") == "RETRY"
+    assert batch_jobs.retry_action(rules, 1, "Essential container in task exited", "boom") == "EXIT"
+    assert batch_jobs.retry_action([], 1, "", "") == "RETRY"
+    assert batch_jobs.retry_action([{"onExitCode": "7*", "action": "retry"}], 75, "", "") == "RETRY"
+    command = batch_jobs.command_for(
+        container.COMMAND, {"store": "file:///s", "prefix": "jobs/j/requests/a/"}
+    )
+    assert command == [
+        sys.executable,
+        "-m",
+        "handlers.container",
+        "file:///s",
+        "jobs/j/requests/a/",
+    ]
 
 
 def test_resources_and_timeout_of_a_submission():
     config = resolve(gpu=2, memory=16000, timeout=30, backend="batch")
-    assert batch_backend.container_overrides(config) == {"resourceRequirements": [
-        {"type": "GPU", "value": "2"}, {"type": "MEMORY", "value": "16000"}]}
+    assert batch_backend.container_overrides(config) == {
+        "resourceRequirements": [
+            {"type": "GPU", "value": "2"},
+            {"type": "MEMORY", "value": "16000"},
+        ]
+    }
     assert batch_backend.job_timeout(30) == {"attemptDurationSeconds": 90}
     assert batch_backend.job_timeout(None) is None
     assert batch_backend.container_overrides(resolve(backend="batch")) == {}
@@ -74,7 +87,10 @@ def test_failed_child_faults():
     assert kind("Essential container in task exited", container.EXIT_PLATFORM, None) == "server"
     assert kind("Essential container in task exited", container.EXIT_REJECTED, None) == "rejected"
     assert kind("Essential container in task exited", container.EXIT_RETRY, None) == "server"
-    assert kind("Essential container in task exited", 137, "OutOfMemoryError: Container killed") == "crashed"
+    assert (
+        kind("Essential container in task exited", 137, "OutOfMemoryError: Container killed")
+        == "crashed"
+    )
     assert kind("Job attempt duration exceeded timeout", None, None) == "timeout"
     fault = batch_backend.fault_for("j:1", "Host EC2 terminated", None, None, "log/1")
     assert fault.kind == "crashed" and "j:1" in fault.message and "log/1" in fault.message
@@ -115,18 +131,31 @@ def _write_requests(store_url: str, secret: str, items: list) -> tuple[str, str]
     job_id = keys.new_job_id()
     prefix = container.request_prefix(job_id, "a1")
     for index, item in enumerate(items):
-        req = CallRequest(job_id=job_id, call_id=index, func_key=keys.function_key(digest),
-                          store_url=store_url, runtime=runtime_info(), first_index=index)
+        req = CallRequest(
+            job_id=job_id,
+            call_id=index,
+            func_key=keys.function_key(digest),
+            store_url=store_url,
+            runtime=runtime_info(),
+            first_index=index,
+        )
         body = encode(req, dumps(("one", [item])))
-        store.put(container.request_key(prefix, index),
-                  container.pack_request(signing.sign(secret.encode(), body), body))
+        store.put(
+            container.request_key(prefix, index),
+            container.pack_request(signing.sign(secret.encode(), body), body),
+        )
     return job_id, prefix
 
 
 def _run_entrypoint(store_url: str, prefix: str, **env) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k not in container.INDEX_VARIABLES}
-    return subprocess.run([sys.executable, "-m", "handlers.container", store_url, prefix],
-                          env={**full, **env}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "handlers.container", store_url, prefix],
+        env={**full, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_container_entrypoint_runs_its_index_from_job_completion_index(storage_root):
@@ -148,13 +177,19 @@ def test_container_entrypoint_exit_codes(storage_root):
     store_url = storage_root.as_uri()
     secret = signing.new_secret()
     job_id, prefix = _write_requests(store_url, secret, [5])
-    wrong = _run_entrypoint(store_url, prefix, JOB_COMPLETION_INDEX="0", FNMAP_SECRET="not-the-secret")
+    wrong = _run_entrypoint(
+        store_url, prefix, JOB_COMPLETION_INDEX="0", FNMAP_SECRET="not-the-secret"
+    )
     assert wrong.returncode == container.EXIT_REJECTED and "403" in wrong.stderr
     missing = _run_entrypoint(store_url, prefix, JOB_COMPLETION_INDEX="7", FNMAP_SECRET=secret)
-    assert missing.returncode == container.EXIT_PLATFORM and "cannot read request 7" in missing.stderr
+    assert (
+        missing.returncode == container.EXIT_PLATFORM and "cannot read request 7" in missing.stderr
+    )
     bad = _run_entrypoint(store_url, prefix, JOB_COMPLETION_INDEX="x", FNMAP_SECRET=secret)
     assert bad.returncode == container.EXIT_REJECTED and "JOB_COMPLETION_INDEX='x'" in bad.stderr
-    single = _run_entrypoint(store_url, prefix, FNMAP_SECRET=secret)  # no index: a single job, index 0
+    single = _run_entrypoint(
+        store_url, prefix, FNMAP_SECRET=secret
+    )  # no index: a single job, index 0
     assert single.returncode == container.EXIT_OK, single.stderr
     assert loads(open_store(store_url).get(keys.result_key(job_id, 0))) == [("ok", 25)]
 
@@ -164,42 +199,60 @@ def test_container_entrypoint_exit_codes(storage_root):
 
 @pytest.fixture
 def batch_emulator(emulator_process, monkeypatch):
-    """An emulator speaking the Batch API, with boto3 pointed at it by ``AWS_ENDPOINT_URL_BATCH``."""
+    """An emulator speaking the Batch API; boto3 pointed at it by ``AWS_ENDPOINT_URL_BATCH``."""
     emu = emulator_process(workers=1, env={batch_api.CONCURRENCY_ENV: "2"})
     monkeypatch.setenv("AWS_ENDPOINT_URL_BATCH", emu.url)
     monkeypatch.setenv("FNMAP_SECRET", emu.secret)
     monkeypatch.setattr(batch_backend.BatchBackend, "status_interval", 0.2)
     import boto3
 
-    emu.batch = boto3.client("batch", endpoint_url=emu.url, region_name="us-east-1",
-                             aws_access_key_id="x", aws_secret_access_key="x")
+    emu.batch = boto3.client(
+        "batch",
+        endpoint_url=emu.url,
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+    )
     yield emu
     # Close the keep-alive connections to it, so that the emulator stops at once.
     emu.batch.close()
     get_client(resolve(backend="batch")).close()
 
 
-def _jobs(batch, status: str) -> list[dict]:
-    return batch.list_jobs(jobQueue="fnmap", jobStatus=status)["jobSummaryList"]
+def _jobs(batch, status: str, count: int) -> list[dict]:
+    """The queue's jobs in ``status``, once there are ``count`` of them (a child process may still
+    be exiting after the result it wrote came back)."""
+    deadline = time.monotonic() + 20
+    while True:
+        jobs = batch.list_jobs(jobQueue="fnmap", jobStatus=status)["jobSummaryList"]
+        if len(jobs) >= count or time.monotonic() > deadline:
+            return jobs
+        time.sleep(0.1)
 
 
 def _where(x):
-    return x * 10, os.environ.get("AWS_BATCH_JOB_ARRAY_INDEX"), os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (
+        x * 10,
+        os.environ.get("AWS_BATCH_JOB_ARRAY_INDEX"),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
 
 
 def test_gpu_map_runs_as_one_array_job_through_the_emulator(batch_emulator):
     results = fnmap.map(_where, range(6), gpu=1, memory=4000)
     assert [value for value, _, _ in results] == [0, 10, 20, 30, 40, 50]
     assert sorted(int(index) for _, index, _ in results) == list(range(6))
-    gpus = batch_api.detect_gpus()
+    gpus = batch_jobs.detect_gpus()
     assert all(devices == ("" if not gpus else devices) for _, _, devices in results)
-    jobs = _jobs(batch_emulator.batch, "SUCCEEDED")
+    jobs = _jobs(batch_emulator.batch, "SUCCEEDED", 1)
     assert len(jobs) == 1 and jobs[0]["arrayProperties"]["size"] == 6  # one array job per fnmap job
     detail = batch_emulator.batch.describe_jobs(jobs=[jobs[0]["jobId"]])["jobs"][0]
     assert detail["arrayProperties"]["statusSummary"]["SUCCEEDED"] == 6
     assert {"type": "GPU", "value": "1"} in detail["container"]["resourceRequirements"]
     children = batch_emulator.batch.list_jobs(arrayJobId=jobs[0]["jobId"], jobStatus="SUCCEEDED")
-    assert sorted(c["arrayProperties"]["index"] for c in children["jobSummaryList"]) == list(range(6))
+    assert sorted(c["arrayProperties"]["index"] for c in children["jobSummaryList"]) == list(
+        range(6)
+    )
 
 
 def _crash_on_one(x):
@@ -215,14 +268,16 @@ def test_failed_children_are_retried_then_reported(batch_emulator):
     assert out[0] == 0
     assert isinstance(out[1], fnmap.WorkerCrashed) and "exit code 137" in str(out[1])
     assert isinstance(out[2], KeyError)  # a user exception is a result, not a platform failure
-    failed = _jobs(batch_emulator.batch, "FAILED")
+    failed = _jobs(batch_emulator.batch, "FAILED", 2)
     # The array job, then one single job re-running call 1 (retries=1).
     assert sorted(j.get("arrayProperties", {}).get("size", 1) for j in failed) == [1, 3]
 
 
 def test_unknown_job_definition_is_a_clear_error(batch_emulator):
     try:
-        with pytest.raises(fnmap.PlatformError, match="Job definition nope does not exist.*fnmap deploy batch"):
+        with pytest.raises(
+            fnmap.PlatformError, match="Job definition nope does not exist.*fnmap deploy batch"
+        ):
             fnmap.map(_square, [1, 2], backend="batch", job_definition="nope", retries=0)
     finally:
         get_client(resolve(backend="batch", job_definition="nope")).close()
@@ -243,20 +298,40 @@ def test_deploy_batch_is_idempotent_and_destroys(s3_server, monkeypatch, capsys)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     iam = boto3.client("iam")
     trust = '{"Version": "2012-10-17", "Statement": []}'
-    role = iam.create_role(RoleName="fnmap-batch-service", AssumeRolePolicyDocument=trust)["Role"]["Arn"]
+    role = iam.create_role(RoleName="fnmap-batch-service", AssumeRolePolicyDocument=trust)["Role"][
+        "Arn"
+    ]
     iam.create_instance_profile(InstanceProfileName="ecsInstanceRole")
     batch = boto3.client("batch")
-    deploy = ["deploy", "batch", "deploy", "--name", "gpu-test", "--image", "123.dkr.ecr/fnmap-gpu:1",
-              "--service-role", role, "--secret", "s3cret"]
+    deploy = [
+        "deploy",
+        "batch",
+        "deploy",
+        "--name",
+        "gpu-test",
+        "--image",
+        "123.dkr.ecr/fnmap-gpu:1",
+        "--service-role",
+        role,
+        "--secret",
+        "s3cret",
+    ]
 
     assert cli(deploy) == 0
     assert "(new revision)" in capsys.readouterr().out
-    environment = batch.describe_compute_environments(computeEnvironments=["gpu-test"])["computeEnvironments"][0]
+    environment = batch.describe_compute_environments(computeEnvironments=["gpu-test"])[
+        "computeEnvironments"
+    ][0]
     assert environment["computeResources"]["instanceTypes"] == ["g5"]
     assert environment["computeResources"]["minvCpus"] == 0
     queue = batch.describe_job_queues(jobQueues=["gpu-test"])["jobQueues"][0]
-    assert queue["computeEnvironmentOrder"][0]["computeEnvironment"] == environment["computeEnvironmentArn"]
-    (definition,) = batch.describe_job_definitions(jobDefinitionName="gpu-test", status="ACTIVE")["jobDefinitions"]
+    assert (
+        queue["computeEnvironmentOrder"][0]["computeEnvironment"]
+        == environment["computeEnvironmentArn"]
+    )
+    (definition,) = batch.describe_job_definitions(jobDefinitionName="gpu-test", status="ACTIVE")[
+        "jobDefinitions"
+    ]
     properties = definition["containerProperties"]
     assert properties["command"] == container.COMMAND
     assert {"type": "GPU", "value": "1"} in properties["resourceRequirements"]
@@ -268,14 +343,24 @@ def test_deploy_batch_is_idempotent_and_destroys(s3_server, monkeypatch, capsys)
 
     assert cli([*deploy[:-2], "--memory", "32000"]) == 0  # the secret is kept, the memory changes
     assert "(new revision)" in capsys.readouterr().out
-    revisions = batch.describe_job_definitions(jobDefinitionName="gpu-test", status="ACTIVE")["jobDefinitions"]
+    revisions = batch.describe_job_definitions(jobDefinitionName="gpu-test", status="ACTIVE")[
+        "jobDefinitions"
+    ]
     latest = max(revisions, key=lambda d: d["revision"])
-    assert {"type": "MEMORY", "value": "32000"} in latest["containerProperties"]["resourceRequirements"]
-    assert {"name": "FNMAP_SECRET", "value": "s3cret"} in latest["containerProperties"]["environment"]
+    assert {"type": "MEMORY", "value": "32000"} in latest["containerProperties"][
+        "resourceRequirements"
+    ]
+    assert {"name": "FNMAP_SECRET", "value": "s3cret"} in latest["containerProperties"][
+        "environment"
+    ]
 
     assert cli(["deploy", "batch", "destroy", "--name", "gpu-test"]) == 0
     assert not batch.describe_job_queues(jobQueues=["gpu-test"])["jobQueues"]
-    assert not batch.describe_compute_environments(computeEnvironments=["gpu-test"])["computeEnvironments"]
-    assert not batch.describe_job_definitions(jobDefinitionName="gpu-test", status="ACTIVE")["jobDefinitions"]
+    assert not batch.describe_compute_environments(computeEnvironments=["gpu-test"])[
+        "computeEnvironments"
+    ]
+    assert not batch.describe_job_definitions(jobDefinitionName="gpu-test", status="ACTIVE")[
+        "jobDefinitions"
+    ]
     assert cli(["deploy", "batch", "destroy", "--name", "gpu-test"]) == 0
     assert "nothing named gpu-test" in capsys.readouterr().out

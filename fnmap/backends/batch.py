@@ -48,12 +48,17 @@ _EVALUATE_ON_EXIT = [
     {"onStatusReason": "Host EC2*", "action": "RETRY"},
     {"onReason": "*", "action": "EXIT"},
 ]
-_THROTTLING = {"TooManyRequestsException", "ThrottlingException", "Throttling", "RequestLimitExceeded"}
+_THROTTLING = {
+    "TooManyRequestsException",
+    "ThrottlingException",
+    "Throttling",
+    "RequestLimitExceeded",
+}
 _TERMINAL = {"SUCCEEDED", "FAILED"}
 
 
 def plan_arrays(n: int, limit: int = container.MAX_ARRAY_SIZE) -> list[tuple[int, int]]:
-    """Split ``n`` calls into ``(start, size)`` array jobs of at most ``limit``, as even as possible.
+    """Split ``n`` calls into ``(start, size)`` array jobs of at most ``limit``, as even as can be.
 
     Even parts keep every part an array (AWS Batch wants 2..10,000 children),
     except for a job of a single call.
@@ -83,22 +88,38 @@ def container_overrides(config) -> dict:
 def job_timeout(timeout: float | None) -> dict | None:
     if not timeout:
         return None
-    return {"attemptDurationSeconds": max(_MIN_ATTEMPT_SECONDS, math.ceil(timeout + TIMEOUT_GRACE_SECONDS))}
+    return {
+        "attemptDurationSeconds": max(
+            _MIN_ATTEMPT_SECONDS, math.ceil(timeout + TIMEOUT_GRACE_SECONDS)
+        )
+    }
 
 
 def retry_strategy(retries: int) -> dict:
-    return {"attempts": max(1, min(_MAX_BATCH_ATTEMPTS, retries + 1)), "evaluateOnExit": _EVALUATE_ON_EXIT}
+    return {
+        "attempts": max(1, min(_MAX_BATCH_ATTEMPTS, retries + 1)),
+        "evaluateOnExit": _EVALUATE_ON_EXIT,
+    }
 
 
-def fault_for(job_id: str, status_reason: str | None, exit_code: int | None, reason: str | None,
-              log_stream: str | None = None) -> PlatformFault:
-    """What a failed child means for the client: retry it (server, crashed) or give up (rejected, timeout)."""
-    detail = "; ".join(p for p in (
-        status_reason,
-        f"exit code {exit_code}" if exit_code is not None else "no exit code",
-        reason,
-        f"log stream {log_stream}" if log_stream else None,
-    ) if p)
+def fault_for(
+    job_id: str,
+    status_reason: str | None,
+    exit_code: int | None,
+    reason: str | None,
+    log_stream: str | None = None,
+) -> PlatformFault:
+    """What a failed child means: retried (server, crashed) or given up (rejected, timeout)."""
+    detail = "; ".join(
+        p
+        for p in (
+            status_reason,
+            f"exit code {exit_code}" if exit_code is not None else "no exit code",
+            reason,
+            f"log stream {log_stream}" if log_stream else None,
+        )
+        if p
+    )
     message = f"AWS Batch job {job_id} failed: {detail}"
     text = f"{status_reason or ''} {reason or ''}"
     if exit_code == container.EXIT_RETRY:
@@ -139,8 +160,9 @@ class BatchBackend(BaseBackend):
         self.client, self.endpoint, local = _batch_client(config)
         if not local and self.store.url.startswith("file://"):
             raise ConfigError(
-                f"the batch backend runs calls in containers on {self.endpoint}, which cannot read the "
-                f"local folder {self.store.url}: set storage='s3://bucket/prefix' (or FNMAP_STORAGE)"
+                f"the batch backend runs calls in containers on {self.endpoint}, which cannot "
+                f"read the local folder {self.store.url}: set storage='s3://bucket/prefix' "
+                "(or FNMAP_STORAGE)"
             )
         self._submitted: dict[str, _Submission] = {}
         self._lock = threading.Lock()
@@ -158,7 +180,7 @@ class BatchBackend(BaseBackend):
             by_job.setdefault(invocation.request.job_id, []).append(invocation)
         for job_id, calls in by_job.items():
             for start, size in plan_arrays(len(calls)):
-                self._submit(job_id, calls[start:start + size])
+                self._submit(job_id, calls[start : start + size])
         return [None] * len(invocations)
 
     def _submit(self, job_id: str, calls: list[Invocation]) -> None:
@@ -180,8 +202,12 @@ class BatchBackend(BaseBackend):
         if job_timeout(config.timeout):
             request["timeout"] = job_timeout(config.timeout)
         answer = self._call("submit_job", **request)
-        submission = _Submission(answer["jobId"], job_id,
-                                 [(c.request.call_id, c.request.attempt) for c in calls], len(calls) > 1)
+        submission = _Submission(
+            answer["jobId"],
+            job_id,
+            [(c.request.call_id, c.request.attempt) for c in calls],
+            len(calls) > 1,
+        )
         with self._lock:
             self._submitted[submission.batch_job_id] = submission
 
@@ -194,10 +220,14 @@ class BatchBackend(BaseBackend):
             if len(calls) == 1:
                 put(0)
                 return
-            with ThreadPoolExecutor(min(16, len(calls)), thread_name_prefix="fnmap-batch-put") as pool:
+            with ThreadPoolExecutor(
+                min(16, len(calls)), thread_name_prefix="fnmap-batch-put"
+            ) as pool:
                 list(pool.map(put, range(len(calls))))
         except Exception as e:
-            raise PlatformFault("server", f"cannot write the requests under {self.store.url} {prefix}: {e!r}") from e
+            raise PlatformFault(
+                "server", f"cannot write the requests under {self.store.url} {prefix}: {e!r}"
+            ) from e
 
     # -- status ----------------------------------------------------------------
 
@@ -210,13 +240,18 @@ class BatchBackend(BaseBackend):
             pending = list(self._submitted.values())
         failures: list[Failure] = []
         for i in range(0, len(pending), 100):  # describe_jobs takes at most 100 ids
-            part = {s.batch_job_id: s for s in pending[i:i + 100]}
+            part = {s.batch_job_id: s for s in pending[i : i + 100]}
             details = {d["jobId"]: d for d in self._call("describe_jobs", jobs=list(part))["jobs"]}
             for batch_job_id, submission in part.items():
                 detail = details.get(batch_job_id)
                 if detail is None:
-                    failures.extend(self._report(submission, range(len(submission.calls)), PlatformFault(
-                        "lost", f"AWS Batch no longer knows job {batch_job_id}")))
+                    failures.extend(
+                        self._report(
+                            submission,
+                            range(len(submission.calls)),
+                            PlatformFault("lost", f"AWS Batch no longer knows job {batch_job_id}"),
+                        )
+                    )
                     self._forget(batch_job_id)
                     continue
                 failures.extend(self._failed_children(submission, detail))
@@ -230,13 +265,20 @@ class BatchBackend(BaseBackend):
                 return []
             return self._report(submission, [0], _fault_of(detail))
         summary = (detail.get("arrayProperties") or {}).get("statusSummary") or {}
-        if summary.get("FAILED", 0) <= len(submission.reported) and detail["status"] not in _TERMINAL:
+        if (
+            summary.get("FAILED", 0) <= len(submission.reported)
+            and detail["status"] not in _TERMINAL
+        ):
             return []
         failures: list[Failure] = []
         token = None
         while True:
-            page = self._call("list_jobs", arrayJobId=submission.batch_job_id, jobStatus="FAILED",
-                              **({"nextToken": token} if token else {}))
+            page = self._call(
+                "list_jobs",
+                arrayJobId=submission.batch_job_id,
+                jobStatus="FAILED",
+                **({"nextToken": token} if token else {}),
+            )
             for child in page.get("jobSummaryList", []):
                 index = (child.get("arrayProperties") or {}).get("index")
                 if isinstance(index, int) and 0 <= index < len(submission.calls):
@@ -268,15 +310,23 @@ class BatchBackend(BaseBackend):
             return getattr(self.client, operation)(**kwargs)
         except ClientError as e:
             error = e.response.get("Error", {})
-            code, status = error.get("Code", ""), e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            message = f"AWS Batch {operation} at {self.endpoint} answered {code}: {error.get('Message', e)}"
+            code, status = (
+                error.get("Code", ""),
+                e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0),
+            )
+            message = (
+                f"AWS Batch {operation} at {self.endpoint} answered {code}: "
+                f"{error.get('Message', e)}"
+            )
             if code in _THROTTLING or status == 429:
                 raise PlatformFault("throttled", message) from e
             if status >= 500:
                 raise PlatformFault("server", message) from e
             raise PlatformFault("rejected", message + _FIX) from e
         except BotoCoreError as e:
-            raise PlatformFault("connection", f"cannot reach AWS Batch at {self.endpoint}: {e}") from e
+            raise PlatformFault(
+                "connection", f"cannot reach AWS Batch at {self.endpoint}: {e}"
+            ) from e
 
 
 _FIX = (
@@ -288,12 +338,17 @@ _FIX = (
 def _fault_of(job: dict) -> PlatformFault:
     """The fault of a failed job, from a JobDetail or a JobSummary."""
     box = job.get("container") or {}
-    return fault_for(job["jobId"], job.get("statusReason"), box.get("exitCode"), box.get("reason"),
-                     box.get("logStreamName"))
+    return fault_for(
+        job["jobId"],
+        job.get("statusReason"),
+        box.get("exitCode"),
+        box.get("reason"),
+        box.get("logStreamName"),
+    )
 
 
 def _batch_client(config):
-    """A boto3 Batch client honouring boto3's settings; returns ``(client, endpoint, is_loopback)``."""
+    """A boto3 Batch client from boto3's settings; returns ``(client, endpoint, is_loopback)``."""
     import boto3
     from botocore.config import Config as BotoConfig
 
@@ -304,13 +359,15 @@ def _batch_client(config):
     if session.region_name is None:
         if not local:
             raise ConfigError(
-                "the batch backend needs an AWS region: set region=... (FNMAP_REGION) or AWS_DEFAULT_REGION"
+                "the batch backend needs an AWS region: set region=... (FNMAP_REGION) or "
+                "AWS_DEFAULT_REGION"
             )
         extra["region_name"] = "us-east-1"
     if session.get_credentials() is None:
         if not local:
             raise ConfigError(
-                "the batch backend found no AWS credentials: configure them as for the AWS CLI, or set "
+                "the batch backend found no AWS credentials: configure them as for the AWS CLI, "
+                "or set "
                 "AWS_ENDPOINT_URL_BATCH to a local `fnmap emulator` to run container jobs offline"
             )
         extra.update(aws_access_key_id="fnmap-emulator", aws_secret_access_key="fnmap-emulator")

@@ -1,0 +1,377 @@
+"""Container jobs on this machine: the state and the runner behind the emulated AWS Batch API.
+
+Each child of an array job runs as a local process: the job definition's
+command (``python`` becomes this interpreter) with ``Ref::`` parameters
+substituted and ``AWS_BATCH_JOB_ARRAY_INDEX`` and the other ``AWS_BATCH_*``
+variables set, so the same ``handlers/container.py`` entrypoint runs as in the
+cloud.  At most ``concurrency`` children run at once.  GPUs found by
+``nvidia-smi -L`` are handed out round-robin through ``CUDA_VISIBLE_DEVICES``
+to children that ask for GPUs; children that do not, and every child on a
+machine without GPUs, get ``CUDA_VISIBLE_DEVICES=""``.  The attempt timeout
+and the retry strategy (``evaluateOnExit`` globs included) are honoured; a
+child's output goes to a log file named by ``logStreamName``, and the last
+line of a failed child's output becomes its ``container.reason``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fnmatch
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+from ..container import COMMAND, MAX_ARRAY_SIZE
+
+ARN = "arn:aws:batch:us-east-1:000000000000"
+TERMINAL = ("SUCCEEDED", "FAILED")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+_TIMED_OUT = "Job attempt duration exceeded timeout"
+
+
+class BatchRequestError(Exception):
+    """Answered as AWS Batch's ``ClientException`` (HTTP 400)."""
+
+
+def parse_gpu_list(text: str) -> list[str]:
+    """GPU indices from ``nvidia-smi -L`` output (``GPU 0: NVIDIA H200 (UUID: ...)``)."""
+    return re.findall(r"^GPU (\d+):", text, flags=re.MULTILINE)
+
+
+def detect_gpus(environ=os.environ) -> list[str]:
+    """This machine's GPUs, limited to ``CUDA_VISIBLE_DEVICES`` when that is set; [] for none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    gpus = parse_gpu_list(out.stdout) if out.returncode == 0 else []
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        allowed = [v.strip() for v in visible.split(",") if v.strip()]
+        gpus = [g for g in gpus if g in allowed]
+    return gpus
+
+
+def assign_gpus(slot: int, wanted: int, gpus: list[str]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the ``slot``-th child launched: ``wanted`` GPUs, round-robin.
+
+    No GPUs wanted, or none on this machine: ``""`` (the child sees none and runs on the CPU).
+    """
+    if wanted <= 0 or not gpus:
+        return ""
+    if wanted > len(gpus):
+        raise ValueError(
+            f"the job asks for {wanted} GPUs per child but this machine has {len(gpus)}"
+        )
+    start = slot * wanted
+    return ",".join(gpus[(start + j) % len(gpus)] for j in range(wanted))
+
+
+def command_for(command: list[str], parameters: dict) -> list[str]:
+    """Substitute ``Ref::name`` parameters; the image's ``python`` is this interpreter."""
+    out = [str(parameters.get(a[5:], a)) if a.startswith("Ref::") else a for a in command]
+    if out and out[0] in ("python", "python3"):
+        out[0] = sys.executable
+    return out
+
+
+def retry_action(rules: list[dict], exit_code: int | None, status_reason: str, reason: str) -> str:
+    """``RETRY`` or ``EXIT`` for a failed attempt, by the first matching ``evaluateOnExit`` rule."""
+    if not rules:
+        return "RETRY"
+    for rule in rules:
+        checks = [
+            (rule.get("onExitCode"), "" if exit_code is None else str(exit_code)),
+            (rule.get("onStatusReason"), status_reason or ""),
+            (rule.get("onReason"), reason or ""),
+        ]
+        if all(pattern is None or fnmatch.fnmatchcase(value, pattern) for pattern, value in checks):
+            return str(rule.get("action", "EXIT")).upper()
+    return "EXIT"
+
+
+class Child:
+    __slots__ = (
+        "index",
+        "status",
+        "status_reason",
+        "started",
+        "stopped",
+        "exit_code",
+        "reason",
+        "log",
+        "attempts",
+        "proc",
+        "terminate",
+    )
+
+    def __init__(self, index: int | None):
+        self.index = index
+        self.status = "RUNNABLE"
+        self.status_reason = self.reason = None
+        self.started = self.stopped = self.exit_code = self.log = self.proc = self.terminate = None
+        self.attempts: list[dict] = []
+
+
+class Job:
+    def __init__(self, spec: dict, definition: dict):
+        self.id = str(uuid.uuid4())
+        self.name, self.queue, self.definition = spec["jobName"], spec["jobQueue"], definition
+        self.created = _now_ms()
+        self.parameters = {**definition.get("parameters", {}), **(spec.get("parameters") or {})}
+        props, overrides = definition["containerProperties"], spec.get("containerOverrides") or {}
+        self.command = overrides.get("command") or props["command"]
+        self.environment = {e["name"]: e["value"] for e in props.get("environment", [])}
+        self.environment.update({e["name"]: e["value"] for e in overrides.get("environment", [])})
+        needs = {r["type"]: r["value"] for r in props.get("resourceRequirements", [])}
+        needs.update({r["type"]: r["value"] for r in overrides.get("resourceRequirements", [])})
+        self.resources = [{"type": k, "value": v} for k, v in needs.items()]
+        self.gpus = int(needs.get("GPU", 0))
+        self.retry = spec.get("retryStrategy") or definition.get("retryStrategy") or {"attempts": 1}
+        self.timeout = spec.get("timeout") or definition.get("timeout") or {}
+        size = (spec.get("arrayProperties") or {}).get("size")
+        self.array = size is not None
+        self.children = [Child(i) for i in range(size)] if self.array else [Child(None)]
+
+    def child_id(self, child: Child) -> str:
+        return self.id if child.index is None else f"{self.id}:{child.index}"
+
+    def status(self) -> str:
+        states = [c.status for c in self.children]
+        if all(s in TERMINAL for s in states):
+            return "FAILED" if "FAILED" in states else "SUCCEEDED"
+        return (
+            "RUNNING" if "RUNNING" in states or any(s in TERMINAL for s in states) else "RUNNABLE"
+        )
+
+
+class BatchEmulator:
+    """The jobs, job definitions and runner threads behind the routes."""
+
+    def __init__(self, env: dict, concurrency: int, gpus: list[str]):
+        self.env, self.gpus, self.concurrency = env, gpus, concurrency
+        self.jobs: dict[str, Job] = {}
+        self.definitions: dict[str, list[dict]] = {}
+        self.logs = tempfile.mkdtemp(prefix="fnmap-batch-logs-")
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._launched = 0
+        self._closed = False
+        self.register_definition(
+            {
+                "jobDefinitionName": "fnmap",
+                "type": "container",
+                "containerProperties": {
+                    "image": "fnmap-gpu (emulated: this machine's Python)",
+                    "command": COMMAND,
+                    "resourceRequirements": [
+                        {"type": "VCPU", "value": "1"},
+                        {"type": "MEMORY", "value": "2048"},
+                    ],
+                },
+            }
+        )
+        for _ in range(concurrency):
+            threading.Thread(target=self._runner, name="fnmap-batch-runner", daemon=True).start()
+        atexit.register(self.close)
+
+    # -- job definitions ---------------------------------------------------------
+
+    def register_definition(self, spec: dict) -> dict:
+        name = spec.get("jobDefinitionName") or ""
+        if not _NAME.match(name):
+            raise BatchRequestError(
+                f"jobDefinitionName {name!r} must be 1-128 letters, digits, - or _"
+            )
+        if spec.get("type") != "container" or not (spec.get("containerProperties") or {}).get(
+            "command"
+        ):
+            raise BatchRequestError(
+                "the emulator runs container job definitions with a command only"
+            )
+        with self._lock:
+            revisions = self.definitions.setdefault(name, [])
+            definition = {
+                **spec,
+                "revision": len(revisions) + 1,
+                "status": "ACTIVE",
+                "jobDefinitionArn": f"{ARN}:job-definition/{name}:{len(revisions) + 1}",
+            }
+            revisions.append(definition)
+        return definition
+
+    def find_definition(self, ref: str) -> dict:
+        name, _, revision = ref.rsplit("/", 1)[-1].partition(":")
+        active = [d for d in self.definitions.get(name, []) if d["status"] == "ACTIVE"]
+        if revision:
+            active = [d for d in active if str(d["revision"]) == revision]
+        if not active:
+            known = ", ".join(sorted(self.definitions)) or "none"
+            raise BatchRequestError(
+                f"Job definition {ref} does not exist (the emulator knows: {known})"
+            )
+        return active[-1]
+
+    # -- jobs --------------------------------------------------------------------
+
+    def submit(self, spec: dict) -> Job:
+        for key in ("jobName", "jobQueue", "jobDefinition"):
+            if not spec.get(key):
+                raise BatchRequestError(f"{key} must be provided")
+        if not _NAME.match(spec["jobName"]):
+            raise BatchRequestError(
+                f"jobName {spec['jobName']!r} must be 1-128 letters, digits, - or _"
+            )
+        size = (spec.get("arrayProperties") or {}).get("size")
+        if size is not None and not (isinstance(size, int) and 2 <= size <= MAX_ARRAY_SIZE):
+            raise BatchRequestError(f"array size {size!r} must be between 2 and {MAX_ARRAY_SIZE}")
+        if (spec.get("timeout") or {}).get("attemptDurationSeconds", 60) < 60:
+            raise BatchRequestError("timeout.attemptDurationSeconds must be at least 60")
+        job = Job(spec, self.find_definition(spec["jobDefinition"]))
+        if not 1 <= int(job.retry.get("attempts", 1)) <= 10:
+            raise BatchRequestError("retryStrategy.attempts must be between 1 and 10")
+        with self._lock:
+            self.jobs[job.id] = job
+        for child in job.children:
+            self._queue.put((job, child))
+        return job
+
+    def find(self, job_id: str) -> tuple[Job, Child | None] | None:
+        parent, _, index = job_id.partition(":")
+        job = self.jobs.get(parent)
+        if job is None:
+            return None
+        if not index:
+            return job, None if job.array else job.children[0]
+        if not job.array or not index.isdigit() or int(index) >= len(job.children):
+            return None
+        return job, job.children[int(index)]
+
+    def terminate(self, job_id: str, reason: str, running_too: bool) -> None:
+        found = self.find(job_id)
+        if found is None:
+            raise BatchRequestError(f"Job {job_id} does not exist")
+        job, child = found
+        for c in [child] if child is not None else job.children:
+            with self._lock:
+                if c.status in TERMINAL or (c.status == "RUNNING" and not running_too):
+                    continue
+                c.terminate = reason
+                if c.status == "RUNNABLE":
+                    c.status, c.status_reason, c.stopped = "FAILED", reason, _now_ms()
+                elif c.proc is not None:
+                    c.proc.kill()
+
+    # -- running -----------------------------------------------------------------
+
+    def _runner(self) -> None:
+        while not self._closed:
+            job, child = self._queue.get()
+            if child.status == "RUNNABLE" and not self._closed:
+                self._run(job, child)
+
+    def _run(self, job: Job, child: Child) -> None:
+        with self._lock:
+            slot, self._launched = self._launched, self._launched + 1
+            child.status, child.started = "RUNNING", _now_ms()
+        child.log = os.path.join(self.logs, job.child_id(child).replace(":", "-") + ".log")
+        try:
+            gpus = assign_gpus(slot, job.gpus, self.gpus)
+        except ValueError as e:
+            return self._finish(child, "FAILED", f"CannotStartContainerError: {e}", None, None)
+        env = {
+            **self.env,
+            **job.environment,
+            "CUDA_VISIBLE_DEVICES": gpus,
+            "AWS_BATCH_JOB_ID": job.child_id(child),
+            "AWS_BATCH_JQ_NAME": job.queue,
+            "AWS_BATCH_CE_NAME": "fnmap-emulator",
+        }
+        if child.index is not None:
+            env["AWS_BATCH_JOB_ARRAY_INDEX"] = str(child.index)
+        attempts, limit = (
+            int(job.retry.get("attempts", 1)),
+            job.timeout.get("attemptDurationSeconds"),
+        )
+        for attempt in range(1, attempts + 1):
+            env["AWS_BATCH_JOB_ATTEMPT"] = str(attempt)
+            code, status_reason, reason = self._attempt(job, child, env, limit)
+            child.attempts.append(
+                {
+                    "startedAt": child.started,
+                    "stoppedAt": _now_ms(),
+                    "statusReason": status_reason,
+                    "container": {"exitCode": code, "reason": reason, "logStreamName": child.log},
+                }
+            )
+            if code == 0:
+                return self._finish(
+                    child, "SUCCEEDED", "Essential container in task exited", code, reason
+                )
+            last = child.terminate or attempt == attempts
+            if (
+                last
+                or retry_action(job.retry.get("evaluateOnExit", []), code, status_reason, reason)
+                != "RETRY"
+            ):
+                return self._finish(child, "FAILED", child.terminate or status_reason, code, reason)
+
+    def _attempt(self, job: Job, child: Child, env: dict, limit: int | None):
+        command = command_for(job.command, job.parameters)
+        with open(child.log, "ab") as log:
+            try:
+                proc = subprocess.Popen(
+                    command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+                )
+            except OSError as e:
+                return None, f"CannotStartContainerError: {e}", str(e)[:255]
+            with self._lock:
+                child.proc = proc
+            try:
+                code, status_reason = proc.wait(timeout=limit), "Essential container in task exited"
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                code, status_reason = None, _TIMED_OUT
+            with self._lock:
+                child.proc = None
+        if code is not None and code < 0:  # killed by a signal: what a container runtime reports
+            code = 128 - code
+        return code, status_reason, (_last_line(child.log) if code != 0 else None)
+
+    def _finish(self, child: Child, status: str, status_reason: str | None, code, reason) -> None:
+        with self._lock:
+            child.status, child.status_reason, child.stopped = status, status_reason, _now_ms()
+            child.exit_code, child.reason = code, reason
+
+    def close(self) -> None:
+        """Stop launching children, kill the running ones and remove their logs."""
+        self._closed = True
+        with self._lock:
+            procs = [c.proc for j in self.jobs.values() for c in j.children if c.proc is not None]
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+        shutil.rmtree(self.logs, ignore_errors=True)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _last_line(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+    return lines[-1][:255] if lines else None
