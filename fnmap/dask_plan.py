@@ -22,9 +22,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dask._task_spec import Alias, DataNode, convert_legacy_graph, cull
+import dask
 from dask.core import flatten
 from dask.order import order
+
+try:
+    from dask._task_spec import Alias, DataNode, convert_legacy_graph
+except ImportError as e:  # Dask before its task-spec graphs (2024.12)
+    raise ImportError(
+        f"fnmap.dask needs Dask's task-spec graphs (dask._task_spec, Dask 2024.12 or later); "
+        f"this is Dask {dask.__version__}: pip install -U dask"
+    ) from e
 
 from .dask_worker import Unit
 
@@ -72,7 +80,7 @@ def make_plan(dsk: Any, wanted: list, cache: Mapping | None = None) -> Plan:
         )
     graph = convert_legacy_graph(dsk, all_keys=set(dsk) | set(cache))
     graph = {k: v for k, v in graph.items() if k not in cache}  # a cached value is not recomputed
-    graph = cull(graph, [k for k in wanted if k in graph])
+    graph = _cull(graph, [k for k in wanted if k in graph])
     plan = Plan(graph=graph, data={k: cache[k] for k in wanted if k in cache})
     tasks = {}
     for key, node in graph.items():
@@ -91,6 +99,18 @@ def make_plan(dsk: Any, wanted: list, cache: Mapping | None = None) -> Plan:
     return plan
 
 
+def _cull(graph: dict, wanted: list) -> dict:
+    """The part of ``graph`` that ``wanted`` depends on."""
+    out, todo = {}, list(wanted)
+    while todo:
+        key = todo.pop()
+        if key in out or key not in graph:
+            continue
+        out[key] = graph[key]
+        todo.extend(graph[key].dependencies)
+    return out
+
+
 def _fuse(plan: Plan, tasks: dict, wanted: set) -> None:
     dependents: dict = defaultdict(list)
     for key, node in plan.graph.items():
@@ -102,11 +122,11 @@ def _fuse(plan: Plan, tasks: dict, wanted: set) -> None:
     fused = set()
     for key, node in tasks.items():
         users = dependents.get(key, ())
-        if key in wanted or len(users) != 1 or node.block_fusion:
+        if key in wanted or len(users) != 1 or getattr(node, "block_fusion", False):
             continue
         (user,) = users
         target = tasks.get(user)
-        if target is None or target.block_fusion:
+        if target is None or getattr(target, "block_fusion", False):
             continue
         if sum(1 for d in target.dependencies if d in computed) != 1:
             continue
