@@ -106,6 +106,17 @@ def test_gpu_routes_to_the_batch_backend(monkeypatch):
     assert resolve(gpu=1).backend == "emulator"
 
 
+def test_batch_backend_without_aws_settings_says_how_to_run_offline(monkeypatch, tmp_path):
+    for name in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    with pytest.raises(
+        fnmap.FnmapError, match="AWS_ENDPOINT_URL_BATCH to a local `fnmap emulator`"
+    ):
+        batch_backend.BatchBackend(resolve(gpu=1))
+
+
 def test_batch_backend_on_aws_needs_s3_storage(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

@@ -360,7 +360,8 @@ def _batch_client(config):
         if not local:
             raise ConfigError(
                 "the batch backend needs an AWS region: set region=... (FNMAP_REGION) or "
-                "AWS_DEFAULT_REGION"
+                "AWS_DEFAULT_REGION, or set AWS_ENDPOINT_URL_BATCH to a local `fnmap emulator` "
+                "to run container jobs offline"
             )
         extra["region_name"] = "us-east-1"
     if session.get_credentials() is None:
