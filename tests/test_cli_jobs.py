@@ -1,0 +1,128 @@
+"""``fnmap jobs``, ``fnmap job``, ``fnmap logs`` and ``fnmap gc`` run as subprocesses against a finished job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import fnmap
+
+
+def fnmap_cli(*args: str, storage: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if storage:
+        env["FNMAP_STORAGE"] = storage
+    return subprocess.run([sys.executable, "-m", "fnmap", *args], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def finished_job(storage_root, tmp_path_factory):
+    """A 5-call job on a real emulator: call 1 crashes once and is retried, call 3 prints and fails."""
+    from conftest import EmulatorProcess
+
+    marker = str(tmp_path_factory.mktemp("marker") / "crashed")
+
+    def work(x):
+        if x == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(3)
+        print(f"item {x} here")
+        if x == 3:
+            raise KeyError(f"no such thing as {x}")
+        return x
+
+    emu = EmulatorProcess(workers=2)
+    try:
+        job = fnmap.map(work, range(5), return_job=True, storage=storage_root.as_uri(),
+                        emulator_url=emu.url, secret=emu.secret, progress=False)
+        results = job.results(return_exceptions=True)
+        assert isinstance(results[3], KeyError)
+        assert job.wait(30)
+    finally:
+        emu.stop()
+    return job
+
+
+@pytest.mark.parametrize("command", ["jobs", "job", "logs", "gc"])
+def test_every_command_has_help(command):
+    done = fnmap_cli(command, "--help")
+    assert done.returncode == 0 and "usage: fnmap " + command in done.stdout
+
+
+def test_jobs_lists_the_job(finished_job):
+    done = fnmap_cli("jobs", "--json")
+    assert done.returncode == 0, done.stderr
+    listed = {j["job_id"]: j for j in json.loads(done.stdout)}
+    assert listed[finished_job.id]["status"] == "failed" and listed[finished_job.id]["calls"] == 5
+    text = fnmap_cli("jobs", "--limit", "50")
+    assert text.returncode == 0 and finished_job.id[:12] in text.stdout and "STATUS" in text.stdout
+
+
+def test_job_json_fields(finished_job):
+    done = fnmap_cli("job", finished_job.id[:8], "--json")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    s = record["summary"]
+    assert (s["job_id"], s["calls"], s["calls_failed"], s["failed_items"]) == (finished_job.id, 5, 1, 1)
+    assert s["retries"] == 1 and s["calls_retried"] == 1
+    assert set(s["duration_seconds"]) >= {"p50", "p95", "max"} and s["duration_seconds"]["max"] > 0
+    assert s["throughput"]["items_per_second"] > 0
+    assert s["cost"]["model"] == "aws-lambda" and s["cost"]["usd"] > 0
+    for call in record["calls"]:
+        for field in ("submitted", "started", "finished", "worker", "cold", "attempts", "bytes_in",
+                      "bytes_out", "peak_memory_kb", "status"):
+            assert call[field] is not None, (call["call"], field)
+    assert [a["outcome"] for a in record["calls"][1]["attempts"]] == ["crashed", "ok"]
+    assert record["calls"][3]["status"] == "error" and "KeyError" in record["calls"][3]["error"]
+
+
+def test_job_text_summary_and_plot(finished_job, tmp_path):
+    path = tmp_path / "timeline.png"
+    done = fnmap_cli("job", finished_job.id, "--plot", str(path))
+    assert done.returncode == 0, done.stderr
+    for words in ("calls    5 (5 items)", "failed 1 (1 items)", "retried 1 (1 retries)", "p95", "cost     $",
+                  "call 3 (item 3): error: KeyError"):
+        assert words in done.stdout, words
+    assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 10_000
+
+
+def test_logs_of_the_failing_call(finished_job):
+    done = fnmap_cli("logs", finished_job.id, "--call", "3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "--- call 3 attempt 1 ---\nitem 3 here\n"
+    every = fnmap_cli("logs", finished_job.id[:6])
+    assert every.returncode == 0 and every.stdout.count("--- call") == 5
+
+
+@pytest.mark.parametrize("args, reason", [
+    (("job", "0123456789abcdef"), "no job id starts with '0123456789abcdef'"),
+    (("job", "not-an-id"), "is not a job id"),
+    (("logs", "{job}", "--call", "99"), "has no call 99"),
+    (("gc", "--older-than", "soon"), "is not an age"),
+])
+def test_failures_exit_nonzero_with_one_line(finished_job, args, reason):
+    done = fnmap_cli(*(a.format(job=finished_job.id) for a in args))
+    assert done.returncode != 0
+    assert reason in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_job_from_another_storage_is_not_found(finished_job, tmp_path):
+    done = fnmap_cli("job", finished_job.id, "--storage", (tmp_path / "empty").as_uri())
+    assert done.returncode == 1 and "has no record and no status records" in done.stderr
+
+
+def test_gc_removes_the_jobs(tmp_path):
+    url = (tmp_path / "gc").as_uri()
+    job = fnmap.map(abs, [-1, -2], backend="local", storage=url, return_job=True)
+    assert job.results() == [1, 2]
+    dry = fnmap_cli("gc", "--older-than", "0s", "--dry-run", "--json", storage=url)
+    assert dry.returncode == 0 and json.loads(dry.stdout)["deleted_jobs"] == [job.id]
+    assert job.id[:12] in fnmap_cli("jobs", storage=url).stdout
+    done = fnmap_cli("gc", "--older-than", "0s", storage=url)
+    assert done.returncode == 0 and "deleted 1 job(s)" in done.stdout
+    assert fnmap_cli("jobs", "--json", storage=url).stdout.strip() == "[]"

@@ -1,0 +1,197 @@
+"""Job records, logs, cost and plots (issue 8), against a real emulator on loopback."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+
+import pytest
+
+import fnmap
+from fnmap import cost, keys, records
+from fnmap.progress import Progress
+from fnmap.storage import open_store
+
+
+@pytest.fixture(scope="module")
+def _emulator():
+    from conftest import EmulatorProcess
+
+    emu = EmulatorProcess(workers=2)
+    yield emu
+    emu.stop()
+
+
+@pytest.fixture
+def emulator(_emulator, monkeypatch):
+    """One emulator for the module (starting one costs seconds), pointed at by every test."""
+    monkeypatch.setenv("FNMAP_EMULATOR_URL", _emulator.url)
+    monkeypatch.setenv("FNMAP_SECRET", _emulator.secret)
+    return _emulator
+
+
+@pytest.fixture
+def store():
+    return open_store(os.environ["FNMAP_STORAGE"])
+
+
+def test_success_record(emulator, store):
+    job = fnmap.map(lambda x: x * 2, range(6), return_job=True)
+    assert job.results() == [0, 2, 4, 6, 8, 10]
+    # The record is in storage by the time results are back: no waiting.
+    record = json.loads(store.get(keys.job_record_key(job.id)))
+    s = record["summary"]
+    assert (s["status"], s["calls"], s["calls_done"], s["failed_items"], s["retries"]) == ("succeeded", 6, 6, 0, 0)
+    assert s["duration_seconds"]["p50"] <= s["duration_seconds"]["p95"] <= s["duration_seconds"]["max"]
+    assert s["throughput"]["items_per_second"] > 0
+    assert 1 <= s["workers"] <= 2 and s["cold_starts"] <= 2
+    for call in record["calls"]:
+        assert call["status"] == "ok" and call["attempt"] == 1 and len(call["attempts"]) == 1
+        assert call["submitted"] <= call["started"] <= call["finished"] <= call["written"] <= call["ended"]
+        assert call["worker"] and isinstance(call["cold"], bool)
+        assert call["bytes_in"] > 0 and call["bytes_out"] > 0 and call["peak_memory_kb"] > 0
+    assert [j["job_id"] for j in records.list_jobs(store)][0] == job.id
+    assert records.load(store, job.id[:10])["calls"] == record["calls"]
+    assert job.record()["summary"]["calls"] == 6
+
+
+def test_failure_record_logs_and_exception_note(emulator, store):
+    def noisy(x):
+        print(f"working on {x}")
+        if x == 2:
+            print("about to fail")
+            raise ValueError(f"bad item {x}")
+        return x
+
+    job = fnmap.map(noisy, range(4), return_job=True)
+    with pytest.raises(ValueError, match="bad item 2") as info:
+        job.results()
+    notes = "\n".join(info.value.__notes__)
+    assert "about to fail" in notes and f"fnmap logs {job.id} --call 2" in notes
+    assert job.wait(30)  # the first failure is raised at once; the record follows when all calls end
+    record = records.load(store, job.id)
+    failed = [c for c in record["calls"] if c["status"] != "ok"]
+    assert [(c["call"], c["status"], c["error"], c["failed_items"]) for c in failed] == [
+        (2, "error", "ValueError: bad item 2", 1)
+    ]
+    assert record["summary"]["status"] == "failed" and record["summary"]["failed_items"] == 1
+    assert "working on 2\nabout to fail" in failed[0]["log_tail"]
+    assert job.logs(2) == "--- call 2 attempt 1 ---\nworking on 2\nabout to fail\n"
+    assert job.logs().count("--- call") == 4
+
+
+def test_retry_record(emulator, store, tmp_path):
+    marker = str(tmp_path / "crashed-once")
+
+    def crash_once(x):
+        if x == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(3)  # the worker process dies: a platform fault, retried
+        return x
+
+    job = fnmap.map(crash_once, range(3), return_job=True)
+    assert job.results() == [0, 1, 2]
+    record = records.load(store, job.id)
+    call = record["calls"][1]
+    assert call["status"] == "ok" and call["attempt"] == 2
+    assert [(a["attempt"], a["outcome"]) for a in call["attempts"]] == [(1, "crashed"), (2, "ok")]
+    assert record["summary"]["retries"] == 1 and record["summary"]["calls_retried"] == 1
+    assert record["summary"]["status"] == "succeeded"
+
+
+def test_timeout_record(emulator, store):
+    def sleepy(x):
+        if x == 0:
+            time.sleep(30)
+        return x
+
+    job = fnmap.map(sleepy, range(2), timeout=1, return_job=True)
+    with pytest.raises(fnmap.TimeoutError):
+        job.results()
+    assert job.wait(30)
+    record = records.load(store, job.id)
+    call = record["calls"][0]
+    assert call["status"] == "timeout" and "TimeoutError" in call["error"]
+    assert call["finished"] - call["started"] < 10
+    assert record["calls"][1]["status"] == "ok"
+    assert record["summary"]["calls_failed"] == 1
+
+
+def test_executor_record_cost_and_plot(emulator, store, tmp_path):
+    with fnmap.Executor(memory=2048, region="eu-west-1") as ex:
+        assert [f.result() for f in [ex.submit(pow, 2, n) for n in range(4)]] == [1, 2, 4, 8]
+    job = ex.job
+    record = records.load(store, job.id)
+    assert record["kind"] == "executor" and record["summary"]["calls_done"] == 4
+    estimate = job.cost
+    assert estimate["model"] == "aws-lambda" and estimate["memory_mb"] == 2048
+    assert estimate["region"] == "eu-west-1" and estimate["requests"] == 4 and estimate["usd"] > 0
+    path = job.plot(str(tmp_path / "timeline.png"))
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data.startswith(b"\x89PNG") and len(data) > 10_000
+
+
+def test_rebuilt_from_status_records_when_the_client_wrote_none(emulator, store):
+    job = fnmap.map(lambda x: x, range(3), return_job=True)
+    job.results()
+    index = [k for k in store.list(keys.job_index_prefix()) if job.id in k]
+    store.delete([keys.job_record_key(job.id), *index])
+    record = records.load(store, job.id)
+    assert record["rebuilt"] and record["summary"]["status"] == "unknown"
+    assert sorted(c["call"] for c in record["calls"]) == [0, 1, 2]
+    assert all(c["worker"] and c["started"] for c in record["calls"])
+
+
+def test_gc_deletes_old_jobs_only(emulator, tmp_path):
+    url = (tmp_path / "gc-store").as_uri()
+    store = open_store(url)
+    job = fnmap.map(lambda x: x, range(2), storage=url, return_job=True)
+    job.results()
+    assert store.list(keys.job_prefix(job.id))
+    kept = records.collect_garbage(store, older_than=3600)
+    assert kept["deleted_jobs"] == [] and kept["kept_jobs"] == 1
+    later = time.time() + 7200
+    dry = records.collect_garbage(store, older_than=3600, now=later, dry_run=True)
+    assert dry["deleted_jobs"] == [job.id] and store.list(keys.job_prefix(job.id))
+    report = records.collect_garbage(store, older_than=3600, now=later)
+    assert report["deleted_jobs"] == [job.id] and report["deleted_keys"] > 4
+    assert store.list(keys.job_prefix(job.id)) == [] and records.list_jobs(store) == []
+    assert store.list("functions/")  # shared by jobs: kept
+    with pytest.raises(records.JobNotFound):
+        records.load(store, job.id)
+
+
+def test_progress_shows_calls_failed_and_retrying():
+    out = io.StringIO()
+    bar = Progress(total=4, description="job", calls=4, file=out)
+    bar.update(1, 0, call_id=0)
+    bar.retrying(1)
+    bar.update(1, 1, call_id=2)
+    bar._bar.refresh()
+    text = out.getvalue()
+    assert "calls=2/4" in text and "failed=1" in text and "retrying=1" in text
+    bar.update(1, 0, call_id=1)
+    bar.close()
+    assert "retrying" not in out.getvalue().rsplit("\r", 1)[-1]
+
+
+def test_cost_tables():
+    one = cost.lambda_cost([1.0] * 1000, 1024)
+    assert one["gb_seconds"] == pytest.approx(1000) and one["usd"] == pytest.approx(0.0168667, rel=1e-4)
+    assert cost.lambda_cost([0.0001], 128)["gb_seconds"] == pytest.approx(0.001 / 8)  # 1 ms minimum
+    with pytest.raises(cost.UnknownPrice, match="us-east-1"):
+        cost.lambda_cost([1.0], 1024, region="mars-north-1")
+    batch = cost.batch_cost([10.0, 120.0], "g4dn.xlarge")
+    assert batch["instance_seconds"] == 180 and batch["usd"] == pytest.approx(180 / 3600 * 0.526)
+    assert cost.estimate({"backend": "aws", "options": {"region": "mars-north-1"}, "calls": []})["usd"] is None
+
+
+def test_parse_age():
+    assert records.parse_age("90s") == 90 and records.parse_age("12h") == 43200
+    assert records.parse_age("7d") == 7 * 86400 and records.parse_age("1.5w") == 1.5 * 7 * 86400
+    for bad in ("", "7", "d", "-1d", "7y"):
+        with pytest.raises(ValueError, match="is not an age"):
+            records.parse_age(bad)
