@@ -46,7 +46,11 @@ def test_cuda_visible_devices_round_robin():
     with pytest.raises(ValueError, match="asks for 4 GPUs per child but this machine has 3"):
         batch_jobs.assign_gpus(0, 4, gpus)
     listing = "GPU 0: NVIDIA H200 (UUID: GPU-aa)\nGPU 1: NVIDIA H200 (UUID: GPU-bb)\n"
-    assert batch_jobs.parse_gpu_list(listing) == ["0", "1"]
+    assert batch_jobs.visible_gpus(listing) == ["0", "1"]
+    assert batch_jobs.visible_gpus(listing, "1") == ["1"]  # the emulator's own CUDA_VISIBLE_DEVICES
+    assert batch_jobs.visible_gpus(listing, "GPU-bb,0") == ["GPU-bb", "0"]
+    assert batch_jobs.visible_gpus(listing, "") == []
+    assert batch_jobs.visible_gpus("No devices were found\n") == []
 
 
 def test_retry_strategy_rules_and_command():

@@ -40,23 +40,34 @@ class BatchRequestError(Exception):
     """Answered as AWS Batch's ``ClientException`` (HTTP 400)."""
 
 
-def parse_gpu_list(text: str) -> list[str]:
-    """GPU indices from ``nvidia-smi -L`` output (``GPU 0: NVIDIA H200 (UUID: ...)``)."""
-    return re.findall(r"^GPU (\d+):", text, flags=re.MULTILINE)
+def visible_gpus(listing: str, cuda_visible_devices: str | None = None) -> list[str]:
+    """The GPUs of ``nvidia-smi -L`` output (``GPU 0: NVIDIA H200 (UUID: GPU-...)``).
+
+    Their indices; when the emulator itself runs under ``CUDA_VISIBLE_DEVICES``,
+    only those devices, as that variable names them (indices or UUIDs), in its order.
+    """
+    found = {}
+    for line in listing.splitlines():
+        match = re.match(r"GPU (\d+):", line)
+        if match:
+            uuid_match = re.search(r"UUID: ([^)\s]+)", line)
+            found[match.group(1)] = uuid_match.group(1) if uuid_match else None
+    if cuda_visible_devices is None:
+        return list(found)
+    names = set(found) | {u for u in found.values() if u}
+    allowed = [v.strip() for v in cuda_visible_devices.split(",") if v.strip()]
+    return [v for v in allowed if v in names]
 
 
 def detect_gpus(environ=os.environ) -> list[str]:
-    """This machine's GPUs, limited to ``CUDA_VISIBLE_DEVICES`` when that is set; [] for none."""
+    """This machine's GPUs (see :func:`visible_gpus`); [] without ``nvidia-smi`` or GPUs."""
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    gpus = parse_gpu_list(out.stdout) if out.returncode == 0 else []
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        allowed = [v.strip() for v in visible.split(",") if v.strip()]
-        gpus = [g for g in gpus if g in allowed]
-    return gpus
+    if out.returncode != 0:
+        return []
+    return visible_gpus(out.stdout, environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def assign_gpus(slot: int, wanted: int, gpus: list[str]) -> str:
