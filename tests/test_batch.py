@@ -298,6 +298,69 @@ def test_unknown_job_definition_is_a_clear_error(batch_emulator):
         get_client(resolve(backend="batch", job_definition="nope")).close()
 
 
+_PROBE = (
+    "import os, sys, time\n"
+    "index = int(os.environ['AWS_BATCH_JOB_ARRAY_INDEX'])\n"
+    "gpus = repr(os.environ['CUDA_VISIBLE_DEVICES'])\n"
+    "print('attempt', os.environ['AWS_BATCH_JOB_ATTEMPT'], 'gpus', gpus)\n"
+    "time.sleep(float(sys.argv[1]) if index == 2 else 0)\n"
+    "sys.exit(3 if index == 1 else 0)\n"
+)
+
+
+def _until(predicate, seconds: float = 30.0):
+    deadline = time.monotonic() + seconds
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+    return value
+
+
+def test_emulated_batch_api_retries_and_terminates_children(batch_emulator):
+    from botocore.exceptions import ClientError
+
+    b = batch_emulator.batch
+    definition = b.register_job_definition(
+        jobDefinitionName="probe",
+        type="container",
+        parameters={"sleep": "0"},
+        containerProperties={"image": "probe", "command": ["python", "-c", _PROBE, "Ref::sleep"]},
+    )
+    assert definition["revision"] == 1
+    job_id = b.submit_job(
+        jobName="probe",
+        jobQueue="anything",
+        jobDefinition="probe:1",
+        arrayProperties={"size": 3},
+        parameters={"sleep": "60"},
+        retryStrategy={
+            "attempts": 2,
+            "evaluateOnExit": [
+                {"onExitCode": "3", "action": "RETRY"},
+                {"onReason": "*", "action": "EXIT"},
+            ],
+        },
+    )["jobId"]
+
+    def child(index):
+        return b.describe_jobs(jobs=[f"{job_id}:{index}"])["jobs"][0]
+
+    failed = _until(lambda: child(1)["status"] == "FAILED" and child(1))
+    assert len(failed["attempts"]) == 2 and failed["container"]["exitCode"] == 3
+    assert failed["container"]["reason"] == "attempt 2 gpus ''"  # the last line of its output
+    _until(lambda: child(2)["status"] == "RUNNING")
+    b.terminate_job(jobId=job_id, reason="enough")
+    stopped = _until(lambda: child(2)["status"] == "FAILED" and child(2))
+    assert stopped["statusReason"] == "enough"
+    parent = _until(
+        lambda: (j := b.describe_jobs(jobs=[job_id])["jobs"][0])["status"] == "FAILED" and j
+    )
+    summary = parent["arrayProperties"]["statusSummary"]
+    assert (summary["SUCCEEDED"], summary["FAILED"]) == (1, 2)
+    with pytest.raises(ClientError, match="array size 1 must be between 2 and 10000"):
+        b.submit_job(jobName="x", jobQueue="q", jobDefinition="probe", arrayProperties={"size": 1})
+
+
 # -- fnmap deploy batch against moto's server ------------------------------------------------------
 
 

@@ -345,6 +345,8 @@ class BatchEmulator:
                 return None, f"CannotStartContainerError: {e}", str(e)[:255]
             with self._lock:
                 child.proc = proc
+                if child.terminate:  # terminated while it was being started
+                    proc.kill()
             try:
                 code, status_reason = proc.wait(timeout=limit), "Essential container in task exited"
             except subprocess.TimeoutExpired:
