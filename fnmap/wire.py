@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 _LEN = struct.Struct(">I")
@@ -61,7 +61,9 @@ class CallResponse:
 
 
 def encode(header: Any, payload: bytes = b"") -> bytes:
-    meta = json.dumps(asdict(header) if hasattr(header, "__dataclass_fields__") else header).encode()
+    # vars(), not dataclasses.asdict: the headers hold only JSON values, and asdict's recursive
+    # deep copy cost about 30 us per call on each side of the wire (issue 9).
+    meta = json.dumps(vars(header) if hasattr(header, "__dataclass_fields__") else header).encode()
     return b"".join((_LEN.pack(len(meta)), meta, payload))
 
 
