@@ -170,3 +170,15 @@ def test_zip_holds_what_the_handler_imports_and_fits_lambda(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith(path) and lines[1] == "[]"
+
+
+def test_deploy_without_credentials_fails_in_one_line(s3_server, monkeypatch, tmp_path, capsys):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    assert cli_main(["deploy", "aws", "deploy", "--region", "us-east-1"]) == 1
+    err = capsys.readouterr().err
+    assert "deploy of 'fnmap' stopped" in err and "credentials" in err and "Traceback" not in err

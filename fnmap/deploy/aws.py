@@ -40,6 +40,10 @@ CREATED_TAG = "fnmap:created-bucket"
 LIFECYCLE_RULE_ID = "fnmap-expire-jobs"
 HANDLER = "handlers.aws_lambda.handler"
 _ROLE_RETRY_SECONDS = 90
+_DESCRIPTION = (
+    "Create, update or destroy fnmap on AWS Lambda: the S3 bucket for job data, the function's IAM "
+    "role and log group, the function itself, its reserved concurrency and its function URL."
+)
 
 
 @dataclass
@@ -418,24 +422,33 @@ def settings_from(args) -> Settings:
 
 
 def run(args) -> int:
-    deployment = Deployment(settings_from(args))
-    if args.action == "destroy":
-        deployment.destroy()
-    else:
-        deployment.deploy(update_only=args.action == "update")
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    settings = settings_from(args)
+    try:
+        deployment = Deployment(settings)
+        if args.action == "destroy":
+            deployment.destroy()
+        else:
+            deployment.deploy(update_only=args.action == "update")
+    except (BotoCoreError, ClientError) as e:
+        raise FnmapError(
+            f"{args.action} of {settings.name!r} stopped: {e}. Check the credentials and their permissions "
+            "(README, Run on AWS), then run it again: every step is safe to repeat"
+        ) from e
     return 0
 
 
 def register(targets) -> None:
     p = targets.add_parser("aws", help="AWS Lambda + S3 + function URL (the aws backend)",
-                           description=__doc__.split("\n\n")[0])
+                           description=_DESCRIPTION)
     add_arguments(p)
     p.set_defaults(run=run)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry of ``python -m infra.aws``."""
-    p = argparse.ArgumentParser(prog="python -m infra.aws", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m infra.aws", description=_DESCRIPTION)
     add_arguments(p)
     args = p.parse_args(argv)
     try:
