@@ -53,7 +53,11 @@ def batched_matmul(seed: int) -> dict:
         started = time.perf_counter()
         c = a @ b
         seconds = time.perf_counter() - started
-        name = "cpu (numpy)" if torch is None else "cpu (torch sees no GPU; numpy)"
+        name = (
+            "cpu (numpy; torch is not installed)"
+            if torch is None
+            else "cpu (numpy; torch sees no GPU)"
+        )
         checksum = float(c.astype(np.float64).mean())
     return {
         "seed": seed,
