@@ -135,7 +135,7 @@ def _title(record: dict, summary: dict) -> str:
     if summary.get("cold_starts") is not None:
         parts.append(f"{summary['cold_starts']} cold")
     if summary.get("retries"):
-        parts.append(f"{summary['retries']} retries")
+        parts.append(f"{summary['retries']} retried")
     if summary.get("calls_failed"):
         parts.append(f"{summary['calls_failed']} failed")
     return " · ".join(parts)
