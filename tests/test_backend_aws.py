@@ -61,17 +61,35 @@ def crash_once(args):
     return x + 1
 
 
+@pytest.fixture(scope="module")
+def lambda_emulator(s3_server):
+    """One emulator for the module, its workers pointed at moto's S3 (stopped after the last test)."""
+    from conftest import EmulatorProcess
+
+    emu = EmulatorProcess(workers=2, env={
+        "AWS_ENDPOINT_URL_S3": s3_server, "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    yield emu
+    _close_aws_clients()
+    emu.stop()
+
+
 @pytest.fixture
-def aws(s3_env, emulator_process, monkeypatch):
-    """An emulator answering Lambda's API, storage in a fresh moto bucket, options in the environment."""
+def aws(lambda_emulator, s3_env, monkeypatch):
+    """The aws backend pointed at the emulator, storage in a fresh moto bucket; ``stats()`` counts this test's."""
+    emu = lambda_emulator
     bucket = s3_env(f"fnmap-aws-{uuid.uuid4().hex[:12]}")
-    emu = emulator_process(workers=2)  # inherits the moto endpoint and credentials for its workers
     monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", emu.url)
     monkeypatch.setenv("FNMAP_BACKEND", "aws")
     monkeypatch.setenv("FNMAP_STORAGE", f"s3://{bucket}/fnmap")
     monkeypatch.setenv("FNMAP_SECRET", emu.secret)
     emu.bucket = bucket
-    emu.stats = lambda: requests.get(emu.url + "/lambda/stats", timeout=5).json()
+
+    def counts() -> dict:
+        return requests.get(emu.url + "/lambda/stats", timeout=5).json()
+
+    before = counts()
+    emu.stats = lambda: {k: v - before.get(k, 0) for k, v in counts().items() if isinstance(v, int)}
     yield emu
     _close_aws_clients()
 
@@ -90,7 +108,7 @@ def test_request_response_results_ride_back(aws):
         x * x for x in range(20)
     ]
     stats = aws.stats()
-    assert stats["RequestResponse"] == 10 and "Event" not in stats
+    assert stats["RequestResponse"] == 10 and stats.get("Event", 0) == 0
 
 
 def test_event_fan_out_gathers_results_from_s3(aws, s3_env):
@@ -135,17 +153,19 @@ def test_throttled_calls_back_off_and_finish(aws):
     """Reserved concurrency 1: synchronous calls beyond it get 429 TooManyRequestsException."""
     lam = boto3.client("lambda", endpoint_url=aws.url)
     lam.put_function_concurrency(FunctionName="fnmap", ReservedConcurrentExecutions=1)
-    assert lam.get_function_concurrency(FunctionName="fnmap")["ReservedConcurrentExecutions"] == 1
-    items = range(5)
-    assert fnmap.map(slow_square, items, lambda_invocation="RequestResponse", workers=5, retries=20) == [
-        x * x for x in items
-    ]
-    assert aws.stats()["throttled"] >= 1
+    try:
+        assert lam.get_function_concurrency(FunctionName="fnmap")["ReservedConcurrentExecutions"] == 1
+        items = range(5)
+        assert fnmap.map(slow_square, items, lambda_invocation="RequestResponse", workers=5,
+                         retries=20) == [x * x for x in items]
+        assert aws.stats()["throttled"] >= 1
+    finally:
+        lam.delete_function_concurrency(FunctionName="fnmap")
 
 
-def test_unknown_invocation_type_is_named(aws):
+def test_unknown_invocation_type_is_named():
     with pytest.raises(fnmap.ConfigError, match="lambda_invocation='event'.*Event, RequestResponse"):
-        fnmap.map(square, [1], lambda_invocation="event")
+        fnmap.map(square, [1], backend="aws", lambda_invocation="event", secret="s" * 64)
 
 
 _HANDLER_SCRIPT = textwrap.dedent("""
@@ -202,3 +222,25 @@ def test_handler_writes_a_timeout_before_lambdas_own_limit(tmp_path):
     outcomes = loads(bytes(payload)) if resp.inline else None
     assert outcomes is not None and outcomes[0][0] == "err"
     assert isinstance(loads(outcomes[0][1]), fnmap.TimeoutError)
+
+
+def random_bytes(n):
+    return os.urandom(n)
+
+
+def test_result_over_the_response_limit_is_read_from_storage(aws):
+    """A synchronous answer over 6 MiB is a Function.ResponseSizeTooLarge error; the result is in S3."""
+    n = 5 * 2**20  # base64 makes it about 6.7 MB; random bytes do not compress
+    [value] = fnmap.map(random_bytes, [n], inline_limit=8 * 2**20, lambda_invocation="RequestResponse")
+    assert isinstance(value, bytes) and len(value) == n
+    assert aws.stats()["response_too_large"] == 1
+
+
+def test_emulator_enforces_lambdas_request_limits(aws):
+    lam = boto3.client("lambda", endpoint_url=aws.url)
+    with pytest.raises(lam.exceptions.RequestTooLargeException):
+        lam.invoke(FunctionName="fnmap", InvocationType="Event", Payload=b"{" + b" " * 2**20 + b"}")
+    # Through fnmap, a 2 MiB argument fits neither limit inline as an event: it goes by reference.
+    blob = os.urandom(2 * 2**20)
+    assert fnmap.map(size_of, [blob], lambda_invocation="Event") == [len(blob)]
+    assert aws.stats()["by_reference"] == 1

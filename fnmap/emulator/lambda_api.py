@@ -8,7 +8,9 @@ any S3 server with ``AWS_ENDPOINT_URL_S3``).  Routes, with botocore's paths:
   result, or with ``X-Amz-Function-Error: Unhandled`` and Lambda's error payload
   when the worker process died (``Runtime.ExitError``) or ran past its timeout
   (``Sandbox.Timedout``); ``Event`` answers 202 at once and queues the call
-  (a result reaches storage only); ``DryRun`` answers 204.
+  (a result reaches storage only); ``DryRun`` answers 204.  Lambda's payload limits
+  hold: 413 ``RequestTooLargeException`` for a request over 6 MiB (1 MiB for
+  ``Event``), ``Function.ResponseSizeTooLarge`` for a response over 6 MiB.
 * ``GET /2015-03-31/functions/<name>/configuration`` (GetFunctionConfiguration).
 * ``PUT``/``DELETE /2017-10-31/...`` and ``GET /2019-09-30/functions/<name>/concurrency``
   (reserved concurrency): a synchronous invocation beyond it answers 429
@@ -37,6 +39,10 @@ ACCOUNT = "000000000000"
 REGION = "us-east-1"
 #: What GetFunctionConfiguration reports as the function's timeout (Lambda's maximum).
 TIMEOUT_SECONDS = 900
+#: Lambda's payload limits, enforced as Lambda does: requests (synchronous, asynchronous) answer
+#: 413 beyond them; a synchronous response beyond its limit becomes a function error.
+SYNC_PAYLOAD_LIMIT = 6 * 1024 * 1024
+ASYNC_PAYLOAD_LIMIT = 1024 * 1024
 
 
 class LambdaApi:
@@ -130,6 +136,10 @@ def register(app, emulator) -> None:
         payload = request.get_data(cache=False)
         if kind == "DryRun":
             return Response(status=204)
+        limit = ASYNC_PAYLOAD_LIMIT if kind == "Event" else SYNC_PAYLOAD_LIMIT
+        if len(payload) > limit:
+            return _error(413, "RequestTooLargeException",
+                          f"Request must be smaller than {limit} bytes for the {kind} invocation type")
         if kind == "Event":
             api.stats["Event"] += 1
             api.enqueue(name, payload)
@@ -147,10 +157,16 @@ def register(app, emulator) -> None:
         finally:
             api._release(name)
         headers = {"X-Amz-Executed-Version": "$LATEST"}
+        body = json.dumps(function_error or result)
+        if not function_error and len(body) > SYNC_PAYLOAD_LIMIT:
+            api.stats["response_too_large"] += 1
+            function_error = {"errorType": "Function.ResponseSizeTooLarge", "errorMessage": (
+                f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload size "
+                f"({SYNC_PAYLOAD_LIMIT} bytes).")}
+            body = json.dumps(function_error)
         if function_error:
             headers["X-Amz-Function-Error"] = "Unhandled"
-            result = function_error
-        return Response(json.dumps(result), status=200, mimetype="application/json", headers=headers)
+        return Response(body, status=200, mimetype="application/json", headers=headers)
 
     @app.get("/2015-03-31/functions/<name>/configuration")
     def lambda_configuration(name):
