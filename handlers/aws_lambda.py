@@ -4,8 +4,9 @@ Translates the Lambda event (:mod:`fnmap.lambda_event`: a direct Invoke, by
 value or by reference to storage, or a function URL request) into the worker
 routine's ``(body, signature)`` and its answer back.  The signature is checked
 by the worker before anything is unpickled.  The call's timeout is cut to
-Lambda's remaining time less :data:`RESERVE_SECONDS`, so a timeout error and
-the status record are written before Lambda stops the call itself.
+Lambda's remaining time less a reserve (:data:`RESERVE_SECONDS`, or a fifth of
+a shorter limit), so a timeout error and the status record are written before
+Lambda stops the call itself.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def handler(event, context):
     except Exception as e:  # the request stored by reference could not be read: retry later
         status, out = 503, f"cannot read the stored request: {e!r}".encode()
     else:
-        remaining = context.get_remaining_time_in_millis() / 1000.0 - RESERVE_SECONDS
-        status, out = worker.handle(body, signature, _SECRET, time_limit=max(remaining, 0.001))
+        remaining = context.get_remaining_time_in_millis() / 1000.0
+        limit = remaining - min(RESERVE_SECONDS, remaining / 5)
+        status, out = worker.handle(body, signature, _SECRET, time_limit=max(limit, 0.001))
     return url_result(status, out) if is_url_event(event) else encode_result(status, out)
