@@ -28,11 +28,15 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         env[SECRET_ENV] = new_secret()
         print(f"{SECRET_ENV}={env[SECRET_ENV]}  (no secret was set; clients must use this one)", flush=True)
     _warn_if_exposed(host)
+    limit_blas_threads(env, workers)
     pool = WorkerPool(workers, env=env)
     emulator = Emulator(pool)
     app = create_emulator_app(emulator)
     server = create_server(app, host=host, port=port, threads=workers + 4, channel_timeout=600,
-                           connection_limit=1000, asyncore_use_poll=True)
+                           connection_limit=1000, asyncore_use_poll=True,
+                           # 1 MB arguments: read them in big slices and keep them in memory; waitress's
+                           # defaults (8 KB reads, a temp file past 512 KB) cost 5 ms per MB (issue 9).
+                           recv_bytes=1 << 18, inbuf_overflow=16 << 20)
     actual_host, actual_port = server.effective_host, server.effective_port
     shown_host = f"[{actual_host}]" if ":" in str(actual_host) else actual_host
 
@@ -52,6 +56,22 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         serving.join(timeout=10)
         pool.close()
         print("fnmap emulator stopped", file=sys.stderr, flush=True)
+
+
+#: Thread-count settings of the BLAS and OpenMP runtimes under NumPy, SciPy, PyTorch and numexpr.
+BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def limit_blas_threads(env: dict, workers: int) -> None:
+    """Give each worker process its share of the cores for BLAS threads, unless ``env`` sets them.
+
+    Otherwise every worker's NumPy starts one BLAS thread per core: 4 workers on 2 cores ran
+    8 threads that fought over the cores, and a matmul job went slower than a plain loop (issue 9).
+    """
+    share = str(max(1, (os.cpu_count() or 1) // workers))
+    for name in BLAS_THREAD_VARS:
+        env.setdefault(name, share)
 
 
 def _set_on_stdin_eof(event: threading.Event) -> None:
