@@ -1,4 +1,4 @@
-"""Cost estimates of a finished job: AWS Lambda (GB-seconds plus requests) and AWS Batch (instance time).
+"""Cost estimates of a job: AWS Lambda (GB-seconds plus requests) and AWS Batch (instance time).
 
 Every price fnmap knows is in this module, in the tables below; update them
 here when AWS changes its prices.  The estimates are list prices without free
@@ -14,7 +14,7 @@ import math
 
 from .errors import ConfigError
 
-#: When the tables were last checked against https://aws.amazon.com/lambda/pricing/ and EC2 on-demand pricing.
+#: When the tables were last checked (https://aws.amazon.com/lambda/pricing/, EC2 on-demand).
 PRICES_CHECKED = "2025-06"
 
 _STANDARD = (0.0000166667, 0.0000133334, 0.20)
@@ -23,10 +23,23 @@ _STANDARD = (0.0000166667, 0.0000133334, 0.20)
 LAMBDA_PRICES: dict[str, tuple[float, float, float]] = {
     **dict.fromkeys(
         [
-            "us-east-1", "us-east-2", "us-west-1", "us-west-2", "ca-central-1",
-            "eu-central-1", "eu-west-1", "eu-west-2", "eu-west-3", "eu-north-1",
-            "ap-south-1", "ap-northeast-1", "ap-northeast-2", "ap-northeast-3",
-            "ap-southeast-1", "ap-southeast-2", "sa-east-1",
+            "us-east-1",
+            "us-east-2",
+            "us-west-1",
+            "us-west-2",
+            "ca-central-1",
+            "eu-central-1",
+            "eu-west-1",
+            "eu-west-2",
+            "eu-west-3",
+            "eu-north-1",
+            "ap-south-1",
+            "ap-northeast-1",
+            "ap-northeast-2",
+            "ap-northeast-3",
+            "ap-southeast-1",
+            "ap-southeast-2",
+            "sa-east-1",
         ],
         _STANDARD,
     ),
@@ -63,8 +76,9 @@ class UnknownPrice(ConfigError):
     """No price is known for a region or an instance type; the message lists the known ones."""
 
 
-def lambda_cost(durations: list[float], memory_mb: int, region: str = DEFAULT_REGION,
-                arch: str = "x86_64") -> dict:
+def lambda_cost(
+    durations: list[float], memory_mb: int, region: str = DEFAULT_REGION, arch: str = "x86_64"
+) -> dict:
     """List price of Lambda invocations lasting ``durations`` seconds each, at ``memory_mb``.
 
     >>> round(lambda_cost([1.0] * 1000, 1024)["usd"], 6)
@@ -73,7 +87,8 @@ def lambda_cost(durations: list[float], memory_mb: int, region: str = DEFAULT_RE
     prices = LAMBDA_PRICES.get(region)
     if prices is None:
         raise UnknownPrice(
-            f"no AWS Lambda price for region {region!r}; known regions: {', '.join(sorted(LAMBDA_PRICES))} "
+            f"no AWS Lambda price for region {region!r}; known regions: "
+            f"{', '.join(sorted(LAMBDA_PRICES))} "
             "(add it to fnmap/cost.py LAMBDA_PRICES)"
         )
     if arch not in ("x86_64", "arm64"):
@@ -98,7 +113,7 @@ def lambda_cost(durations: list[float], memory_mb: int, region: str = DEFAULT_RE
 
 
 def batch_cost(durations: list[float], instance_type: str) -> dict:
-    """List price of Batch jobs lasting ``durations`` seconds, one job per instance of ``instance_type``.
+    """List price of Batch jobs lasting ``durations`` seconds, one per ``instance_type`` instance.
 
     Instance boot and idle time before scale-in are not included.
     """
@@ -106,7 +121,8 @@ def batch_cost(durations: list[float], instance_type: str) -> dict:
     if hourly is None:
         raise UnknownPrice(
             f"no EC2 price for instance type {instance_type!r}; known types: "
-            f"{', '.join(sorted(BATCH_INSTANCE_PRICES))} (add it to fnmap/cost.py BATCH_INSTANCE_PRICES)"
+            f"{', '.join(sorted(BATCH_INSTANCE_PRICES))} "
+            "(add it to fnmap/cost.py BATCH_INSTANCE_PRICES)"
         )
     seconds = sum(max(d, BATCH_MINIMUM_SECONDS) for d in durations)
     return {
@@ -120,8 +136,11 @@ def batch_cost(durations: list[float], instance_type: str) -> dict:
 
 
 def attempt_durations(record: dict) -> list[float]:
-    """Billed seconds of every attempt of a job record: the worker's own time when it reported, else the
-    client's view (sent until answered), which is an upper bound."""
+    """Billed seconds of every attempt of a job record.
+
+    The worker's own time when it reported, else the client's view (sent until answered), which
+    is an upper bound.
+    """
     out: list[float] = []
     for call in record.get("calls", []):
         counted = call.get("attempt")
@@ -135,11 +154,12 @@ def attempt_durations(record: dict) -> list[float]:
 
 
 def estimate(record: dict) -> dict:
-    """The estimate for a job record: Batch instance time for the ``batch`` backend, else Lambda pricing.
+    """The estimate for a job record: Batch instance time for ``batch``, else Lambda pricing.
 
-    Jobs run on the emulator, ``local`` or ``http`` are priced as if they had run on AWS Lambda, so a
-    laptop run tells what the same job would cost in the cloud.  An unknown region or instance type
-    gives ``usd=None`` and a ``note`` instead of an error, so a summary always prints.
+    Jobs run on the emulator, ``local`` or ``http`` are priced as if they had run on AWS
+    Lambda, so a laptop run tells what the same job would cost in the cloud.  An unknown
+    region or instance type gives ``usd=None`` and a ``note`` instead of an error, so a
+    summary always prints.
     """
     options = record.get("options", {})
     durations = attempt_durations(record)
@@ -171,8 +191,10 @@ def describe(estimate_: dict) -> str:
     if estimate_["model"] == "aws-lambda":
         memory = f"{estimate_['memory_mb']} MB" + (" (assumed)" if "memory" in assumed else "")
         region = estimate_["region"] + (" (assumed)" if "region" in assumed else "")
-        detail = (f"AWS Lambda {region}, {memory}: {estimate_['gb_seconds']:.3f} GB-s + "
-                  f"{estimate_['requests']} requests")
+        detail = (
+            f"AWS Lambda {region}, {memory}: {estimate_['gb_seconds']:.3f} GB-s + "
+            f"{estimate_['requests']} requests"
+        )
     else:
         instance = estimate_["instance_type"] + (" (assumed)" if assumed else "")
         detail = f"AWS Batch on {instance}: {estimate_['instance_seconds']:.0f} instance-seconds"

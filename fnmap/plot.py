@@ -36,7 +36,7 @@ class PlotError(FnmapError, RuntimeError):
 
 
 def phases(call: dict) -> tuple[list[tuple[str, float, float]], list[tuple[float, float, str]]]:
-    """``([(phase, start, end), ...], [(sent, ended, outcome) of failed attempts])`` of one call entry."""
+    """``([(phase, start, end), ...], [(sent, ended, outcome), ...])`` of one call entry."""
     spans: list[tuple[str, float, float]] = []
     failed: list[tuple[float, float, str]] = []
     counted = call.get("attempt")
@@ -64,7 +64,7 @@ def phases(call: dict) -> tuple[list[tuple[str, float, float]], list[tuple[float
 
 
 def plot_record(record: dict, path: str, title: str | None = None) -> str:
-    """Draw the timeline and the duration histogram of a job record into ``path``; returns ``path``."""
+    """Draw the timeline and the duration histogram of a job record into ``path``."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -94,10 +94,12 @@ def plot_record(record: dict, path: str, title: str | None = None) -> str:
     for name, segments in bars.items():
         if not segments:
             continue
-        ys, lefts, widths = zip(*segments)
+        ys, lefts, widths = zip(*segments, strict=True)
         timeline.barh(ys, widths, left=lefts, height=0.8, color=PHASE_COLOURS[name], linewidth=0)
     if errors_x:
-        timeline.scatter(errors_x, errors_y, marker="x", color="#c44e52", s=18, zorder=3, linewidths=1)
+        timeline.scatter(
+            errors_x, errors_y, marker="x", color="#c44e52", s=18, zorder=3, linewidths=1
+        )
     timeline.set_ylim(len(calls) - 0.5 if len(calls) > 1 else 0.5, -0.5)
     timeline.set_xlim(left=0)
     timeline.set_xlabel("seconds since the job started")
@@ -111,11 +113,18 @@ def plot_record(record: dict, path: str, title: str | None = None) -> str:
 
     durations = [d for d in (run_seconds(c) for c in calls) if d is not None]
     if durations:
-        histogram.hist(durations, bins=min(50, max(5, len(durations) // 4)), color=PHASE_COLOURS["running"])
+        histogram.hist(
+            durations, bins=min(50, max(5, len(durations) // 4)), color=PHASE_COLOURS["running"]
+        )
         for q, style in ((50, "-"), (95, "--")):
             value = percentile(durations, q)
-            histogram.axvline(value, color="black", linestyle=style, linewidth=1,
-                              label=f"p{q} {value * 1000:.1f} ms" if value < 1 else f"p{q} {value:.2f} s")
+            histogram.axvline(
+                value,
+                color="black",
+                linestyle=style,
+                linewidth=1,
+                label=f"p{q} {value * 1000:.1f} ms" if value < 1 else f"p{q} {value:.2f} s",
+            )
         histogram.legend(fontsize="small")
     histogram.set_xlabel("call duration on the worker (seconds)")
     histogram.set_ylabel("calls")

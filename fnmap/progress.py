@@ -25,7 +25,7 @@ def _interactive() -> bool:
 
 
 class Progress:
-    """Counts items and calls done, failed and being retried; methods are called from dispatch threads."""
+    """Items and calls done, failed and being retried; updated from dispatch threads."""
 
     def __init__(self, total: int, description: str, calls: int | None = None, file=None):
         if "ipykernel" in sys.modules:
@@ -38,8 +38,9 @@ class Progress:
         self.calls_failed = 0
         self._retrying: set[int] = set()
         self._lock = threading.Lock()
-        self._bar = tqdm(total=total, desc=description, unit="item", leave=True, dynamic_ncols=True,
-                         file=file)
+        self._bar = tqdm(
+            total=total, desc=description, unit="item", leave=True, dynamic_ncols=True, file=file
+        )
 
     def update(self, n: int, failed: int = 0, call_id: int | None = None) -> None:
         """``n`` items of one call are done, ``failed`` of them failed."""
@@ -70,8 +71,9 @@ class Progress:
         self._bar.close()
 
 
-def make_progress(setting: bool | None, total: int, description: str,
-                  calls: int | None = None) -> Progress | None:
+def make_progress(
+    setting: bool | None, total: int, description: str, calls: int | None = None
+) -> Progress | None:
     """A bar when asked (``True``), or by default for long jobs in a terminal or notebook."""
     if setting is False or total == 0:
         return None

@@ -33,8 +33,18 @@ FORMAT = 1
 #: Call statuses that mean the call has not finished.
 UNFINISHED = ("pending", "running")
 #: Worker stats copied from the counted attempt into the call's entry.
-_STATS_FIELDS = ("worker", "cold", "started", "loaded", "finished", "written", "bytes_in", "bytes_out",
-                 "peak_memory_kb", "log_tail")
+_STATS_FIELDS = (
+    "worker",
+    "cold",
+    "started",
+    "loaded",
+    "finished",
+    "written",
+    "bytes_in",
+    "bytes_out",
+    "peak_memory_kb",
+    "log_tail",
+)
 _TIMEOUT_ERROR = "fnmap.errors.TimeoutError"
 
 
@@ -60,8 +70,12 @@ def build(job) -> dict:
         "created": job.created,
         "finished": finished,
         "options": {
-            "chunksize": cfg.chunksize, "timeout": cfg.timeout, "retries": cfg.retries,
-            "memory": cfg.memory, "gpu": cfg.gpu, "region": cfg.region,
+            "chunksize": cfg.chunksize,
+            "timeout": cfg.timeout,
+            "retries": cfg.retries,
+            "memory": cfg.memory,
+            "gpu": cfg.gpu,
+            "region": cfg.region,
             "retry_on": list(job.retry_on_names),
             "instance_type": getattr(cfg, "instance_type", None),
         },
@@ -73,7 +87,9 @@ def build(job) -> dict:
 
 def _call_entry(state, error: tuple[str, str] | None) -> dict:
     stats = state.stats or {}
-    attempts = [{"attempt": a, "sent": s, "ended": e, "outcome": o} for a, s, e, o in state.attempts]
+    attempts = [
+        {"attempt": a, "sent": s, "ended": e, "outcome": o} for a, s, e, o in state.attempts
+    ]
     if state.done:
         if error is not None:
             status = error[0]
@@ -122,12 +138,16 @@ def call_error(outcomes: list) -> tuple[str, str]:
 
 def write(store, record: dict) -> None:
     """Store the record and its index entry."""
-    store.put(keys.job_record_key(record["job_id"]), json.dumps(record, separators=(",", ":")).encode())
+    store.put(
+        keys.job_record_key(record["job_id"]), json.dumps(record, separators=(",", ":")).encode()
+    )
     write_index(store, record["summary"])
 
 
 def write_index(store, summary: dict) -> None:
-    store.put(keys.job_index_key(summary["job_id"], summary["created"]), json.dumps(summary).encode())
+    store.put(
+        keys.job_index_key(summary["job_id"], summary["created"]), json.dumps(summary).encode()
+    )
 
 
 # -- summary -------------------------------------------------------------------
@@ -144,8 +164,12 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def _spread(values: list[float]) -> dict:
-    return {"p50": percentile(values, 50), "p95": percentile(values, 95),
-            "max": max(values) if values else None, "count": len(values)}
+    return {
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "max": max(values) if values else None,
+        "count": len(values),
+    }
 
 
 def run_seconds(call: dict) -> float | None:
@@ -161,8 +185,11 @@ def summarize(record: dict) -> dict:
     done = [c for c in calls if c["status"] not in UNFINISHED]
     failed = [c for c in done if c["status"] not in ("ok", "cancelled")]
     durations = [d for d in (run_seconds(c) for c in done) if d is not None]
-    latencies = [c["ended"] - c["submitted"] for c in done
-                 if c.get("ended") is not None and c.get("submitted") is not None]
+    latencies = [
+        c["ended"] - c["submitted"]
+        for c in done
+        if c.get("ended") is not None and c.get("submitted") is not None
+    ]
     end = record.get("finished") or max((c["ended"] for c in done if c.get("ended")), default=None)
     wall = end - record["created"] if end else None
     items = sum(c["items"] for c in calls)
@@ -219,7 +246,10 @@ def list_jobs(store, limit: int | None = 20) -> list[dict]:
     for key in entries:
         try:
             out.append(json.loads(store.get(key)))
-        except (FnmapError, ValueError):  # deleted meanwhile (gc) or a partial object from a dead writer
+        except (
+            FnmapError,
+            ValueError,
+        ):  # deleted meanwhile (gc) or a partial object from a dead writer
             continue
     return out
 
@@ -231,12 +261,19 @@ def resolve_id(store, job_id: str) -> str:
         raise JobNotFound(f"{job_id!r} is not a job id: ids are hexadecimal (see `fnmap jobs`)")
     if len(job_id) == 32:
         return job_id
-    matches = sorted({_index_job_id(k) for k in store.list(keys.job_index_prefix())
-                      if _index_job_id(k).startswith(job_id)})
+    matches = sorted(
+        {
+            _index_job_id(k)
+            for k in store.list(keys.job_index_prefix())
+            if _index_job_id(k).startswith(job_id)
+        }
+    )
     if not matches:
         raise JobNotFound(f"no job id starts with {job_id!r} in {store.url} (see `fnmap jobs`)")
     if len(matches) > 1:
-        raise JobNotFound(f"job id prefix {job_id!r} is ambiguous: {', '.join(matches[:5])}; give more digits")
+        raise JobNotFound(
+            f"job id prefix {job_id!r} is ambiguous: {', '.join(matches[:5])}; give more digits"
+        )
     return matches[0]
 
 
@@ -249,7 +286,7 @@ def _index_created(key: str) -> float:
 
 
 def load(store, job_id: str) -> dict:
-    """A job's record (``job_id`` may be a unique prefix), completed from the workers' status records."""
+    """A job's record (``job_id`` may be a unique prefix), completed from status records."""
     job_id = resolve_id(store, job_id)
     try:
         record = json.loads(store.get(keys.job_record_key(job_id)))
@@ -260,7 +297,11 @@ def load(store, job_id: str) -> dict:
         if not status_keys:
             raise JobNotFound(f"job {job_id} has no record and no status records in {store.url}")
         return _rebuild(store, job_id, status_keys)
-    missing = {c["call"] for c in record["calls"] if c["status"] not in UNFINISHED and c.get("started") is None}
+    missing = {
+        c["call"]
+        for c in record["calls"]
+        if c["status"] not in UNFINISHED and c.get("started") is None
+    }
     wanted = [k for k in status_keys if _status_call(k)[0] in missing]
     if wanted:
         by_call = {}
@@ -312,21 +353,39 @@ def _rebuild(store, job_id: str, status_keys: list[str]) -> dict:
         last = attempts[-1]
         failed = last.get("failed_items") or 0
         call = {
-            "call": call_id, "first_item": None, "items": last.get("items", 0),
-            "status": "error" if failed else "ok", "error": None,
-            "submitted": None, "ended": last.get("written"),
-            "attempts": [{"attempt": s["attempt"], "sent": s.get("started"), "ended": s.get("written"),
-                          "outcome": "error" if s.get("failed_items") else "ok"} for s in attempts],
+            "call": call_id,
+            "first_item": None,
+            "items": last.get("items", 0),
+            "status": "error" if failed else "ok",
+            "error": None,
+            "submitted": None,
+            "ended": last.get("written"),
+            "attempts": [
+                {
+                    "attempt": s["attempt"],
+                    "sent": s.get("started"),
+                    "ended": s.get("written"),
+                    "outcome": "error" if s.get("failed_items") else "ok",
+                }
+                for s in attempts
+            ],
             "failed_items": failed,
         }
         _apply_stats(call, last)
         calls.append(call)
     created = min((c["started"] for c in calls if c.get("started")), default=time.time())
     record = {
-        "format": FORMAT, "job_id": job_id, "kind": None, "backend": None, "storage": store.url,
-        "created": created, "finished": None, "options": {}, "calls": calls,
+        "format": FORMAT,
+        "job_id": job_id,
+        "kind": None,
+        "backend": None,
+        "storage": store.url,
+        "created": created,
+        "finished": None,
+        "options": {},
+        "calls": calls,
         "rebuilt": "the job wrote no record (still running, or its client stopped): rebuilt from "
-                   "the workers' status records; calls that never reported are missing",
+        "the workers' status records; calls that never reported are missing",
     }
     record["summary"] = summarize(record)
     record["summary"]["status"] = "unknown"
@@ -358,12 +417,16 @@ def parse_age(text: str) -> float:
     except ValueError:
         value = None
     if unit is None or value is None or value < 0:
-        raise ValueError(f"{text!r} is not an age: use a number and a unit s, m, h, d or w, e.g. 12h or 7d")
+        raise ValueError(
+            f"{text!r} is not an age: use a number and a unit s, m, h, d or w, e.g. 12h or 7d"
+        )
     return value * unit
 
 
-def collect_garbage(store, older_than: float, dry_run: bool = False, now: float | None = None) -> dict:
-    """Delete every key of the jobs created more than ``older_than`` seconds ago, and their index entries.
+def collect_garbage(
+    store, older_than: float, dry_run: bool = False, now: float | None = None
+) -> dict:
+    """Delete every key of the jobs created over ``older_than`` seconds ago, and their index.
 
     Jobs with no index entry (their client died) are dated by their newest status record; a job with
     neither is left alone and reported.  Functions (``functions/``) are shared by jobs and kept.
@@ -393,5 +456,11 @@ def collect_garbage(store, older_than: float, dry_run: bool = False, now: float 
         deleted_keys += len(doomed)
         if not dry_run:
             store.delete(doomed)
-    return {"deleted_jobs": old, "deleted_keys": deleted_keys, "kept_jobs": len(kept),
-            "undated_jobs": undated, "dry_run": dry_run, "older_than_seconds": older_than}
+    return {
+        "deleted_jobs": old,
+        "deleted_keys": deleted_keys,
+        "kept_jobs": len(kept),
+        "undated_jobs": undated,
+        "dry_run": dry_run,
+        "older_than_seconds": older_than,
+    }

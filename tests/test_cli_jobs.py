@@ -1,4 +1,4 @@
-"""``fnmap jobs``, ``fnmap job``, ``fnmap logs`` and ``fnmap gc`` run as subprocesses against a finished job."""
+"""``fnmap jobs``, ``job``, ``logs`` and ``gc`` run as subprocesses against a finished job."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ def fnmap_cli(*args: str, storage: str | None = None) -> subprocess.CompletedPro
     env = dict(os.environ)
     if storage:
         env["FNMAP_STORAGE"] = storage
-    return subprocess.run([sys.executable, "-m", "fnmap", *args], capture_output=True, text=True,
-                          env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "fnmap", *args], capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 @pytest.fixture(scope="module")
 def finished_job(storage_root, tmp_path_factory):
-    """A 5-call job on a real emulator: call 1 crashes once and is retried, call 3 prints and fails."""
+    """A 5-call job on a real emulator: call 1 crashes once (retried), call 3 prints and fails."""
     from conftest import EmulatorProcess
 
     marker = str(tmp_path_factory.mktemp("marker") / "crashed")
@@ -38,8 +39,15 @@ def finished_job(storage_root, tmp_path_factory):
 
     emu = EmulatorProcess(workers=2)
     try:
-        job = fnmap.map(work, range(5), return_job=True, storage=storage_root.as_uri(),
-                        emulator_url=emu.url, secret=emu.secret, progress=False)
+        job = fnmap.map(
+            work,
+            range(5),
+            return_job=True,
+            storage=storage_root.as_uri(),
+            emulator_url=emu.url,
+            secret=emu.secret,
+            progress=False,
+        )
         results = job.results(return_exceptions=True)
         assert isinstance(results[3], KeyError)
         assert job.wait(30)
@@ -68,14 +76,29 @@ def test_job_json_fields(finished_job):
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)
     s = record["summary"]
-    assert (s["job_id"], s["calls"], s["calls_failed"], s["failed_items"]) == (finished_job.id, 5, 1, 1)
+    assert (s["job_id"], s["calls"], s["calls_failed"], s["failed_items"]) == (
+        finished_job.id,
+        5,
+        1,
+        1,
+    )
     assert s["retries"] == 1 and s["calls_retried"] == 1
     assert set(s["duration_seconds"]) >= {"p50", "p95", "max"} and s["duration_seconds"]["max"] > 0
     assert s["throughput"]["items_per_second"] > 0
     assert s["cost"]["model"] == "aws-lambda" and s["cost"]["usd"] > 0
     for call in record["calls"]:
-        for field in ("submitted", "started", "finished", "worker", "cold", "attempts", "bytes_in",
-                      "bytes_out", "peak_memory_kb", "status"):
+        for field in (
+            "submitted",
+            "started",
+            "finished",
+            "worker",
+            "cold",
+            "attempts",
+            "bytes_in",
+            "bytes_out",
+            "peak_memory_kb",
+            "status",
+        ):
             assert call[field] is not None, (call["call"], field)
     assert [a["outcome"] for a in record["calls"][1]["attempts"]] == ["crashed", "ok"]
     assert record["calls"][3]["status"] == "error" and "KeyError" in record["calls"][3]["error"]
@@ -85,8 +108,14 @@ def test_job_text_summary_and_plot(finished_job, tmp_path):
     path = tmp_path / "timeline.png"
     done = fnmap_cli("job", finished_job.id, "--plot", str(path))
     assert done.returncode == 0, done.stderr
-    for words in ("calls    5 (5 items)", "failed 1 (1 items)", "retried 1 (1 retries)", "p95", "cost     $",
-                  "call 3 (item 3): error: KeyError"):
+    for words in (
+        "calls    5 (5 items)",
+        "failed 1 (1 items)",
+        "retried 1 (1 retries)",
+        "p95",
+        "cost     $",
+        "call 3 (item 3): error: KeyError",
+    ):
         assert words in done.stdout, words
     assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 10_000
 
@@ -99,12 +128,15 @@ def test_logs_of_the_failing_call(finished_job):
     assert every.returncode == 0 and every.stdout.count("--- call") == 5
 
 
-@pytest.mark.parametrize("args, reason", [
-    (("job", "0123456789abcdef"), "no job id starts with '0123456789abcdef'"),
-    (("job", "not-an-id"), "is not a job id"),
-    (("logs", "{job}", "--call", "99"), "has no call 99"),
-    (("gc", "--older-than", "soon"), "is not an age"),
-])
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        (("job", "0123456789abcdef"), "no job id starts with '0123456789abcdef'"),
+        (("job", "not-an-id"), "is not a job id"),
+        (("logs", "{job}", "--call", "99"), "has no call 99"),
+        (("gc", "--older-than", "soon"), "is not an age"),
+    ],
+)
 def test_failures_exit_nonzero_with_one_line(finished_job, args, reason):
     done = fnmap_cli(*(a.format(job=finished_job.id) for a in args))
     assert done.returncode != 0
@@ -126,3 +158,14 @@ def test_gc_removes_the_jobs(tmp_path):
     done = fnmap_cli("gc", "--older-than", "0s", storage=url)
     assert done.returncode == 0 and "deleted 1 job(s)" in done.stdout
     assert fnmap_cli("jobs", "--json", storage=url).stdout.strip() == "[]"
+
+
+def test_commands_read_s3_storage(s3_env):
+    url = f"s3://{s3_env('fnmap-records')}/team"
+    job = fnmap.map(abs, [-3, -4, -5], backend="local", storage=url, return_job=True)
+    assert job.results() == [3, 4, 5]
+    listed = fnmap_cli("jobs", "--json", "--storage", url)
+    assert listed.returncode == 0, listed.stderr
+    assert [j["job_id"] for j in json.loads(listed.stdout)] == [job.id]
+    shown = fnmap_cli("job", job.id[:8], "--json", "--storage", url)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["summary"]["calls_done"] == 3

@@ -43,13 +43,27 @@ def test_success_record(emulator, store):
     # The record is in storage by the time results are back: no waiting.
     record = json.loads(store.get(keys.job_record_key(job.id)))
     s = record["summary"]
-    assert (s["status"], s["calls"], s["calls_done"], s["failed_items"], s["retries"]) == ("succeeded", 6, 6, 0, 0)
-    assert s["duration_seconds"]["p50"] <= s["duration_seconds"]["p95"] <= s["duration_seconds"]["max"]
+    assert (s["status"], s["calls"], s["calls_done"], s["failed_items"], s["retries"]) == (
+        "succeeded",
+        6,
+        6,
+        0,
+        0,
+    )
+    assert (
+        s["duration_seconds"]["p50"] <= s["duration_seconds"]["p95"] <= s["duration_seconds"]["max"]
+    )
     assert s["throughput"]["items_per_second"] > 0
     assert 1 <= s["workers"] <= 2 and s["cold_starts"] <= 2
     for call in record["calls"]:
         assert call["status"] == "ok" and call["attempt"] == 1 and len(call["attempts"]) == 1
-        assert call["submitted"] <= call["started"] <= call["finished"] <= call["written"] <= call["ended"]
+        assert (
+            call["submitted"]
+            <= call["started"]
+            <= call["finished"]
+            <= call["written"]
+            <= call["ended"]
+        )
         assert call["worker"] and isinstance(call["cold"], bool)
         assert call["bytes_in"] > 0 and call["bytes_out"] > 0 and call["peak_memory_kb"] > 0
     assert [j["job_id"] for j in records.list_jobs(store)][0] == job.id
@@ -70,7 +84,9 @@ def test_failure_record_logs_and_exception_note(emulator, store):
         job.results()
     notes = "\n".join(info.value.__notes__)
     assert "about to fail" in notes and f"fnmap logs {job.id} --call 2" in notes
-    assert job.wait(30)  # the first failure is raised at once; the record follows when all calls end
+    assert job.wait(
+        30
+    )  # the first failure is raised at once; the record follows when all calls end
     record = records.load(store, job.id)
     failed = [c for c in record["calls"] if c["status"] != "ok"]
     assert [(c["call"], c["status"], c["error"], c["failed_items"]) for c in failed] == [
@@ -180,13 +196,18 @@ def test_progress_shows_calls_failed_and_retrying():
 
 def test_cost_tables():
     one = cost.lambda_cost([1.0] * 1000, 1024)
-    assert one["gb_seconds"] == pytest.approx(1000) and one["usd"] == pytest.approx(0.0168667, rel=1e-4)
+    assert one["gb_seconds"] == pytest.approx(1000) and one["usd"] == pytest.approx(
+        0.0168667, rel=1e-4
+    )
     assert cost.lambda_cost([0.0001], 128)["gb_seconds"] == pytest.approx(0.001 / 8)  # 1 ms minimum
     with pytest.raises(cost.UnknownPrice, match="us-east-1"):
         cost.lambda_cost([1.0], 1024, region="mars-north-1")
     batch = cost.batch_cost([10.0, 120.0], "g4dn.xlarge")
     assert batch["instance_seconds"] == 180 and batch["usd"] == pytest.approx(180 / 3600 * 0.526)
-    assert cost.estimate({"backend": "aws", "options": {"region": "mars-north-1"}, "calls": []})["usd"] is None
+    assert (
+        cost.estimate({"backend": "aws", "options": {"region": "mars-north-1"}, "calls": []})["usd"]
+        is None
+    )
 
 
 def test_parse_age():

@@ -1,4 +1,4 @@
-"""``fnmap jobs``, ``fnmap job ID``, ``fnmap logs ID`` and ``fnmap gc``: look at jobs after the fact.
+"""``fnmap jobs``, ``fnmap job ID``, ``fnmap logs ID``, ``fnmap gc``: look at jobs after the fact.
 
 They read the records jobs leave in storage (:mod:`fnmap.records`), so they
 work from any machine that can reach the storage: ``--storage URL``, else the
@@ -16,35 +16,55 @@ _STORAGE_HELP = "storage URL to read (default: the configured storage, FNMAP_STO
 
 
 def register(sub) -> None:
-    p = sub.add_parser("jobs", help="list recent jobs", description="List recent jobs, newest first.")
-    p.add_argument("--limit", type=int, default=20, help="how many jobs to show (default 20; 0 for all)")
+    p = sub.add_parser(
+        "jobs", help="list recent jobs", description="List recent jobs, newest first."
+    )
+    p.add_argument(
+        "--limit", type=int, default=20, help="how many jobs to show (default 20; 0 for all)"
+    )
     p.add_argument("--json", action="store_true", help="print the jobs' summaries as a JSON list")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     p.set_defaults(run=run_jobs)
 
     p = sub.add_parser(
-        "job", help="show one job: calls, failures, retries, durations, throughput, cost",
-        description="Summarize one job: calls, failures, retries, durations p50/p95/max, throughput and "
-                    "estimated cost; --json prints the whole record (every call's times and stats).",
+        "job",
+        help="show one job: calls, failures, retries, durations, throughput, cost",
+        description="Summarize one job: calls, failures, retries, durations p50/p95/max, "
+        "throughput and "
+        "estimated cost; --json prints the whole record (every call's times and stats).",
     )
     p.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
     p.add_argument("--json", action="store_true", help="print the job record as JSON")
-    p.add_argument("--plot", metavar="PATH", help="also save a timeline and duration histogram (PNG, SVG, PDF)")
+    p.add_argument(
+        "--plot", metavar="PATH", help="also save a timeline and duration histogram (PNG, SVG, PDF)"
+    )
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     p.set_defaults(run=run_job)
 
-    p = sub.add_parser("logs", help="print the captured output of a job's calls",
-                       description="Print the stdout and stderr captured from a job's calls, per attempt.")
+    p = sub.add_parser(
+        "logs",
+        help="print the captured output of a job's calls",
+        description="Print the stdout and stderr captured from a job's calls, per attempt.",
+    )
     p.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
-    p.add_argument("--call", type=int, metavar="N", help="only call N (see `fnmap job ID` for call numbers)")
+    p.add_argument(
+        "--call", type=int, metavar="N", help="only call N (see `fnmap job ID` for call numbers)"
+    )
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     p.set_defaults(run=run_logs)
 
-    p = sub.add_parser("gc", help="delete old jobs' records, logs, inputs and results from storage",
-                       description="Delete every object of the jobs created longer ago than --older-than "
-                                   "(shared function objects are kept).")
-    p.add_argument("--older-than", default="7d", metavar="AGE",
-                   help="age like 90s, 30m, 12h, 7d or 2w (default 7d)")
+    p = sub.add_parser(
+        "gc",
+        help="delete old jobs' records, logs, inputs and results from storage",
+        description="Delete every object of the jobs created longer ago than --older-than "
+        "(shared function objects are kept).",
+    )
+    p.add_argument(
+        "--older-than",
+        default="7d",
+        metavar="AGE",
+        help="age like 90s, 30m, 12h, 7d or 2w (default 7d)",
+    )
     p.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
@@ -76,14 +96,22 @@ def run_jobs(args) -> int:
         return 0
     rows = [("JOB", "CREATED", "KIND", "BACKEND", "STATUS", "CALLS", "FAILED", "RETRIES", "WALL")]
     for s in jobs:
-        rows.append((
-            s["job_id"][:12], _time(s["created"]), s.get("kind") or "-", s.get("backend") or "-",
-            s["status"], f"{s['calls_done']}/{s['calls']}", str(s["calls_failed"]), str(s["retries"]),
-            _seconds(s.get("wall_seconds")),
-        ))
+        rows.append(
+            (
+                s["job_id"][:12],
+                _time(s["created"]),
+                s.get("kind") or "-",
+                s.get("backend") or "-",
+                s["status"],
+                f"{s['calls_done']}/{s['calls']}",
+                str(s["calls_failed"]),
+                str(s["retries"]),
+                _seconds(s.get("wall_seconds")),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
     return 0
 
 
@@ -115,29 +143,41 @@ def format_summary(record: dict) -> str:
     s = record["summary"]
     d, lat, tp = s["duration_seconds"], s["latency_seconds"], s["throughput"]
     lines = [
-        f"job      {s['job_id']}  {s.get('kind') or '?'} on {s.get('backend') or '?'}  {s['status']}",
+        f"job      {s['job_id']}  {s.get('kind') or '?'} on {s.get('backend') or '?'}  "
+        f"{s['status']}",
         f"storage  {s.get('storage')}",
         f"created  {_time(s['created'])}   wall {_seconds(s['wall_seconds'])}",
-        f"calls    {s['calls']} ({s['items']} items)   done {s['calls_done']}   failed {s['calls_failed']} "
+        f"calls    {s['calls']} ({s['items']} items)   done {s['calls_done']}   "
+        f"failed {s['calls_failed']} "
         f"({s['failed_items']} items)   retried {s['calls_retried']} ({s['retries']} retries)",
         f"workers  {s['workers']}   cold starts {s['cold_starts']}",
         f"duration p50 {_seconds(d['p50'])}   p95 {_seconds(d['p95'])}   max {_seconds(d['max'])}"
         "   (run time on the worker)",
-        f"latency  p50 {_seconds(lat['p50'])}   p95 {_seconds(lat['p95'])}   max {_seconds(lat['max'])}"
+        f"latency  p50 {_seconds(lat['p50'])}   p95 {_seconds(lat['p95'])}   "
+        f"max {_seconds(lat['max'])}"
         "   (submitted until the result came back)",
-        f"rate     {_rate(tp['items_per_second'])} items/s   {_rate(tp['calls_per_second'])} calls/s",
+        f"rate     {_rate(tp['items_per_second'])} items/s   "
+        f"{_rate(tp['calls_per_second'])} calls/s",
         f"data     in {_bytes(s['bytes_in'])}   out {_bytes(s['bytes_out'])}   peak memory "
         + (f"{s['peak_memory_mb']:.0f} MB" if s.get("peak_memory_mb") else "-"),
         f"cost     {describe(s['cost'])}",
     ]
     if record.get("rebuilt"):
         lines.append(f"note     {record['rebuilt']}")
-    failed = [c for c in record["calls"] if c["status"] not in ("ok", "cancelled", "pending", "running")]
+    failed = [
+        c for c in record["calls"] if c["status"] not in ("ok", "cancelled", "pending", "running")
+    ]
     if failed:
         lines.append("failures:")
         for c in failed[:10]:
-            items = c["first_item"] if c["items"] == 1 else f"{c['first_item']}..{c['first_item'] + c['items'] - 1}"
-            lines.append(f"  call {c['call']} (item {items}): {c['status']}: {c.get('error') or '?'}")
+            items = (
+                c["first_item"]
+                if c["items"] == 1
+                else f"{c['first_item']}..{c['first_item'] + c['items'] - 1}"
+            )
+            lines.append(
+                f"  call {c['call']} (item {items}): {c['status']}: {c.get('error') or '?'}"
+            )
         if len(failed) > 10:
             lines.append(f"  ... and {len(failed) - 10} more (fnmap job {s['job_id'][:12]} --json)")
         lines.append(f"  output of a call: fnmap logs {s['job_id'][:12]} --call N")
@@ -155,7 +195,9 @@ def run_logs(args) -> int:
     job_id = record["job_id"]
     calls = {c["call"] for c in record["calls"]}
     if args.call is not None and args.call not in calls and "rebuilt" not in record:
-        raise SystemExit(f"fnmap logs: job {job_id} has no call {args.call}; its calls are 0..{len(calls) - 1}")
+        raise SystemExit(
+            f"fnmap logs: job {job_id} has no call {args.call}; its calls are 0..{len(calls) - 1}"
+        )
     found = records.read_logs(store, job_id, args.call)
     if not found:
         which = f"call {args.call} of job {job_id}" if args.call is not None else f"job {job_id}"
@@ -184,11 +226,15 @@ def run_gc(args) -> int:
         print(json.dumps(report, indent=2))
         return 0
     verb = "would delete" if args.dry_run else "deleted"
-    print(f"{verb} {len(report['deleted_jobs'])} job(s) older than {args.older_than} "
-          f"({report['deleted_keys']} objects); kept {report['kept_jobs']}")
+    print(
+        f"{verb} {len(report['deleted_jobs'])} job(s) older than {args.older_than} "
+        f"({report['deleted_keys']} objects); kept {report['kept_jobs']}"
+    )
     if report["undated_jobs"]:
-        print(f"left alone {len(report['undated_jobs'])} job(s) of unknown age (no record, no status): "
-              + ", ".join(report["undated_jobs"][:5]))
+        print(
+            f"left alone {len(report['undated_jobs'])} job(s) of unknown age "
+            "(no record, no status): " + ", ".join(report["undated_jobs"][:5])
+        )
     return 0
 
 
