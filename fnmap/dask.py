@@ -6,10 +6,13 @@ that make it fit serverless calls (see :mod:`fnmap.dask_plan` for the graph
 side and :mod:`fnmap.dask_worker` for the worker side):
 
 * **Fewer, fuller invocations.**  Linear chains are fused into one unit, and
-  ready units are batched by *guided self-scheduling* (Polychronopoulos & Kuck,
-  1987): each free call slot takes ``ceil(ready / slots)`` of the ready units
-  in ``dask.order`` priority, so a wide layer of tiny tasks costs a handful of
-  calls while a narrow one still runs one task per call.
+  ready units (in ``dask.order`` priority) share a call up to about
+  ``TARGET_CALL_SECONDS`` of measured work, at most ``ceil(ready / (2 *
+  slots))`` of them (*factoring*, Hummel, Schonberg & Flynn 1992, so that the
+  last calls of a layer are short and the workers finish together).  A unit
+  of a kind (Dask's key prefix) not yet measured goes alone, which measures
+  it.  A wide layer of tiny tasks thus costs a handful of calls, while tasks
+  of a second or more still run one per call.
 * **No waves.**  A unit is dispatched as soon as its last input exists and a
   call slot is free, not when the slowest task of its level is done.
 * **Values by reference.**  Intermediate values stay in object storage
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 import dask
 from dask.callbacks import local_callbacks, unpack_callbacks
 from dask.local import nested_get
+from dask.utils import key_split
 
 from . import keys as _keys
 from .client import get_client
@@ -50,8 +54,9 @@ __all__ = ["get", "RunStats", "collect_stats"]
 
 #: Values whose pickle is at most this many bytes travel inline; larger ones stay in storage.
 INLINE_BYTES = 64 << 10
-#: Most units in one invocation.
+#: Most units in one invocation, and the measured work one invocation aims at.
 MAX_BATCH = 128
+TARGET_CALL_SECONDS = 0.2
 _DASK_OPTIONS = ("cache", "callbacks", "num_workers", "inline_bytes")
 
 
@@ -162,6 +167,7 @@ class _Run:
         self.sent: dict[int, list[int]] = {}  # call id -> unit ids
         self.done: queue.Queue = queue.Queue()
         self.stored: list[str] = []  # storage keys of values to delete at the end
+        self.durations: dict[str, list] = {}  # key prefix -> [seconds, units] measured
         self.stats = RunStats(tasks=plan.n_tasks, units=len(plan.units))
         self.state = {  # Dask's scheduler state, for callbacks (ProgressBar reads these)
             "dependencies": plan.dependencies, "dependents": {}, "cache": {},
@@ -230,8 +236,20 @@ class _Run:
 
     def _fire(self) -> None:
         while self.ready and len(self.sent) < self.slots:
-            size = min(MAX_BATCH, math.ceil(len(self.ready) / self.slots))
-            self._send([heapq.heappop(self.ready)[1] for _ in range(min(size, len(self.ready)))])
+            cap = min(MAX_BATCH, math.ceil(len(self.ready) / (2 * self.slots)))
+            uids, work = [], 0.0
+            while self.ready and len(uids) < cap:
+                estimate = self._estimate(self.ready[0][1])
+                if uids and (estimate is None or work + estimate > TARGET_CALL_SECONDS):
+                    break
+                uids.append(heapq.heappop(self.ready)[1])
+                work += TARGET_CALL_SECONDS if estimate is None else estimate
+            self._send(uids)
+
+    def _estimate(self, uid: int) -> float | None:
+        """Mean measured seconds of units of this kind, or None before the first one ends."""
+        seen = self.durations.get(key_split(self.plan.units[uid].output))
+        return None if seen is None else seen[0] / seen[1]
 
     def _send(self, uids: list[int]) -> None:
         units = [self.plan.units[u] for u in uids]
@@ -292,8 +310,11 @@ class _Run:
             raise exc
         result: BatchResult = outcome[1]
         self._account(call, result)
-        for unit, out in zip(units, result.outputs, strict=True):
+        for unit, out, seconds in zip(units, result.outputs, result.durations, strict=True):
             self.remote[unit.output] = out
+            seen = self.durations.setdefault(key_split(unit.output), [0.0, 0])
+            seen[0] += seconds
+            seen[1] += 1
             if isinstance(out, Stored):
                 self.stored.append(out.key)
             inline = loads(out) if self.posttask and isinstance(out, bytes) else None

@@ -69,9 +69,10 @@ class Batch:
 
 @dataclass
 class BatchResult:
-    """Per unit, the output as pickled bytes or :class:`Stored`; plus what the batch moved."""
+    """Per unit, the output as pickled bytes or :class:`Stored` and its run time; what moved."""
 
     outputs: list
+    durations: list
     bytes_read: int
     bytes_written: int
     started: float
@@ -90,8 +91,9 @@ def run_batch(blob: bytes) -> BatchResult:
     store = open_store(batch.store_url)
     counts = [0, 0]  # bytes read, bytes written
     loaded: dict = {}
-    outputs = []
+    outputs, durations = [], []
     for unit in batch.units:
+        began = time.perf_counter()
         data: dict = {}
         for node in unit.nodes:
             for dep in node.dependencies:
@@ -105,7 +107,8 @@ def run_batch(blob: bytes) -> BatchResult:
                 _mark(e, node.key)
                 raise
         outputs.append(_keep(store, batch, unit, data[unit.output], counts))
-    return BatchResult(outputs, counts[0], counts[1], started, time.time(), WORKER_ID)
+        durations.append(time.perf_counter() - began)
+    return BatchResult(outputs, durations, counts[0], counts[1], started, time.time(), WORKER_ID)
 
 
 def _mark(exc: BaseException, key) -> None:
