@@ -134,10 +134,14 @@ def get(dsk, keys, **kwargs):
             f"Dask's {', '.join(_DASK_OPTIONS)} and fnmap's options: {', '.join(OPTIONS)}"
         )
     config = resolve(**{k: v for k, v in kwargs.items() if k in OPTIONS})
+    num_workers = kwargs.get("num_workers") or dask.config.get("num_workers", None)
+    inline_bytes = kwargs.get("inline_bytes", INLINE_BYTES)
+    for name, value, least in (("num_workers", num_workers, 1), ("inline_bytes", inline_bytes, 0)):
+        if value is not None and (type(value) is not int or value < least):
+            raise ValueError(f"{name}={value!r} must be an integer >= {least}")
     wanted = requested_keys(keys)
     plan = make_plan(dsk, wanted, kwargs.get("cache"))
-    run = _Run(plan, config, kwargs.get("num_workers") or dask.config.get("num_workers", None),
-               kwargs.get("inline_bytes", INLINE_BYTES))
+    run = _Run(plan, config, num_workers, inline_bytes)
     with local_callbacks(kwargs.get("callbacks")) as callbacks:
         values = run.execute(wanted, callbacks)
     collector = _collectors.get()

@@ -20,6 +20,7 @@ so it imports only worker-side modules: storage, serialization and Dask.
 
 from __future__ import annotations
 
+import threading
 import time
 import zlib
 from collections import OrderedDict
@@ -34,6 +35,7 @@ from .worker import WORKER_ID
 RECENT_VALUES_BYTES = 256 << 20
 _recent: OrderedDict[str, tuple[Any, int]] = OrderedDict()
 _recent_bytes = 0
+_recent_lock = threading.Lock()  # the local backend runs batches on several threads
 
 
 @dataclass(frozen=True)
@@ -122,10 +124,11 @@ def _mark(exc: BaseException, key) -> None:
 def _load(store, ref, counts: list) -> Any:
     if isinstance(ref, (bytes, bytearray)):
         return loads(ref)
-    hit = _recent.get(ref.key)
-    if hit is not None:
-        _recent.move_to_end(ref.key)
-        return hit[0]
+    with _recent_lock:
+        hit = _recent.get(ref.key)
+        if hit is not None:
+            _recent.move_to_end(ref.key)
+            return hit[0]
     data = store.get(ref.key)
     counts[0] += len(data)
     value = loads(data)
@@ -147,10 +150,11 @@ def _keep(store, batch: Batch, unit: Unit, value: Any, counts: list) -> bytes | 
 
 def _remember(key: str, value: Any, nbytes: int) -> None:
     global _recent_bytes
-    if nbytes > RECENT_VALUES_BYTES // 4 or key in _recent:
-        return
-    _recent[key] = (value, nbytes)
-    _recent_bytes += nbytes
-    while _recent_bytes > RECENT_VALUES_BYTES:
-        _, (_, n) = _recent.popitem(last=False)
-        _recent_bytes -= n
+    with _recent_lock:
+        if nbytes > RECENT_VALUES_BYTES // 4 or key in _recent:
+            return
+        _recent[key] = (value, nbytes)
+        _recent_bytes += nbytes
+        while _recent_bytes > RECENT_VALUES_BYTES:
+            _, (_, n) = _recent.popitem(last=False)
+            _recent_bytes -= n

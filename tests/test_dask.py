@@ -186,6 +186,24 @@ def test_timeout_applies_to_graph_tasks():
 def test_unknown_keyword_is_refused():
     with pytest.raises(TypeError, match="unknown keyword.*'colour'"):
         fnmap.dask.get({"a": 1}, "a", colour="red")
+    with pytest.raises(ValueError, match="inline_bytes=-1"):
+        fnmap.dask.get({"a": 1}, "a", inline_bytes=-1)
+
+
+def test_unpicklable_task_is_named():
+    import threading
+
+    dsk = {"a": 1, "locked": (lambda _lock, a: a, threading.Lock(), "a")}
+    with pytest.raises(fnmap.SerializationError, match="'locked'"):
+        fnmap.dask.get(dsk, "locked")
+
+
+def test_local_backend_and_cache():
+    x = da.random.default_rng(3).random((300, 300), chunks=100)
+    expected = (x @ x.T).sum().compute(scheduler="sync")
+    got = (x @ x.T).sum().compute(scheduler="fnmap", backend="local", inline_bytes=0)
+    np.testing.assert_allclose(got, expected)
+    assert fnmap.dask.get({"b": (inc, "a")}, "b", cache={"a": 41}) == 42
 
 
 # -- diagnostics and what moves --------------------------------------------------------
