@@ -252,11 +252,10 @@ class Job:
 
     def _save_record(self, final: bool) -> None:
         try:
-            record = records.build(self)
             if final:
-                records.write(self.client.store, record)
+                records.write(self.client.store, records.build(self))
             else:
-                records.write_index(self.client.store, record["summary"])
+                records.write_index(self.client.store, records.started_summary(self))
         except Exception as e:  # a job's results matter more than its record: warn, do not fail the job
             import warnings
 

@@ -144,6 +144,29 @@ def write(store, record: dict) -> None:
     write_index(store, record["summary"])
 
 
+def started_summary(job) -> dict:
+    """The index entry of a job that has just started: its summary with no call done yet.
+
+    Built without the per-call record, so starting a job costs one small PUT whatever its size.
+    """
+    cfg = job.config
+    with job._lock:
+        calls, items = len(job.calls), sum(s.n_items for s in job.calls)
+    record = {
+        "job_id": job.id,
+        "kind": job.kind,
+        "backend": cfg.backend,
+        "storage": job.client.store.url,
+        "created": job.created,
+        "finished": None,
+        "options": {},
+        "calls": [],
+    }
+    summary = summarize(record)
+    summary.update(status="running", calls=calls, items=items)
+    return summary
+
+
 def write_index(store, summary: dict) -> None:
     store.put(
         keys.job_index_key(summary["job_id"], summary["created"]), json.dumps(summary).encode()
