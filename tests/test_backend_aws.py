@@ -244,3 +244,14 @@ def test_emulator_enforces_lambdas_request_limits(aws):
     blob = os.urandom(2 * 2**20)
     assert fnmap.map(size_of, [blob], lambda_invocation="Event") == [len(blob)]
     assert aws.stats()["by_reference"] == 1
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"memory": 2048}, r"memory=2048 \(from keyword\) but Lambda function 'fnmap' has 1024 MB.*--memory 2048"),
+    ({"gpu": 1}, r"has no GPUs; run GPU work with backend='batch'"),
+    ({"timeout": 1200}, r"stops calls after 900 s"),
+])
+def test_options_the_function_cannot_honour_are_refused(aws, options, message):
+    with pytest.raises(fnmap.PlatformError, match=message):
+        fnmap.map(square, [1], **options)
+    assert aws.stats().get("RequestResponse", 0) + aws.stats().get("Event", 0) == 0

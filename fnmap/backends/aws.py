@@ -108,6 +108,9 @@ class AwsBackend(BaseBackend):
     # -- invocation --------------------------------------------------------------
 
     def invoke(self, invocation: Invocation) -> bytes | None:
+        problem = self._unsupported(invocation.config)
+        if problem:
+            raise PlatformFault("rejected", problem)
         kind = self._choose()
         try:
             payload = self._payload(invocation, kind)
@@ -117,6 +120,24 @@ class AwsBackend(BaseBackend):
                 with self._lock:
                     self._sync_in_flight -= 1
         return answer
+
+    def _unsupported(self, config) -> str | None:
+        """Why the function cannot serve a job's options (Lambda fixes memory and timeout per function)."""
+        if config is None:
+            return None
+        where = f"Lambda function {self.function_name!r}"
+        memory = int(self.function.get("MemorySize") or 0)
+        if config.gpu:
+            return f"{config.describe('gpu')}: {where} has no GPUs; run GPU work with backend='batch'"
+        if config.memory and memory and config.memory > memory:
+            return (f"{config.describe('memory')} but {where} has {memory} MB (Lambda sets memory per "
+                    f"function): redeploy with `fnmap deploy aws update --name {self.function_name} "
+                    f"--memory {config.memory}`, or ask for memory={memory} or less")
+        limit = float(self.function.get("Timeout") or 900)
+        if config.timeout and config.timeout > limit:
+            return (f"{config.describe('timeout')} but {where} stops calls after {limit:.0f} s: redeploy "
+                    f"with `--timeout` up to 900, or use a smaller timeout")
+        return None
 
     def _choose(self) -> str:
         if self.invocation != "auto":
