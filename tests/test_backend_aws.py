@@ -255,3 +255,11 @@ def test_options_the_function_cannot_honour_are_refused(aws, options, message):
     with pytest.raises(fnmap.PlatformError, match=message):
         fnmap.map(square, [1], **options)
     assert aws.stats().get("RequestResponse", 0) + aws.stats().get("Event", 0) == 0
+
+
+def test_missing_region_is_named(monkeypatch, tmp_path):
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(fnmap.ConfigError, match="needs the function's AWS region.*FNMAP_REGION"):
+        fnmap.map(square, [1], backend="aws", secret="s" * 64)

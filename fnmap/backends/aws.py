@@ -67,7 +67,15 @@ class AwsBackend(BaseBackend):
         self._sync_slots = max(1, self.max_workers // 4)
         self._sync_in_flight = 0
         self._lock = threading.Lock()
-        self._client = make_lambda_client(config.region, self.max_workers)
+        from botocore.exceptions import NoRegionError
+
+        try:
+            self._client = make_lambda_client(config.region, self.max_workers)
+        except NoRegionError:
+            raise ConfigError(
+                "the aws backend needs the function's AWS region: set region=... or FNMAP_REGION "
+                "(the deploy printed it), or AWS_REGION"
+            ) from None
         self.function = self._describe()
         self.lost_after = float(self.function.get("Timeout", 900)) + ASYNC_GRACE_SECONDS
 
