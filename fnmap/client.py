@@ -102,7 +102,9 @@ class Client:
             job_id=job.id, call_id=state.call_id, func_key=state.func_key, store_url=self.store.url,
             attempt=attempt, timeout=cfg.timeout, items_key=state.items_key,
             inline_result_limit=cfg.inline_limit, extra_env=cfg.extra_env, runtime=_RUNTIME,
-            first_index=state.first_index, retry_on=job.retry_on_names, max_attempts=cfg.retries + 1,
+            first_index=state.first_index, retry_on=job.retry_on_names,
+            # retry_on re-runs share the retries left (speculative copies and 429s use none).
+            max_attempts=attempt + max(0, cfg.retries - state.charged),
         )
         payload = state.payload
         if payload is None:  # finished by another copy meanwhile
@@ -143,15 +145,15 @@ class Client:
         invocation = self._invocation(job, state, attempt)
         if invocation is None:
             return
-        self._acquire_slot()
+        ticket, at_floor = self._acquire_slot()
         job.record_attempt(state, attempt, time.time())
         throttled = False
         try:
             answer = self.backend.invoke(invocation)
         except PlatformFault as fault:
             throttled = fault.kind == "throttled"
-            self._release_slot(throttled)
-            self._on_fault(job, state, attempt, fault)
+            self._release_slot(throttled, ticket)
+            self._on_fault(job, state, attempt, fault, policy.charges_retry(fault.kind, at_floor))
             return
         except Exception as e:  # a backend bug or an unexpected client error: a server-side fault
             self._release_slot(False)
@@ -180,20 +182,38 @@ class Client:
             return
         if resp.error_kind == "retry_on":  # a user exception the caller asked to retry
             job.record_fault(state, attempt, "retry_on")
-            time.sleep(policy.backoff_delay(attempt))
+            with job._lock:
+                state.charged += 1
+            time.sleep(policy.backoff_delay(state.charged))
             if not state.done:
                 self._attempt(job, state, job.next_attempt(state))
             return
         job.finish(state, outcomes, resp.stats, attempt)
         self._maybe_retire(job)
 
-    def _on_fault(self, job: Job, state: CallState, attempt: int, fault: PlatformFault) -> None:
+    def _on_fault(self, job: Job, state: CallState, attempt: int, fault: PlatformFault,
+                  charge: bool | None = None) -> None:
+        """Retry an attempt's platform fault with backoff and jitter, or fail the call for good.
+
+        Only faults that :func:`policy.charges_retry` charges use up ``retries``; while
+        another attempt of the call (a speculative copy) is still out, that one decides.
+        """
         job.record_fault(state, attempt, fault.kind)
-        if state.done:
+        if charge is None:
+            charge = policy.charges_retry(fault.kind, self._throttle.at_floor)
+        with job._lock:
+            if state.done:
+                return
+            if charge:
+                state.charged += 1
+            charged, others_out = state.charged, state.in_flight > 0
+        if others_out:
             return
-        attempts_made = len(state.attempts)
-        if not job.cancelled and policy.retry_fault(fault.retryable, attempts_made, job.config.retries):
-            delay = fault.retry_after if fault.retry_after is not None else policy.backoff_delay(attempts_made)
+        if not job.cancelled and policy.retry_fault(fault.retryable, charged, job.config.retries):
+            if fault.retry_after is not None:
+                delay = fault.retry_after
+            else:
+                delay = policy.backoff_delay(max(1, charged if charge else len(state.attempts)))
             time.sleep(delay)
             if not state.done:
                 self._attempt(job, state, job.next_attempt(state))
@@ -203,17 +223,19 @@ class Client:
 
     # -- throttle ------------------------------------------------------------
 
-    def _acquire_slot(self) -> None:
+    def _acquire_slot(self) -> tuple[int, bool]:
+        """Wait for room under the throttle; return the send's ticket and whether the limit is at its floor."""
         with self._slots:
             while self._in_flight >= self._throttle.allowed():
                 self._slots.wait()
             self._in_flight += 1
+            return self._throttle.ticket(), self._throttle.at_floor
 
-    def _release_slot(self, throttled: bool) -> None:
+    def _release_slot(self, throttled: bool, ticket: int | None = None) -> None:
         with self._slots:
             self._in_flight -= 1
             if throttled:
-                self._throttle.on_throttled()
+                self._throttle.on_throttled(ticket)
             else:
                 self._throttle.on_success()
             self._slots.notify_all()

@@ -30,7 +30,7 @@ class CallState:
     __slots__ = (
         "call_id", "first_index", "n_items", "func_key", "payload", "items_key", "future",
         "unwrap", "attempts", "next_attempt", "sent_at", "in_flight", "done", "speculated",
-        "stats", "awaiting",
+        "stats", "awaiting", "charged",
     )
 
     def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap):
@@ -52,6 +52,8 @@ class CallState:
         self.stats: dict | None = None
         #: Attempt number -> time, for attempts accepted asynchronously whose result is in storage.
         self.awaiting: dict[int, float] | None = None
+        #: Faults that used up one of ``retries`` (429s and speculative copies use none; issue 3).
+        self.charged = 0
 
     def describe(self) -> str:
         last = self.first_index + self.n_items - 1
@@ -329,6 +331,12 @@ class Job:
         with self._lock:
             calls = len(self.calls)
             retried = sum(1 for s in self.calls if len(s.attempts) > 1)
+            speculative = sum(1 for s in self.calls if s.speculated)
+            attempts: dict[str, int] = {}  # outcome -> attempts (ok, crashed, server, throttled, ...)
+            for s in self.calls:
+                for record in s.attempts:
+                    outcome = record[3] or "running"
+                    attempts[outcome] = attempts.get(outcome, 0) + 1
         end = self.finished or time.time()
         return {
             "job_id": self.id,
@@ -341,6 +349,8 @@ class Job:
             "retries": self.retry_count,
             "calls_retried": retried,
             "duplicates_discarded": self.duplicate_count,
+            "speculative_copies": speculative,
+            "attempts": attempts,
             "wall_seconds": end - self.created,
         }
 

@@ -28,9 +28,26 @@ def backoff_delay(attempt: int, base: float = 0.05, cap: float = 5.0, rand=rando
     return rand() * min(cap, base * (2 ** (attempt - 1)))
 
 
-def retry_fault(retryable: bool, attempts_made: int, retries: int) -> bool:
-    """Whether a call whose latest attempt hit a platform fault runs again."""
-    return retryable and attempts_made <= retries
+def retry_fault(retryable: bool, charged: int, retries: int) -> bool:
+    """Whether a call whose latest attempt hit a platform fault runs again.
+
+    ``charged`` counts the call's faults so far that used up a retry (this one
+    included; see :func:`charges_retry`).
+    """
+    return retryable and charged <= retries
+
+
+def charges_retry(kind: str, throttle_at_floor: bool) -> bool:
+    """Whether a platform fault of this ``kind`` uses up one of the call's ``retries``.
+
+    A 429 (``throttled``) means the platform refused to start the call: nothing
+    ran, and the fix is a lower dispatch rate, which the :class:`Throttle` takes
+    care of.  Charging it would fail calls just because a job started with a
+    burst, as every job does.  Once the throttle is down to one call at a time
+    and the platform still refuses, though, slowing down no longer helps, so a
+    429 then counts like any other fault and ``retries`` bounds it.
+    """
+    return kind != "throttled" or throttle_at_floor
 
 
 def retry_outcome(exc_types: Iterable[str], retry_on: Iterable[str], attempts_made: int, retries: int) -> bool:
@@ -70,18 +87,35 @@ def stragglers(
 
 
 class Throttle:
-    """Additive-increase, multiplicative-decrease limit on calls in flight.
+    """Additive-increase, multiplicative-decrease limit on calls in flight (TCP's congestion window).
 
     A 429 halves the limit; each success raises it by 1/limit, back up to the
-    ceiling.  Plain state only; :class:`fnmap.client.Client` adds the waiting.
+    ceiling.  A burst of 429s answers one overload, so it halves the limit
+    once: a 429 only cuts when its call was sent after the latest cut (each
+    send takes a ticket; TCP likewise cuts once per window of losses).  Plain
+    state only; :class:`fnmap.client.Client` adds the waiting.
     """
 
     def __init__(self, ceiling: int):
         self.ceiling = max(1, ceiling)
         self.limit = float(self.ceiling)
+        self.tickets = 0
+        self._cut_after = 0
+        self.cuts = 0
 
-    def on_throttled(self) -> None:
+    def ticket(self) -> int:
+        """Number a send; pass it back to :meth:`on_throttled` when that send gets a 429."""
+        self.tickets += 1
+        return self.tickets
+
+    def on_throttled(self, ticket: int | None = None) -> bool:
+        """Halve the limit for a 429 (once per burst); returns whether it was cut."""
+        if ticket is not None and ticket <= self._cut_after:
+            return False
         self.limit = max(1.0, self.limit / 2)
+        self._cut_after = self.tickets
+        self.cuts += 1
+        return True
 
     def on_success(self) -> None:
         if self.limit < self.ceiling:
@@ -89,3 +123,8 @@ class Throttle:
 
     def allowed(self) -> int:
         return int(self.limit)
+
+    @property
+    def at_floor(self) -> bool:
+        """Down to one call at a time: slowing down further is impossible."""
+        return self.limit < 2.0

@@ -128,6 +128,9 @@ class WorkerPool:
         self._closed = False
         self.crashes = 0
         self.timeouts = 0
+        self.kills = 0
+        #: Moving average of how long a call takes in a worker (fault injection scales with it).
+        self.typical_seconds = 0.01
         for _ in range(size):
             self._add()
 
@@ -148,27 +151,48 @@ class WorkerPool:
         with self._lock:
             return sorted(w.pid for w in self._all)
 
-    def execute(self, signature: str | None, body: bytes, timeout: float | None) -> tuple[str, int, bytes, dict]:
+    def execute(self, signature: str | None, body: bytes, timeout: float | None, *,
+                kill_at: float | None = None, cold_start: float = 0.0) -> tuple[str, int, bytes, dict]:
         """Run one invocation; return ``(outcome, status, body, info)``.
 
         ``outcome`` is ``ok``, ``crashed`` or ``timeout``; ``info`` has the worker's pid.
+        Fault injection: ``cold_start`` seconds are spent first on a worker's first call;
+        with ``kill_at`` the worker is SIGKILLed that fraction of a typical call's duration
+        after it was handed the call, and its answer, if it gave one, dies with it.
         """
         worker = self._idle.get()
         info = {"pid": worker.pid, "cold": worker.calls == 0}
+        if info["cold"] and cold_start:
+            time.sleep(cold_start)
         hard_timeout = timeout + KILL_GRACE_SECONDS if timeout else None
+        killer = None
+        if kill_at is not None:
+            killer = threading.Timer(kill_at * self.typical_seconds, _sigkill, (worker.proc,))
+            killer.start()
+        started = time.monotonic()
         try:
             status, out = worker.call(signature, body, hard_timeout)
+            if killer is not None:
+                killer.join()  # the kill lands even when the call answered first
+                worker.proc.wait()
+                raise WorkerDied()
         except WorkerDied:
             self.crashes += 1
+            if killer is not None:
+                killer.join()
+                self.kills += 1
             info["exit"] = worker.exit_description()
             worker.kill()
             self._replace(worker)
             return "crashed", 0, b"", info
         except WorkerHung:
+            if killer is not None:
+                killer.cancel()
             self.timeouts += 1
             worker.kill()
             self._replace(worker)
             return "timeout", 0, b"", info
+        self.typical_seconds = 0.8 * self.typical_seconds + 0.2 * (time.monotonic() - started)
         self._idle.put(worker)
         return "ok", status, out, info
 
@@ -179,3 +203,11 @@ class WorkerPool:
             self._all.clear()
         for worker in workers:
             worker.close()
+
+
+def _sigkill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass

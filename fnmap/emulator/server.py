@@ -10,6 +10,7 @@ import threading
 
 from ..signing import SECRET_ENV, new_secret
 from .app import Emulator, create_emulator_app
+from .faults import FaultPlan
 from .pool import WorkerPool
 
 
@@ -18,8 +19,8 @@ def default_workers() -> int:
 
 
 def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
-          watch_stdin: bool = False) -> None:
-    """Run the emulator in this process until told to stop."""
+          watch_stdin: bool = False, faults: FaultPlan | None = None) -> None:
+    """Run the emulator in this process until told to stop; ``faults`` makes it unreliable on purpose."""
     from waitress import create_server
 
     workers = workers or default_workers()
@@ -30,9 +31,11 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     _warn_if_exposed(host)
     limit_blas_threads(env, workers)
     pool = WorkerPool(workers, env=env)
-    emulator = Emulator(pool)
+    emulator = Emulator(pool, faults)
     app = create_emulator_app(emulator)
-    server = create_server(app, host=host, port=port, threads=workers + 4, channel_timeout=600,
+    # Threads beyond the workers answer 429s and hold delayed calls (latency, stragglers, drops)
+    # without stopping the pool from serving.
+    server = create_server(app, host=host, port=port, threads=2 * workers + 8, channel_timeout=600,
                            connection_limit=1000, asyncore_use_poll=True,
                            # 1 MB arguments: read them in big slices and keep them in memory; waitress's
                            # defaults (8 KB reads, a temp file past 512 KB) cost 5 ms per MB (issue 9).
@@ -48,10 +51,13 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     serving = threading.Thread(target=server.run, name="fnmap-emulator-server", daemon=True)
     serving.start()
     print(f"fnmap emulator listening on http://{shown_host}:{actual_port} with {workers} workers", flush=True)
+    if emulator.faults.active:
+        print(f"fnmap emulator: injecting faults: {' '.join(emulator.faults.options())}", flush=True)
     try:
         while not stop_requested.wait(0.5) and serving.is_alive():
             pass
     finally:
+        emulator.stopping.set()
         server.close()  # closing every socket of waitress's map ends its loop
         serving.join(timeout=10)
         pool.close()
