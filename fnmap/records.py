@@ -317,9 +317,10 @@ def load(store, job_id: str) -> dict:
         record = None
     status_keys = store.list(keys.status_prefix(job_id))
     if record is None:
-        if not status_keys:
+        started = _started_entry(store, job_id)
+        if not status_keys and started is None:
             raise JobNotFound(f"job {job_id} has no record and no status records in {store.url}")
-        return _rebuild(store, job_id, status_keys)
+        return _rebuild(store, job_id, status_keys, started)
     missing = {
         c["call"]
         for c in record["calls"]
@@ -365,8 +366,19 @@ def _get_json_many(store, keys_: list[str]) -> list[dict]:
         return [s for s in pool.map(get, keys_) if s is not None]
 
 
-def _rebuild(store, job_id: str, status_keys: list[str]) -> dict:
-    """A record from status records alone (the client never wrote one)."""
+def _started_entry(store, job_id: str) -> dict | None:
+    """The index entry a job wrote when it started, if any."""
+    for key in store.list(keys.job_index_prefix()):
+        if _index_job_id(key) == job_id:
+            try:
+                return json.loads(store.get(key))
+            except (FnmapError, ValueError):
+                return None
+    return None
+
+
+def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -> dict:
+    """A record from the workers' status records (the client has not written one, or never will)."""
     by_call: dict[int, list[dict]] = {}
     for stats in _get_json_many(store, status_keys):
         by_call.setdefault(stats["call_id"], []).append(stats)
@@ -396,12 +408,15 @@ def _rebuild(store, job_id: str, status_keys: list[str]) -> dict:
         }
         _apply_stats(call, last)
         calls.append(call)
-    created = min((c["started"] for c in calls if c.get("started")), default=time.time())
+    started = started or {}
+    created = started.get("created") or min(
+        (c["started"] for c in calls if c.get("started")), default=time.time()
+    )
     record = {
         "format": FORMAT,
         "job_id": job_id,
-        "kind": None,
-        "backend": None,
+        "kind": started.get("kind"),
+        "backend": started.get("backend"),
         "storage": store.url,
         "created": created,
         "finished": None,
@@ -410,8 +425,11 @@ def _rebuild(store, job_id: str, status_keys: list[str]) -> dict:
         "rebuilt": "the job wrote no record (still running, or its client stopped): rebuilt from "
         "the workers' status records; calls that never reported are missing",
     }
-    record["summary"] = summarize(record)
-    record["summary"]["status"] = "unknown"
+    summary = record["summary"] = summarize(record)
+    # A job that wrote its start entry is running, unless its client stopped (the note says so).
+    summary["status"] = "running" if started else "unknown"
+    summary["calls"] = max(summary["calls"], started.get("calls") or 0)
+    summary["items"] = max(summary["items"], started.get("items") or 0)
     return record
 
 

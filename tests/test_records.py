@@ -161,6 +161,25 @@ def test_rebuilt_from_status_records_when_the_client_wrote_none(emulator, store)
     assert all(c["worker"] and c["started"] for c in record["calls"])
 
 
+def test_a_running_job_is_listed_and_shown(emulator, store):
+    def slow(x):
+        if x == 1:
+            time.sleep(2)
+        return x
+
+    job = fnmap.map(slow, range(2), return_job=True)
+    deadline = time.monotonic() + 30
+    while not job.calls[0].done and time.monotonic() < deadline:
+        time.sleep(0.05)
+    listed = [j for j in records.list_jobs(store) if j["job_id"] == job.id]
+    assert [(j["status"], j["calls"]) for j in listed] == [("running", 2)]
+    record = records.load(store, job.id)
+    assert record["summary"]["status"] == "running" and record["summary"]["calls"] == 2
+    assert [c["call"] for c in record["calls"]] == [0] and record["kind"] == "map"
+    assert job.results() == [0, 1]
+    assert records.load(store, job.id)["summary"]["status"] == "succeeded"
+
+
 def test_gc_deletes_old_jobs_only(emulator, tmp_path):
     url = (tmp_path / "gc-store").as_uri()
     store = open_store(url)
