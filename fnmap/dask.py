@@ -17,8 +17,9 @@ side and :mod:`fnmap.dask_worker` for the worker side):
   call slot is free, not when the slowest task of its level is done.
 * **Values by reference.**  Intermediate values stay in object storage
   (under the job's ``blobs/dask/`` folder); only small ones travel inline.
-  The client downloads the requested keys only, and deletes the stored
-  intermediates when the computation ends, failed or not.
+  The client downloads the requested keys only.  A stored value is deleted
+  once every unit reading it is done (as ``dask.local`` releases data), and
+  whatever is left when the computation ends, failed or not.
 
 Retries, ``retry_on`` and ``timeout`` of the fnmap configuration apply to each
 call (one batch of tasks), through the same client as ``fnmap.map``.
@@ -170,7 +171,15 @@ class _Run:
         self.ready: list[tuple[int, int]] = []
         self.sent: dict[int, list[int]] = {}  # call id -> unit ids
         self.done: queue.Queue = queue.Queue()
-        self.stored: list[str] = []  # storage keys of values to delete at the end
+        self.stored: set[str] = set()  # storage keys of values not deleted yet
+        self.garbage: list[str] = []  # storage keys no unit reads any more
+        self.uploads = 0
+        self.keep: set = set()  # keys (alias targets) the caller asked for
+        self.readers: dict = {}  # key (alias target) -> units yet to read it
+        for needs in plan.needs.values():
+            for key in needs:
+                root = self._root(key)
+                self.readers[root] = self.readers.get(root, 0) + 1
         self.durations: dict[str, list] = {}  # key prefix -> [seconds, units] measured
         self.stats = RunStats(tasks=plan.n_tasks, units=len(plan.units))
         self.state = {  # Dask's scheduler state, for callbacks (ProgressBar reads these)
@@ -184,6 +193,7 @@ class _Run:
         _, start_state, pretask, posttask, _ = unpack_callbacks(callbacks)
         self.pretask, self.posttask = pretask, posttask
         started_cbs, failed = [], True
+        self.keep = {self._root(k) for k in wanted}
         try:
             for cb in callbacks:
                 if cb[0]:
@@ -278,9 +288,10 @@ class _Run:
         if ref is None:
             data = dumps_checked(self.local[key], f"the Dask data value {key!r}")
             if len(data) > self.inline_bytes:
-                name = f"{self.prefix}data/{len(self.stored)}"
+                name = f"{self.prefix}data/{self.uploads}"
+                self.uploads += 1
                 self.store.put(name, data)
-                self.stored.append(name)
+                self.stored.add(name)
                 self.stats.bytes_stored += len(data)
                 data = Stored(name, len(data))
             ref = self.remote[key] = data
@@ -320,7 +331,7 @@ class _Run:
             seen[0] += seconds
             seen[1] += 1
             if isinstance(out, Stored):
-                self.stored.append(out.key)
+                self.stored.add(out.key)
             inline = loads(out) if self.posttask and isinstance(out, bytes) else None
             for node in unit.nodes:
                 self.state["running"].discard(node.key)
@@ -333,6 +344,29 @@ class _Run:
         self.units_done += len(units)
         for unit in units:
             self._resolved(unit.output)
+        for uid in uids:
+            for key in self.plan.needs[uid]:
+                self._release(key)
+
+    def _root(self, key):
+        while key in self.plan.aliases:
+            key = self.plan.aliases[key]
+        return key
+
+    def _release(self, key) -> None:
+        """A unit reading ``key`` is done; delete its stored value once no unit needs it."""
+        root = self._root(key)
+        self.readers[root] -= 1
+        if self.readers[root] or root in self.keep:
+            return
+        self.state["released"].add(root)
+        ref = self.remote.get(root)
+        if isinstance(ref, Stored) and ref.key in self.stored:
+            self.stored.discard(ref.key)
+            self.garbage.append(ref.key)
+            if len(self.garbage) >= 64:
+                self.store.delete(self.garbage)
+                self.garbage = []
 
     def _account(self, call, result: BatchResult) -> None:
         self.stats.bytes_stored += result.bytes_written
@@ -368,8 +402,9 @@ class _Run:
             self.progress.close()
         self.stats.calls = len(self.job.calls)
         self.stats.attempts = sum(len(c.attempts) for c in self.job.calls)
-        if self.stored:
-            self.store.delete(self.stored)
+        leftover = self.garbage + sorted(self.stored)
+        if leftover:
+            self.store.delete(leftover)
 
     def _discard_late(self, future) -> None:
         try:

@@ -225,14 +225,22 @@ def test_dask_callbacks_and_progress_bar():
     assert "100%" in out.getvalue()
 
 
-def test_intermediate_values_are_deleted_after_the_run():
-    x = da.random.default_rng(1).random((400, 400), chunks=200)
-    with fnmap.dask.collect_stats() as runs:
+def test_intermediate_values_are_deleted():
+    from dask.callbacks import Callback
+
+    store = get_client(resolve()).store
+    x = da.random.default_rng(1).random((800, 800), chunks=200)
+    stored_midway = []
+
+    def look(key, result, dsk, state, worker):  # storage holds the live values only
+        stored_midway.append(sum("/blobs/" in k for k in store.list("jobs/")))
+
+    with fnmap.dask.collect_stats() as runs, Callback(posttask=look):
         (x @ x).sum().compute(scheduler="fnmap")
     (stats,) = runs
     assert stats.bytes_stored > 0
-    store = get_client(resolve()).store
     assert store.list(f"jobs/{stats.job_id}/blobs/") == []
+    assert max(stored_midway) < stats.bytes_stored // (200 * 200 * 8)
 
 
 def test_many_tiny_tasks_are_batched():
