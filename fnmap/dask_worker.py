@@ -20,6 +20,7 @@ so it imports only worker-side modules: storage, serialization and Dask.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import zlib
@@ -31,8 +32,15 @@ from .serialization import dumps, loads
 from .storage import open_store
 from .worker import WORKER_ID
 
+
+def _recent_budget() -> int:
+    """256 MiB, or an eighth of a Lambda function's memory (Lambda sets the variable, in MB)."""
+    mb = os.environ.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "")
+    return min(256 << 20, int(mb) << 17) if mb.isdigit() else 256 << 20
+
+
 #: Bytes of recently written or read values a worker process keeps in memory.
-RECENT_VALUES_BYTES = 256 << 20
+RECENT_VALUES_BYTES = _recent_budget()
 _recent: OrderedDict[str, tuple[Any, int]] = OrderedDict()
 _recent_bytes = 0
 _recent_lock = threading.Lock()  # the local backend runs batches on several threads
