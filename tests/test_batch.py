@@ -376,10 +376,9 @@ def test_deploy_batch_is_idempotent_and_destroys(s3_server, monkeypatch, capsys)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     iam = boto3.client("iam")
     trust = '{"Version": "2012-10-17", "Statement": []}'
-    role = iam.create_role(RoleName="fnmap-batch-service", AssumeRolePolicyDocument=trust)["Role"][
-        "Arn"
-    ]
-    iam.create_instance_profile(InstanceProfileName="ecsInstanceRole")
+    # Names of our own: the moto server is shared by the whole test session.
+    role = iam.create_role(RoleName="fnmap-test-batch-service", AssumeRolePolicyDocument=trust)
+    iam.create_instance_profile(InstanceProfileName="fnmap-test-batch-instance")
     batch = boto3.client("batch")
     deploy = [
         "deploy",
@@ -390,7 +389,9 @@ def test_deploy_batch_is_idempotent_and_destroys(s3_server, monkeypatch, capsys)
         "--image",
         "123.dkr.ecr/fnmap-gpu:1",
         "--service-role",
-        role,
+        role["Role"]["Arn"],
+        "--instance-role",
+        "fnmap-test-batch-instance",
         "--secret",
         "s3cret",
     ]
