@@ -169,3 +169,6 @@ def test_commands_read_s3_storage(s3_env):
     assert [j["job_id"] for j in json.loads(listed.stdout)] == [job.id]
     shown = fnmap_cli("job", job.id[:8], "--json", "--storage", url)
     assert shown.returncode == 0 and json.loads(shown.stdout)["summary"]["calls_done"] == 3
+    missing = fnmap_cli("jobs", "--storage", "s3://no-such-bucket-here/x")
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    assert "cannot read s3://no-such-bucket-here/x" in missing.stderr

@@ -8,9 +8,12 @@ A job id may be shortened to any unique prefix, as with git.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
+
+from ..errors import FnmapError
 
 _STORAGE_HELP = "storage URL to read (default: the configured storage, FNMAP_STORAGE or fnmap.toml)"
 
@@ -24,7 +27,7 @@ def register(sub) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the jobs' summaries as a JSON list")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
-    p.set_defaults(run=run_jobs)
+    p.set_defaults(run=_storage_errors(run_jobs))
 
     p = sub.add_parser(
         "job",
@@ -39,7 +42,7 @@ def register(sub) -> None:
         "--plot", metavar="PATH", help="also save a timeline and duration histogram (PNG, SVG, PDF)"
     )
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
-    p.set_defaults(run=run_job)
+    p.set_defaults(run=_storage_errors(run_job))
 
     p = sub.add_parser(
         "logs",
@@ -51,7 +54,7 @@ def register(sub) -> None:
         "--call", type=int, metavar="N", help="only call N (see `fnmap job ID` for call numbers)"
     )
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
-    p.set_defaults(run=run_logs)
+    p.set_defaults(run=_storage_errors(run_logs))
 
     p = sub.add_parser(
         "gc",
@@ -68,7 +71,27 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
-    p.set_defaults(run=run_gc)
+    p.set_defaults(run=_storage_errors(run_gc))
+
+
+class StorageUnreadable(FnmapError, RuntimeError):
+    """The storage could not be read (no such bucket, no credentials, endpoint down)."""
+
+
+def _storage_errors(run):
+    """Report a boto3/botocore failure as one line naming the storage, like every other error."""
+
+    @functools.wraps(run)
+    def wrapper(args):
+        try:
+            return run(args)
+        except Exception as e:
+            if not type(e).__module__.startswith(("botocore", "boto3", "s3transfer")):
+                raise
+            where = args.storage or "the configured storage"
+            raise StorageUnreadable(f"cannot read {where}: {type(e).__name__}: {e}") from e
+
+    return wrapper
 
 
 def _store(args):
