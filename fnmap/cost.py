@@ -68,7 +68,7 @@ DEFAULT_REGION = "us-east-1"
 #: Memory assumed for Lambda when a job did not set ``memory`` (fnmap's deploy default).
 DEFAULT_LAMBDA_MEMORY_MB = 1024
 DEFAULT_CPU_INSTANCE = "c5.large"
-DEFAULT_GPU_INSTANCE = "g4dn.xlarge"
+DEFAULT_GPU_INSTANCE = "g5.xlarge"  # the family `fnmap deploy batch` picks by default
 BATCH_MINIMUM_SECONDS = 60.0
 
 
