@@ -79,7 +79,7 @@ def call_logs_prefix(job_id: str, call_id: int) -> str:
 
 def job_index_key(job_id: str, created: float) -> str:
     """One small summary per job, named by creation time, so ``fnmap jobs`` needs no walk of every job."""
-    return f"index/jobs/{int(created):010d}-{job_id}.json"
+    return f"index/jobs/{int(created * 1000):013d}-{job_id}.json"  # milliseconds: sorts by time
 
 
 def job_index_prefix() -> str:

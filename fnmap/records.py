@@ -305,7 +305,7 @@ def _index_job_id(key: str) -> str:
 
 
 def _index_created(key: str) -> float:
-    return float(key.rsplit("/", 1)[1].split("-", 1)[0])
+    return float(key.rsplit("/", 1)[1].split("-", 1)[0]) / 1000  # see keys.job_index_key
 
 
 def load(store, job_id: str) -> dict:
