@@ -104,6 +104,18 @@ def test_job_json_fields(finished_job):
     assert record["calls"][3]["status"] == "error" and "KeyError" in record["calls"][3]["error"]
 
 
+def test_job_priced_with_other_settings(finished_job):
+    done = fnmap_cli("job", finished_job.id, "--json", "--memory", "4096", "--region", "eu-west-1")
+    assert done.returncode == 0, done.stderr
+    priced = json.loads(done.stdout)["summary"]["cost"]
+    assert (priced["memory_mb"], priced["region"], priced["assumed"]) == (4096, "eu-west-1", [])
+    unknown = fnmap_cli("job", finished_job.id, "--region", "moon-1")
+    assert (
+        unknown.returncode == 0
+        and "unknown (no AWS Lambda price for region 'moon-1'" in unknown.stdout
+    )
+
+
 def test_job_text_summary_and_plot(finished_job, tmp_path):
     path = tmp_path / "timeline.png"
     done = fnmap_cli("job", finished_job.id, "--plot", str(path))

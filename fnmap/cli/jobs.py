@@ -42,6 +42,14 @@ def register(sub) -> None:
         "--plot", metavar="PATH", help="also save a timeline and duration histogram (PNG, SVG, PDF)"
     )
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
+    price = p.add_argument_group(
+        "cost estimate", "price the job as if it had run with other settings"
+    )
+    price.add_argument("--memory", type=int, metavar="MB", help="Lambda memory per call")
+    price.add_argument("--region", help="AWS region of the price table, e.g. eu-west-1")
+    price.add_argument(
+        "--instance-type", metavar="TYPE", help="Batch instance type, e.g. g5.xlarge"
+    )
     p.set_defaults(run=_storage_errors(run_job))
 
     p = sub.add_parser(
@@ -143,9 +151,15 @@ def run_jobs(args) -> int:
 
 def run_job(args) -> int:
     from .. import records
+    from ..cost import estimate
 
     store = _store(args)
     record = records.load(store, args.job_id)
+    asked = {"memory": args.memory, "region": args.region, "instance_type": args.instance_type}
+    asked = {k: v for k, v in asked.items() if v is not None}
+    if asked:
+        record.setdefault("options", {}).update(asked)
+        record["summary"]["cost"] = estimate(record)
     if args.plot:
         from ..plot import plot_record
 
