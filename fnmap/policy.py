@@ -92,15 +92,20 @@ class Throttle:
     A 429 halves the limit; each success raises it by 1/limit, back up to the
     ceiling.  A burst of 429s answers one overload, so it halves the limit
     once: a 429 only cuts when its call was sent after the latest cut (each
-    send takes a ticket; TCP likewise cuts once per window of losses).  Plain
+    send takes a ticket; TCP likewise cuts once per window of losses).  Within
+    one call of the level where the platform last pushed back, the limit grows
+    ``probe_slowdown`` times slower (as TCP CUBIC plateaus near its last
+    maximum), so a small platform limit is not hit every few calls.  Plain
     state only; :class:`fnmap.client.Client` adds the waiting.
     """
 
-    def __init__(self, ceiling: int):
+    def __init__(self, ceiling: int, probe_slowdown: float = 8.0):
         self.ceiling = max(1, ceiling)
         self.limit = float(self.ceiling)
+        self.probe_slowdown = probe_slowdown
         self.tickets = 0
         self._cut_after = 0
+        self._pushed_back_at = float("inf")
         self.cuts = 0
 
     def ticket(self) -> int:
@@ -112,6 +117,7 @@ class Throttle:
         """Halve the limit for a 429 (once per burst); returns whether it was cut."""
         if ticket is not None and ticket <= self._cut_after:
             return False
+        self._pushed_back_at = self.limit
         self.limit = max(1.0, self.limit / 2)
         self._cut_after = self.tickets
         self.cuts += 1
@@ -119,7 +125,10 @@ class Throttle:
 
     def on_success(self) -> None:
         if self.limit < self.ceiling:
-            self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+            step = 1.0 / self.limit
+            if self.limit + 1.0 >= self._pushed_back_at:
+                step /= self.probe_slowdown
+            self.limit = min(float(self.ceiling), self.limit + step)
 
     def allowed(self) -> int:
         return int(self.limit)

@@ -71,9 +71,9 @@ class Emulator:
                 ).encode(), {}
             self.in_flight += 1
         try:
-            if fate is not None and fate.label:
-                self.injected[fate.label] += 1
-                record["fault"] = fate.label
+            if fate is not None and fate.labels:
+                self.injected.update(fate.labels)
+                record["faults"] = fate.labels
             outcome, status, out, info = self._run(body, signature, timeout, fate)
         finally:
             with self._lock:

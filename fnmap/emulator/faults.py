@@ -39,11 +39,10 @@ class Fate:
     straggle: bool = False
 
     @property
-    def label(self) -> str | None:
-        for name in ("fail", "drop", "straggle"):
-            if getattr(self, name):
-                return name
-        return "kill" if self.kill_at is not None else None
+    def labels(self) -> list[str]:
+        """The faults planned for this request, by name (a straggler may be killed as well)."""
+        names = [name for name in ("fail", "drop", "straggle") if getattr(self, name)]
+        return names + (["kill"] if self.kill_at is not None else [])
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,9 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
             pass
     finally:
         emulator.stopping.set()
-        server.close()  # closing every socket of waitress's map ends its loop
+        # Closing every socket of waitress's map ends its loop; clients' keep-alive connections
+        # are in the map too, so close them all, in the loop's own thread (the trigger's thunk).
+        server.trigger.pull_trigger(lambda: _close_all(server))
         serving.join(timeout=10)
         pool.close()
         print("fnmap emulator stopped", file=sys.stderr, flush=True)
@@ -78,6 +80,13 @@ def limit_blas_threads(env: dict, workers: int) -> None:
     share = str(max(1, (os.cpu_count() or 1) // workers))
     for name in BLAS_THREAD_VARS:
         env.setdefault(name, share)
+
+
+def _close_all(server) -> None:
+    for channel in list(server._map.values()):
+        if channel is not server and channel is not server.trigger:
+            channel.close()
+    server.close()
 
 
 def _set_on_stdin_eof(event: threading.Event) -> None:
