@@ -67,8 +67,12 @@ class Partition:
 
     def read(self) -> bytes:
         """The partition's records as one bytes object."""
-        with self.stream() as f:
-            return f.read()
+        fetch, close = _fetcher(self.url)
+        try:
+            return b"".join(owned_blocks(fetch, self.size, self.start, self.end))
+        finally:
+            if close is not None:
+                close()
 
     def __repr__(self) -> str:
         return (f"Partition({self.url!r}, bytes {self.start}..{self.end} of {self.size}, "
@@ -122,15 +126,17 @@ def _check_positive(name: str, value, fix: str) -> None:
 
 
 def owned_blocks(fetch: Callable[[int, int], bytes], size: int, start: int, end: int,
-                 block: int = READ_BLOCK, lookahead: int = LOOKAHEAD) -> Iterator[bytes]:
+                 block: int = READ_BLOCK, lookahead: int = LOOKAHEAD) -> Iterator[bytes | memoryview]:
     """Yield the bytes of the lines that start in ``[start, end)`` of an object of ``size`` bytes.
 
     ``fetch(a, b)`` returns bytes ``[a, b)`` of the object.  A whole-object
     range yields the object unchanged.  See the module docstring for the rule.
+    Blocks are yielded as fetched, or as memoryviews of them (never copied).
     """
     if start >= end or start >= size:
         return
-    pos, buf = start, b""
+    # The unread data is buf[off:], which starts at object offset pos.
+    pos, buf, off = start, b"", 0
     if start > 0:  # skip the partial first line: start after the first b"\n" at start - 1 or later
         pos = start - 1
         while True:
@@ -141,28 +147,29 @@ def owned_blocks(fetch: Callable[[int, int], bytes], size: int, start: int, end:
                 return
             i = buf.find(b"\n")
             if i >= 0:
-                pos, buf = pos + i + 1, buf[i + 1 :]
+                pos, off = pos + i + 1, i + 1
                 break
             pos += len(buf)
         if pos >= end:  # the first whole line starts in the next partition
             return
     while True:
-        if not buf:
+        if off >= len(buf):
             if pos >= size:
                 return
-            buf = fetch(pos, min(size, pos + _want(pos, end, block, lookahead)))
+            buf, off = fetch(pos, min(size, pos + _want(pos, end, block, lookahead))), 0
             if not buf:
                 return
-        if pos + len(buf) < end:  # nothing at or past end - 1 here: all of it is ours
-            yield buf
-            pos, buf = pos + len(buf), b""
-            continue
-        j = buf.find(b"\n", max(0, end - 1 - pos))
-        if j >= 0:
-            yield buf[: j + 1]
+        n = len(buf) - off
+        j = -1 if pos + n < end else buf.find(b"\n", off + max(0, end - 1 - pos))
+        if j >= 0:  # the first b"\n" at end - 1 or later ends our last line
+            yield _view(buf, off, j + 1)
             return
-        yield buf
-        pos, buf = pos + len(buf), b""
+        yield _view(buf, off, len(buf))  # nothing at or past end - 1 here, or our last line goes on
+        pos, off = pos + n, len(buf)
+
+
+def _view(buf: bytes, a: int, b: int) -> bytes | memoryview:
+    return buf if a == 0 and b == len(buf) else memoryview(buf)[a:b]
 
 
 def _want(pos: int, end: int, block: int, lookahead: int) -> int:
@@ -180,6 +187,11 @@ class _BlockReader(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
+
+    def readall(self) -> bytes:
+        rest = [bytes(self._pending), *self._blocks]
+        self._pending = memoryview(b"")
+        return b"".join(rest)
 
     def readinto(self, b) -> int:
         while not self._pending:
