@@ -6,6 +6,7 @@ Shared by the client and the worker: it must not import client-only modules.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pickle
 import sys
@@ -20,7 +21,25 @@ PROTOCOL = 5
 
 
 def dumps(obj: Any) -> bytes:
-    return cloudpickle.dumps(obj, protocol=PROTOCOL)
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+class _Pickler(cloudpickle.CloudPickler):
+    """cloudpickle, except that open files are refused (issue 3).
+
+    cloudpickle ships a file opened for reading as a copy of its contents, so the
+    worker would get a StringIO of the client's file, silently; fnmap refuses it
+    like a lock or a socket, and the message says to open the file in the function.
+    """
+
+    def reducer_override(self, obj):
+        if isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)) and (
+            obj not in (sys.stdin, sys.stdout, sys.stderr)
+        ):
+            raise TypeError(f"cannot pickle an open file ({type(obj).__name__})")
+        return super().reducer_override(obj)
 
 
 def loads(data: bytes) -> Any:
