@@ -63,6 +63,8 @@ class CallState:
 
 #: Lines of a failing call's output added to its exception's notes.
 _LOG_NOTE_LINES = 20
+#: Stored outputs read per job for exception notes when results came without stats.
+_LOG_NOTE_READS = 20
 
 _FAULT_ERRORS = {
     "crashed": WorkerCrashed,
@@ -94,6 +96,7 @@ class Job:
         #: Call id -> (status, "Type: message") of calls that failed, for the job record (issue 8).
         self.call_errors: dict[int, tuple[str, str]] = {}
         self._record_saved = False
+        self._log_reads = 0
         #: Why the job record could not be written, if it could not (also warned about).
         self.record_error: str | None = None
         self.retry_on_names = sorted(
@@ -158,7 +161,7 @@ class Job:
                 self.call_errors[state.call_id] = records.call_error(outcomes)
             self._mark_attempt(state, attempt, "ok" if not failed else "error")
             state.payload = None
-        self._save_record_if_last()  # before the last result is delivered: a returned map has its record
+        self._save_record_if_last()  # before the last result is out: a returned map has its record
         if state.unwrap:
             outcome = outcomes[0]
             if outcome[0] == "ok":
@@ -258,12 +261,13 @@ class Job:
                 records.write(self.client.store, records.build(self))
             else:
                 records.write_index(self.client.store, records.started_summary(self))
-        except Exception as e:  # a job's results matter more than its record: warn, do not fail the job
+        except Exception as e:  # results matter more than the record: warn, do not fail the job
             import warnings
 
             self.record_error = f"{type(e).__name__}: {e}"
             warnings.warn(f"fnmap: could not write the record of job {self.id} to "
-                          f"{self.client.store.url}: {self.record_error}", RuntimeWarning, stacklevel=2)
+                          f"{self.client.store.url}: {self.record_error}", RuntimeWarning,
+                          stacklevel=2)
 
     # -- results -------------------------------------------------------------
 
@@ -273,13 +277,27 @@ class Job:
             f"fnmap: raised remotely by item {state.first_index + offset} "
             f"(job {self.id}, {state.describe()})"
         )
-        tail = (state.stats or {}).get("log_tail")
+        tail = state.stats.get("log_tail") if state.stats else self._stored_log_tail(state)
         if tail:  # the call's own output, shown with its exception (issue 8)
             lines = tail.rstrip("\n").splitlines()[-_LOG_NOTE_LINES:]
-            exc.add_note(f"fnmap: output of {state.describe()} (last {len(lines)} lines; all of it: "
-                         f"fnmap logs {self.id} --call {state.call_id}):\n"
+            exc.add_note(f"fnmap: output of {state.describe()} (last {len(lines)} lines; all "
+                         f"of it: fnmap logs {self.id} --call {state.call_id}):\n"
                          + "\n".join("    " + line for line in lines))
         return exc
+
+    def _stored_log_tail(self, state: CallState) -> str | None:
+        """A failing call's output from storage, when its result came from there with no stats
+        (asynchronous backends); a few reads per job at most, on the error path only."""
+        attempt = next((a[0] for a in reversed(state.attempts) if a[3] in ("ok", "error")), None)
+        with self._lock:
+            if attempt is None or self._log_reads >= _LOG_NOTE_READS:
+                return None
+            self._log_reads += 1
+        try:
+            data = self.client.store.get(keys.log_key(self.id, state.call_id, attempt))
+        except Exception:  # KeyNotFound (the call printed nothing) or storage trouble: no note
+            return None
+        return data.decode("utf-8", errors="replace")[-2000:]
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._all_done.wait(timeout)
@@ -357,20 +375,20 @@ class Job:
     # -- observability (issue 8) ---------------------------------------------
 
     def record(self) -> dict:
-        """The job record: per call its times, worker, cold start, attempts, bytes, memory and status,
-        plus ``record["summary"]`` (durations p50/p95/max, throughput, cost).  What ``fnmap job ID
-        --json`` prints; while the job runs, a snapshot."""
+        """The job record: per call its times, worker, cold start, attempts, bytes, memory and
+        status, plus ``record["summary"]`` (durations p50/p95/max, throughput, cost).  What
+        ``fnmap job ID --json`` prints; while the job runs, a snapshot."""
         return records.build(self)
 
     def logs(self, call: int | None = None) -> str:
-        """The captured stdout and stderr of every call (or of call ``call``), one header per attempt."""
+        """The captured stdout and stderr of every call (or of call ``call``), by attempt."""
         found = records.read_logs(self.client.store, self.id, call)
-        return "".join(f"--- call {c} attempt {a} ---\n{text}" + ("" if text.endswith("\n") else "\n")
-                       for c, a, text in found)
+        return "".join(f"--- call {c} attempt {a} ---\n{text}"
+                       + ("" if text.endswith("\n") else "\n") for c, a, text in found)
 
     @property
     def cost(self) -> dict:
-        """Estimated cost: AWS Lambda GB-seconds and requests (Batch: instance time); ``["usd"]``."""
+        """Estimated cost: Lambda GB-seconds and requests (Batch: instance time); ``["usd"]``."""
         return records.build(self)["summary"]["cost"]
 
     def plot(self, path: str) -> str:

@@ -52,6 +52,10 @@ def finished_job(storage_root, tmp_path_factory):
         assert isinstance(results[3], KeyError)
         assert job.wait(30)
     finally:
+        from fnmap import client
+
+        for c in list(client._clients.values()):  # pooled connections would delay the stop
+            c.close()
         emu.stop()
     return job
 

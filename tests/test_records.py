@@ -15,12 +15,21 @@ from fnmap.progress import Progress
 from fnmap.storage import open_store
 
 
+def _close_clients():
+    """Close pooled connections first, so an emulator stops at once instead of waiting on them."""
+    from fnmap import client
+
+    for c in list(client._clients.values()):
+        c.close()
+
+
 @pytest.fixture(scope="module")
 def _emulator():
     from conftest import EmulatorProcess
 
     emu = EmulatorProcess(workers=2)
     yield emu
+    _close_clients()
     emu.stop()
 
 
@@ -197,6 +206,49 @@ def test_gc_deletes_old_jobs_only(emulator, tmp_path):
     assert store.list("functions/")  # shared by jobs: kept
     with pytest.raises(records.JobNotFound):
         records.load(store, job.id)
+
+
+@pytest.fixture(scope="module")
+def _lambda_emulator(s3_server):
+    from conftest import EmulatorProcess
+
+    aws_env = {
+        "AWS_ENDPOINT_URL_S3": s3_server,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    emu = EmulatorProcess(workers=2, env=aws_env)
+    yield emu
+    _close_clients()
+    emu.stop()
+
+
+def test_async_lambda_job_record_from_status_records(_lambda_emulator, s3_env, monkeypatch):
+    """Results gathered from S3 carry no stats: readers take them from the workers' status records,
+    and a failing call's output still comes with its exception."""
+    bucket = s3_env(f"fnmap-records-{os.getpid()}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", _lambda_emulator.url)
+    monkeypatch.setenv("FNMAP_SECRET", _lambda_emulator.secret)
+    url = f"s3://{bucket}/fnmap"
+
+    def shout(x):
+        print(f"shouting {x}")
+        if x == 1:
+            raise RuntimeError("hoarse")
+        return x
+
+    job = fnmap.map(
+        shout, range(3), backend="aws", storage=url, lambda_invocation="Event", return_job=True
+    )
+    with pytest.raises(RuntimeError, match="hoarse") as info:
+        job.results()
+    assert "shouting 1" in "\n".join(info.value.__notes__)
+    assert job.wait(30)
+    record = records.load(open_store(url), job.id)
+    assert [c["status"] for c in record["calls"]] == ["ok", "error", "ok"]
+    assert all(c["worker"] and c["started"] and c["bytes_out"] for c in record["calls"])
+    assert record["summary"]["workers"] >= 1 and record["summary"]["cost"]["requests"] == 3
 
 
 def test_progress_shows_calls_failed_and_retrying():
