@@ -239,10 +239,24 @@ def _validate(c: Config) -> None:
         raise ConfigError(
             f"{c.describe('storage')} is not a storage URL; use file:///absolute/path or s3://bucket/prefix"
         )
+    if c.emulator_options:
+        _check_emulator_options(c)
     if c.emulator_url is not None and not str(c.emulator_url).startswith(("http://", "https://")):
         raise ConfigError(
             f"{c.describe('emulator_url')} is not an http(s) URL; e.g. http://127.0.0.1:8765"
         )
+
+
+def _check_emulator_options(c: Config) -> None:
+    if not isinstance(c.emulator_options, str):
+        raise ConfigError(f"{c.describe('emulator_options')} must be a string of `fnmap emulator` options, "
+                          "e.g. emulator_options='--fail-rate 0.1 --seed 1'")
+    from .cli.emulator import check_options
+
+    try:
+        check_options(c.emulator_options)
+    except ValueError as e:
+        raise ConfigError(f"{c.describe('emulator_options')}: {e}") from None
 
 
 def _check_int(c: Config, name: str, minimum: int, fix: str) -> None:

@@ -8,6 +8,7 @@ the signature (over the whole body) and inspects routing fields safely first.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,7 +87,50 @@ def decode_request(body: bytes) -> tuple[CallRequest, memoryview]:
         req = CallRequest(**header)
     except TypeError as e:
         raise ValueError(f"malformed call request: {e}") from None
+    _check_request(req)
     return req, memoryview(body)[offset:]
+
+
+_NUMBER = (int, float)
+_JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+#: Field -> (accepted types, what to say).  A request is checked before anything acts on it, so
+#: that no value a caller can send makes a worker raise outside its error handling (issue 3).
+_REQUEST_TYPES = {
+    "job_id": (str, "a job id (letters, digits, '-' and '_')"),
+    "call_id": (int, "an integer >= 0"),
+    "func_key": (str, "a string"),
+    "store_url": (str, "a string"),
+    "attempt": (int, "an integer >= 0"),
+    "timeout": ((*_NUMBER, type(None)), "a positive number of seconds or null"),
+    "items_key": ((str, type(None)), "a string or null"),
+    "inline_result_limit": (int, "an integer"),
+    "extra_env": (dict, "an object of names to strings or numbers"),
+    "runtime": (dict, "an object"),
+    "first_index": (int, "an integer >= 0"),
+    "capture_logs": (bool, "true or false"),
+    "retry_on": (list, "a list of strings"),
+    "max_attempts": (int, "an integer"),
+}
+
+
+def _check_request(req: CallRequest) -> None:
+    for name, (types, what) in _REQUEST_TYPES.items():
+        value = getattr(req, name)
+        wrong = not isinstance(value, types) or (isinstance(value, bool) and bool not in (
+            types if isinstance(types, tuple) else (types,)))
+        if not wrong and name == "timeout" and value is not None:
+            wrong = not 0 < value < 1e9
+        if not wrong and name == "extra_env":
+            wrong = not all(isinstance(k, str) and isinstance(v, (str, int, float)) and k
+                            and "=" not in k and "\0" not in k + str(v) for k, v in value.items())
+        if not wrong and name == "job_id":  # a job id is one path segment: no reaching into other jobs
+            wrong = not _JOB_ID.fullmatch(value)
+        if not wrong and name in ("call_id", "attempt", "first_index"):
+            wrong = value < 0
+        if not wrong and name == "retry_on":
+            wrong = not all(isinstance(v, str) for v in value)
+        if wrong:
+            raise ValueError(f"malformed call request: {name}={value!r:.100} is not {what}")
 
 
 def decode_response(body: bytes) -> tuple[CallResponse, memoryview]:

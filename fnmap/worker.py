@@ -141,6 +141,8 @@ def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
     else:
         _functions.move_to_end(req.func_key)
     chunk = loads(store.get(req.items_key)) if req.items_key else loads(payload)
+    if not (isinstance(chunk, tuple) and len(chunk) == 2 and isinstance(chunk[1], (list, tuple))):
+        raise ValueError(f"the call's chunk is not a (mode, items) pair: {type(chunk).__name__}")
     mode, items = chunk
     return func, items, mode
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -33,20 +35,59 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..emulator.faults import FaultPlan
     from ..emulator.server import serve
 
     if args.workers is not None and args.workers < 1:
         raise SystemExit(f"fnmap emulator: --workers={args.workers} must be at least 1")
     try:
-        faults = FaultPlan(
-            fail_rate=args.fail_rate, kill_rate=args.kill_rate, drop_rate=args.drop_rate,
-            cold_start_ms=args.cold_start_ms, latency_ms=args.latency_ms,
-            max_concurrency=args.max_concurrency, straggler_rate=args.straggler_rate,
-            straggler_factor=args.straggler_factor, seed=args.seed,
-        )
+        faults = fault_plan(args)
     except ValueError as e:
         raise SystemExit(f"fnmap emulator: {e}") from None
     serve(host=args.host, port=args.port, workers=args.workers, watch_stdin=args.watch_stdin,
           faults=faults)
     return 0
+
+
+def fault_plan(args):
+    from ..emulator.faults import FaultPlan
+
+    return FaultPlan(
+        fail_rate=args.fail_rate, kill_rate=args.kill_rate, drop_rate=args.drop_rate,
+        cold_start_ms=args.cold_start_ms, latency_ms=args.latency_ms,
+        max_concurrency=args.max_concurrency, straggler_rate=args.straggler_rate,
+        straggler_factor=args.straggler_factor, seed=args.seed,
+    )
+
+
+class _Refused(ValueError):
+    pass
+
+
+class _CheckingParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise _Refused(message)
+
+
+def check_options(options: str) -> None:
+    """Raise ValueError naming what is wrong with extra options for an auto-started emulator."""
+    import shlex
+
+    parser = _CheckingParser(prog="fnmap", add_help=False)
+    sub = parser.add_subparsers(dest="command")
+    register(sub)
+    try:
+        words = shlex.split(options)
+    except ValueError as e:
+        raise ValueError(f"cannot split it into options ({e})") from None
+    owned = {"--host", "--port", "--workers", "--watch-stdin", "-h", "--help"}
+    clash = sorted(w.split("=", 1)[0] for w in words if w.split("=", 1)[0] in owned)
+    if clash:
+        raise ValueError(
+            f"{', '.join(clash)} cannot be set here: fnmap sets them for the emulator it starts "
+            "(use workers=... for the worker count)"
+        )
+    try:
+        args = parser.parse_args(["emulator", *words])
+    except _Refused as e:
+        raise ValueError(f"{e}; see `fnmap emulator --help` for the fault-injection options") from None
+    fault_plan(args)
