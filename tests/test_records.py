@@ -265,6 +265,16 @@ def test_progress_shows_calls_failed_and_retrying():
     assert "retrying" not in out.getvalue().rsplit("\r", 1)[-1]
 
 
+def test_no_bar_without_a_terminal_unless_asked():
+    from fnmap.progress import make_progress
+
+    assert make_progress(None, 1000, "job") is None  # pytest's stderr is not a terminal
+    assert make_progress(False, 1000, "job") is None
+    bar = make_progress(True, 3, "job", calls=3)
+    assert isinstance(bar, Progress)
+    bar.close()
+
+
 def test_cost_tables():
     one = cost.lambda_cost([1.0] * 1000, 1024)
     assert one["gb_seconds"] == pytest.approx(1000) and one["usd"] == pytest.approx(
