@@ -28,6 +28,7 @@ import collections
 import json
 import queue
 import threading
+import time
 
 from flask import Response, jsonify, request
 
@@ -105,7 +106,10 @@ class LambdaApi:
             name, payload = self._events.get()
             self._acquire(name, wait=True)
             try:
-                self.run(name, payload)
+                # Lambda retries a throttled event itself (the emulator's --max-concurrency answers 429).
+                while (self.run(name, payload)[0] or {}).get("status") == 429:
+                    self.stats["events_throttled"] += 1
+                    time.sleep(0.2)
             except Exception:  # an event has nobody to answer; the client declares it lost
                 self.stats["event_errors"] += 1
             finally:
