@@ -9,7 +9,9 @@ It writes ``--objects`` text objects totalling ``--size`` MB, then measures
   blocks (``open().read`` for files, boto3 ``get_object`` for S3);
 * fnmap: ``fnmap.map(count, data, obj_chunk_size=...)`` on the emulator,
   each call streaming its partition (seeks or ranged GETs) and counting its
-  lines, after a warm-up job so the emulator's start-up is not counted.
+  lines, after a warm-up job that reads a tiny object on every worker, so the
+  emulator's start-up and the workers' first boto3 client are not counted
+  (the direct reader's client is made before its clock starts too).
 
 Both read the same bytes (the files are in the page cache for both) and the
 line counts must agree.  The ratio is fnmap's MB/s over direct MB/s: above 1
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=1024, help="total MB of objects (default 1024)")
     parser.add_argument("--objects", type=int, default=16, help="number of objects (default 16)")
-    parser.add_argument("--chunk", type=int, default=64, help="obj_chunk_size in MB (default 64)")
+    parser.add_argument("--chunk", type=int, default=64,
+                        help="obj_chunk_size in MB (default 64; 0: one partition per object)")
     parser.add_argument("--workers", type=int, default=None, help="emulator workers (default: its own)")
     parser.add_argument("--s3", action="store_true", help="objects in moto's S3 server instead of files")
     args = parser.parse_args(argv)
@@ -106,6 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
                 return n_bytes, n_lines
 
             data_url = f"s3://{bucket}/data/"
+            client.put_object(Bucket=bucket, Key="warm-up.txt", Body=b"warm\n")
+            warm_url = f"s3://{bucket}/warm-up.txt"
         else:
             folder = os.path.join(work, "data")
             os.makedirs(folder)
@@ -124,17 +129,21 @@ def main(argv: list[str] | None = None) -> dict:
                 return n_bytes, n_lines
 
             data_url = "file://" + folder + "/"
+            with open(os.path.join(work, "warm-up.txt"), "wb") as f:
+                f.write(b"warm\n")
+            warm_url = "file://" + os.path.join(work, "warm-up.txt")
 
         t0 = time.perf_counter()
         total = write_objects(put, args.objects, args.size * MB)
         print(f"wrote {total / MB:.0f} MB in {args.objects} objects in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr)
         opts = {"workers": args.workers} if args.workers else {}
-        fnmap.map(len, [b"warm-up"], **opts)  # start the emulator outside the measurement
+        fnmap.map(count_lines, [warm_url] * 16, **opts)  # start-up outside the measurement
 
         direct_s, direct_bytes, direct_lines = direct_read(read_all)
         started = time.perf_counter()
-        job = fnmap.map(count_lines, data_url, obj_chunk_size=args.chunk * MB, return_job=True, **opts)
+        chunk = args.chunk * MB if args.chunk else None
+        job = fnmap.map(count_lines, data_url, obj_chunk_size=chunk, return_job=True, **opts)
         counts = job.results()
         fnmap_s = time.perf_counter() - started
         fnmap_bytes = sum(b for b, _ in counts)
