@@ -34,8 +34,10 @@ MB = 1 << 20
 
 
 def _text_block(rng: random.Random, size: int) -> bytes:
-    words = [bytes(rng.choice(b"abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
-             for _ in range(2000)]
+    words = [
+        bytes(rng.choice(b"abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+        for _ in range(2000)
+    ]
     lines, n = [], 0
     while n < size:
         line = b" ".join(rng.choice(words) for _ in range(rng.randint(1, 16))) + b"\n"
@@ -78,10 +80,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=1024, help="total MB of objects (default 1024)")
     parser.add_argument("--objects", type=int, default=16, help="number of objects (default 16)")
-    parser.add_argument("--chunk", type=int, default=64,
-                        help="obj_chunk_size in MB (default 64; 0: one partition per object)")
-    parser.add_argument("--workers", type=int, default=None, help="emulator workers (default: its own)")
-    parser.add_argument("--s3", action="store_true", help="objects in moto's S3 server instead of files")
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=64,
+        help="obj_chunk_size in MB (default 64; 0: one partition per object)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=None, help="emulator workers (default: its own)"
+    )
+    parser.add_argument(
+        "--s3", action="store_true", help="objects in moto's S3 server instead of files"
+    )
     args = parser.parse_args(argv)
 
     import fnmap
@@ -135,8 +145,11 @@ def main(argv: list[str] | None = None) -> dict:
 
         t0 = time.perf_counter()
         total = write_objects(put, args.objects, args.size * MB)
-        print(f"wrote {total / MB:.0f} MB in {args.objects} objects in {time.perf_counter() - t0:.1f} s",
-              file=sys.stderr)
+        print(
+            f"wrote {total / MB:.0f} MB in {args.objects} objects "
+            f"in {time.perf_counter() - t0:.1f} s",
+            file=sys.stderr,
+        )
         opts = {"workers": args.workers} if args.workers else {}
         fnmap.map(count_lines, [warm_url] * 16, **opts)  # start-up outside the measurement
 
@@ -167,9 +180,12 @@ def main(argv: list[str] | None = None) -> dict:
             "fnmap_mb_s": round(total / MB / fnmap_s, 1),
             "ratio": round(direct_s / fnmap_s, 3),
         }
-        print(f"direct read: {report['direct_mb_s']} MB/s ({direct_s:.2f} s); fnmap.map over "
-              f"{report['partitions']} partitions: {report['fnmap_mb_s']} MB/s ({fnmap_s:.2f} s); "
-              f"ratio {report['ratio']}", file=sys.stderr)
+        print(
+            f"direct read: {report['direct_mb_s']} MB/s ({direct_s:.2f} s); fnmap.map over "
+            f"{report['partitions']} partitions: {report['fnmap_mb_s']} MB/s ({fnmap_s:.2f} s); "
+            f"ratio {report['ratio']}",
+            file=sys.stderr,
+        )
         print(json.dumps(report))
         return report
     finally:
@@ -187,8 +203,12 @@ def _start_moto():
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
     # Set before the first job, so the emulator's workers inherit the endpoint.
-    os.environ.update(AWS_ENDPOINT_URL_S3=url, AWS_ACCESS_KEY_ID="testing",
-                      AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    os.environ.update(
+        AWS_ENDPOINT_URL_S3=url,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     return server, url, boto3.client("s3", endpoint_url=url)
 
 

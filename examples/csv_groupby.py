@@ -1,7 +1,7 @@
 """Group-by over CSV files in storage: revenue per region, then per file with ``reduce_by_key``.
 
-    python examples/csv_groupby.py                              # generated sales CSVs in a temp folder
-    python examples/csv_groupby.py "s3://my-bucket/sales/*.csv"   # same columns, in a bucket
+    python examples/csv_groupby.py                               # generated sales CSVs
+    python examples/csv_groupby.py "s3://my-bucket/sales/*.csv"  # same columns, in a bucket
 
 Every file has the header ``day,region,product,units,price``.  Files are cut
 into line-aligned partitions; only a file's first partition sees the header,
@@ -58,14 +58,24 @@ def make_sample(folder: Path, n_files: int = 6, rows: int = 5000, seed: int = 2)
             writer.writerow(HEADER)
             for _ in range(rows):
                 product = rng.choice(list(products))
-                writer.writerow([f"2024-{i + 1:02d}-{rng.randint(1, 28):02d}", rng.choice(regions),
-                                 product, rng.randint(1, 20), products[product]])
+                writer.writerow(
+                    [
+                        f"2024-{i + 1:02d}-{rng.randint(1, 28):02d}",
+                        rng.choice(regions),
+                        product,
+                        rng.randint(1, 20),
+                        products[product],
+                    ]
+                )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="revenue per region over CSV files in storage")
-    parser.add_argument("data", nargs="?", help="glob, prefix or file:// folder of CSV files "
-                        "(default: generated sample data)")
+    parser.add_argument(
+        "data",
+        nargs="?",
+        help="glob, prefix or file:// folder of CSV files (default: generated sample data)",
+    )
     parser.add_argument("--chunk-kb", type=int, default=64, help="partition size in KB")
     args = parser.parse_args()
 
@@ -84,14 +94,17 @@ def main() -> None:
         for region, (rows, revenue) in sorted(by_region.items()):
             print(f"  {region:<10}{rows:>8}{revenue:>14,.2f}")
 
-        per_file = fnmap.map_reduce(revenue_by_region, data, merge, obj_chunk_size=chunk,
-                                    reduce_by_key=True)
+        per_file = fnmap.map_reduce(
+            revenue_by_region, data, merge, obj_chunk_size=chunk, reduce_by_key=True
+        )
         print("  revenue per file (reduce_by_key=True):")
         for url, groups in per_file.items():
             print(f"    {url.rsplit('/', 1)[1]:<24}{sum(g[1] for g in groups.values()):>14,.2f}")
 
         if sample is not None:  # check against reading every file whole, locally
-            local = merge([revenue_by_region_of_file(p) for p in sorted(Path(sample.name).iterdir())])
+            local = merge(
+                [revenue_by_region_of_file(p) for p in sorted(Path(sample.name).iterdir())]
+            )
             assert {r: g[0] for r, g in by_region.items()} == {r: g[0] for r, g in local.items()}
             assert all(abs(by_region[r][1] - local[r][1]) < 1e-6 * local[r][1] for r in local)
             print("  matches a local group-by of the same files")

@@ -44,20 +44,48 @@ def merge(counters: list[Counter]) -> Counter:
 def make_sample(folder: Path, n_files: int = 12, lines: int = 4000, seed: int = 1) -> None:
     """Write text files whose word frequencies follow a Zipf-like law."""
     rng = random.Random(seed)
-    vocabulary = ["the", "of", "and", "to", "in", "serverless", "function", "object", "storage",
-                  "map", "reduce", "partition", "bucket", "worker", "lambda", "emulator", "python",
-                  "data", "line", "byte", "range", "call", "result", "cloud", "parallel"]
+    vocabulary = [
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "serverless",
+        "function",
+        "object",
+        "storage",
+        "map",
+        "reduce",
+        "partition",
+        "bucket",
+        "worker",
+        "lambda",
+        "emulator",
+        "python",
+        "data",
+        "line",
+        "byte",
+        "range",
+        "call",
+        "result",
+        "cloud",
+        "parallel",
+    ]
     weights = [1 / (rank + 1) for rank in range(len(vocabulary))]
     for i in range(n_files):
-        text = "\n".join(" ".join(rng.choices(vocabulary, weights, k=rng.randint(1, 14)))
-                         for _ in range(lines))
+        text = "\n".join(
+            " ".join(rng.choices(vocabulary, weights, k=rng.randint(1, 14))) for _ in range(lines)
+        )
         (folder / f"book-{i:02d}.txt").write_text(text + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="word count over a folder or bucket of text")
-    parser.add_argument("data", nargs="?", help="s3://bucket/prefix/, a glob, or file:///folder/ "
-                        "(default: generated sample text)")
+    parser.add_argument(
+        "data",
+        nargs="?",
+        help="s3://bucket/prefix/, a glob, or file:///folder/ (default: generated sample text)",
+    )
     parser.add_argument("--chunk-mb", type=float, default=0.1, help="partition size in MB")
     parser.add_argument("--top", type=int, default=10)
     args = parser.parse_args()
@@ -70,16 +98,23 @@ def main() -> None:
         data = Path(sample.name).as_uri() + "/"
     try:
         started = time.perf_counter()
-        counts = fnmap.map_reduce(count_words, data, merge, reduce_fanin=8,
-                                  obj_chunk_size=int(args.chunk_mb * (1 << 20)))
+        counts = fnmap.map_reduce(
+            count_words, data, merge, reduce_fanin=8, obj_chunk_size=int(args.chunk_mb * (1 << 20))
+        )
         elapsed = time.perf_counter() - started
-        print(f"fnmap wordcount over {data}: {sum(counts.values())} words, "
-              f"{len(counts)} distinct, {elapsed:.2f} s")
+        print(
+            f"fnmap wordcount over {data}: {sum(counts.values())} words, "
+            f"{len(counts)} distinct, {elapsed:.2f} s"
+        )
         for word, n in counts.most_common(args.top):
             print(f"  {word:<12} {n}")
         if sample is not None:  # check against a plain local count
-            local = merge([Counter(w.decode() for w in WORD.findall(p.read_bytes().lower()))
-                           for p in sorted(Path(sample.name).iterdir())])
+            local = merge(
+                [
+                    Counter(w.decode() for w in WORD.findall(p.read_bytes().lower()))
+                    for p in sorted(Path(sample.name).iterdir())
+                ]
+            )
             assert counts == local, "the distributed count differs from a local count"
             print("  matches a local count of the same files")
     finally:

@@ -22,9 +22,16 @@ from .worker import MODE_ONE
 REDUCE_FANIN = 64
 
 
-def map(func: Callable, items: Iterable, *, return_exceptions: bool = False,
-        return_job: bool = False, obj_chunk_size: int | None = None,
-        obj_chunk_number: int | None = None, **options: Any):
+def map(
+    func: Callable,
+    items: Iterable,
+    *,
+    return_exceptions: bool = False,
+    return_job: bool = False,
+    obj_chunk_size: int | None = None,
+    obj_chunk_number: int | None = None,
+    **options: Any,
+):
     """Run ``func(item)`` for every item, in parallel, and return the results in input order.
 
     ``items`` may be any iterable, generators included.  Options (all optional):
@@ -81,8 +88,15 @@ def start_map(func: Callable, items: Iterable, config, mode: str = MODE_ONE, kin
     return _start(get_client(config), config, func, kind, lambda _job_id: items, mode)
 
 
-def _start(client, config, func: Callable, kind: str, make_items: Callable[[str], Iterable],
-           mode: str = MODE_ONE, label: str | None = None):
+def _start(
+    client,
+    config,
+    func: Callable,
+    kind: str,
+    make_items: Callable[[str], Iterable],
+    mode: str = MODE_ONE,
+    label: str | None = None,
+):
     """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix)."""
     func_key = client.upload_function(func)
     job = client.new_job(config, kind)
@@ -103,10 +117,18 @@ def _start(client, config, func: Callable, kind: str, make_items: Callable[[str]
     return job
 
 
-def map_reduce(map_func: Callable, items: Iterable, reduce_func: Callable, *,
-               reduce_fanin: int | None = REDUCE_FANIN, reduce_by_key: bool = False,
-               obj_chunk_size: int | None = None, obj_chunk_number: int | None = None,
-               return_job: bool = False, **options: Any):
+def map_reduce(
+    map_func: Callable,
+    items: Iterable,
+    reduce_func: Callable,
+    *,
+    reduce_fanin: int | None = REDUCE_FANIN,
+    reduce_by_key: bool = False,
+    obj_chunk_size: int | None = None,
+    obj_chunk_number: int | None = None,
+    return_job: bool = False,
+    **options: Any,
+):
     """Map ``map_func`` over ``items``, then reduce the results with ``reduce_func``, all remotely.
 
     ``reduce_func`` gets a list of map results.  Map results larger than about
@@ -147,14 +169,17 @@ def map_reduce(map_func: Callable, items: Iterable, reduce_func: Callable, *,
     client = get_client(config)
     name = getattr(map_func, "__name__", "map")
     map_job = _start(
-        client, config, MapStage(map_func, client.store.url), "map",
+        client,
+        config,
+        MapStage(map_func, client.store.url),
+        "map",
         lambda job_id: [(keys.blob_key(job_id, f"map/{i}"), item) for i, item in enumerate(items)],
         label=f"fnmap {name}",
     )
     outputs = map_job.results()
     if reduce_by_key:
         groups: dict = {}
-        for item, out in zip(items, outputs):
+        for item, out in zip(items, outputs, strict=True):
             groups.setdefault(item.url, []).append(out)
     else:
         groups = {None: outputs}
@@ -179,7 +204,10 @@ def _reduce_tree(client, config, stage, groups: dict, fanin: int | None):
             level = plan_level(len(inputs), fanin)
             nodes.extend((group, len(level) == 1, [inputs[i] for i in r]) for r in level)
         job = _start(
-            client, config, stage, "reduce",
+            client,
+            config,
+            stage,
+            "reduce",
             lambda job_id, nodes=nodes: [
                 (None if final else keys.blob_key(job_id, f"reduce/{n}"), inputs)
                 for n, (_group, final, inputs) in enumerate(nodes)
@@ -191,7 +219,7 @@ def _reduce_tree(client, config, stage, groups: dict, fanin: int | None):
         consumed = [v.key for _g, _f, inputs in nodes for v in inputs if isinstance(v, Stored)]
         client.store.delete(consumed)
         pending = {}
-        for (group, final, _inputs), value in zip(nodes, values):
+        for (group, final, _inputs), value in zip(nodes, values, strict=True):
             if final:
                 done[group] = value
             else:

@@ -51,8 +51,11 @@ def _is_storage_url(text: str) -> bool:
     return text.split("://", 1)[0] in SCHEMES and "://" in text
 
 
-def partitions(data: str | Iterable[str], obj_chunk_size: int | None = None,
-               obj_chunk_number: int | None = None) -> list[Partition]:
+def partitions(
+    data: str | Iterable[str],
+    obj_chunk_size: int | None = None,
+    obj_chunk_number: int | None = None,
+) -> list[Partition]:
     """List the objects ``data`` names and split them into partitions.
 
     With neither option each object is one partition.  ``obj_chunk_size``
@@ -102,8 +105,9 @@ def _list_one(url: str) -> list[tuple[str, int]]:
         if glob:
             pattern = _glob_regex(key)
             prefix = key[: _GLOB_CHARS.search(key).start()]
-            found = [(u, s) for u, s in _s3_list(bucket, prefix)
-                     if pattern.fullmatch(split_s3_url(u)[1])]
+            found = [
+                (u, s) for u, s in _s3_list(bucket, prefix) if pattern.fullmatch(split_s3_url(u)[1])
+            ]
         elif key == "" or key.endswith("/"):
             found = _s3_list(bucket, key)
         else:
@@ -186,7 +190,8 @@ def _sizes(urls: list[str]) -> list[tuple[str, int]]:
 
         client = make_s3_client()
         with ThreadPoolExecutor(min(32, len(s3_urls))) as pool:
-            sizes.update(zip(s3_urls, pool.map(lambda u: _s3_size(client, u), s3_urls)))
+            found = pool.map(lambda u: _s3_size(client, u), s3_urls)
+            sizes.update(zip(s3_urls, found, strict=True))
     out = []
     for u in urls:
         if u in sizes:

@@ -75,15 +75,18 @@ class Partition:
                 close()
 
     def __repr__(self) -> str:
-        return (f"Partition({self.url!r}, bytes {self.start}..{self.end} of {self.size}, "
-                f"part {self.part + 1}/{self.parts})")
+        return (
+            f"Partition({self.url!r}, bytes {self.start}..{self.end} of {self.size}, "
+            f"part {self.part + 1}/{self.parts})"
+        )
 
 
 # -- planning: plain functions over (url, size) ------------------------------
 
 
-def split_object(url: str, size: int, chunk_size: int | None = None,
-                 chunk_number: int | None = None) -> list[Partition]:
+def split_object(
+    url: str, size: int, chunk_size: int | None = None, chunk_number: int | None = None
+) -> list[Partition]:
     """The partitions of one object: whole, ``chunk_size`` bytes each, or ``chunk_number`` pieces.
 
     Every object gives at least one partition, so an empty object is one empty partition.
@@ -94,12 +97,14 @@ def split_object(url: str, size: int, chunk_size: int | None = None,
             "pass one of them (bytes per partition, or partitions per object)"
         )
     if chunk_size is not None:
-        _check_positive("obj_chunk_size", chunk_size,
-                        "bytes per partition, e.g. obj_chunk_size=64 << 20")
+        _check_positive(
+            "obj_chunk_size", chunk_size, "bytes per partition, e.g. obj_chunk_size=64 << 20"
+        )
         step = chunk_size
     elif chunk_number is not None:
-        _check_positive("obj_chunk_number", chunk_number,
-                        "partitions per object, e.g. obj_chunk_number=4")
+        _check_positive(
+            "obj_chunk_number", chunk_number, "partitions per object, e.g. obj_chunk_number=4"
+        )
         step = max(1, math.ceil(size / chunk_number))
     else:
         step = max(1, size)
@@ -108,8 +113,9 @@ def split_object(url: str, size: int, chunk_size: int | None = None,
     return [Partition(url, s, min(s + step, size), size, i, parts) for i, s in enumerate(starts)]
 
 
-def split_objects(objects, chunk_size: int | None = None,
-                  chunk_number: int | None = None) -> list[Partition]:
+def split_objects(
+    objects, chunk_size: int | None = None, chunk_number: int | None = None
+) -> list[Partition]:
     """Partitions of every ``(url, size)`` pair, in the given order."""
     out: list[Partition] = []
     for url, size in objects:
@@ -125,8 +131,14 @@ def _check_positive(name: str, value, fix: str) -> None:
 # -- reading -----------------------------------------------------------------
 
 
-def owned_blocks(fetch: Callable[[int, int], bytes], size: int, start: int, end: int,
-                 block: int = READ_BLOCK, lookahead: int = LOOKAHEAD) -> Iterator[bytes | memoryview]:
+def owned_blocks(
+    fetch: Callable[[int, int], bytes],
+    size: int,
+    start: int,
+    end: int,
+    block: int = READ_BLOCK,
+    lookahead: int = LOOKAHEAD,
+) -> Iterator[bytes | memoryview]:
     """Yield the bytes of the lines that start in ``[start, end)`` of an object of ``size`` bytes.
 
     ``fetch(a, b)`` returns bytes ``[a, b)`` of the object.  A whole-object

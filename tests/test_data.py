@@ -1,4 +1,4 @@
-"""Data in object storage (issue 7): partitions, listing, map over data, map_reduce trees, compression.
+"""Data in object storage (issue 7): partitions, listing, map over data, reduce trees, compression.
 
 Partitioning and reading rules are checked as plain functions first (no
 server); then against files and moto's S3 server on loopback, and through
@@ -36,14 +36,17 @@ def _one_emulator(s3_env):
 
 
 def _lines(rng: random.Random, n: int, longest: int = 40, tail: bool = True) -> bytes:
-    body = b"".join(rng.choice(b"abc ").to_bytes(1, "big") * rng.randint(0, longest) + b"\n"
-                    for _ in range(n))
+    body = b"".join(
+        rng.choice(b"abc ").to_bytes(1, "big") * rng.randint(0, longest) + b"\n" for _ in range(n)
+    )
     return body + (b"x" * rng.randint(1, longest) if tail and rng.random() < 0.5 else b"")
 
 
 def _pieces(data: bytes, parts: list[Partition], block: int, lookahead: int) -> list[bytes]:
     fetch = lambda a, b: data[a:b]  # noqa: E731
-    return [b"".join(owned_blocks(fetch, len(data), p.start, p.end, block, lookahead)) for p in parts]
+    return [
+        b"".join(owned_blocks(fetch, len(data), p.start, p.end, block, lookahead)) for p in parts
+    ]
 
 
 # -- plain functions: partition boundaries -------------------------------------------------
@@ -58,7 +61,9 @@ def _pieces(data: bytes, parts: list[Partition], block: int, lookahead: int) -> 
     lookahead=st.integers(1, 16),
     by_number=st.booleans(),
 )
-def test_partitions_never_cut_or_duplicate_a_line(line_lengths, tail, chunk, block, lookahead, by_number):
+def test_partitions_never_cut_or_duplicate_a_line(
+    line_lengths, tail, chunk, block, lookahead, by_number
+):
     data = b"".join(b"a" * n + b"\n" for n in line_lengths) + b"t" * tail
     if by_number:
         parts = split_object("u", len(data), chunk_number=chunk)
@@ -69,14 +74,23 @@ def test_partitions_never_cut_or_duplicate_a_line(line_lengths, tail, chunk, blo
     nonempty = [piece for piece in pieces if piece]
     assert all(piece.endswith(b"\n") for piece in nonempty[:-1])  # whole lines only
     starts = [0] + [i + 1 for i, c in enumerate(data) if c == 10 and i + 1 < len(data)]
-    for p, piece in zip(parts, pieces):  # each partition holds exactly the lines starting in it
+    # Each partition holds exactly the lines that start in it.
+    for p, piece in zip(parts, pieces, strict=True):
         owned = [s for s in starts if p.start <= s < p.end]
         assert piece.count(b"\n") + (1 if piece and not piece.endswith(b"\n") else 0) == len(owned)
 
 
 def test_split_object_shapes():
-    assert [(p.start, p.end) for p in split_object("u", 10, chunk_size=4)] == [(0, 4), (4, 8), (8, 10)]
-    assert [(p.start, p.end) for p in split_object("u", 10, chunk_number=3)] == [(0, 4), (4, 8), (8, 10)]
+    assert [(p.start, p.end) for p in split_object("u", 10, chunk_size=4)] == [
+        (0, 4),
+        (4, 8),
+        (8, 10),
+    ]
+    assert [(p.start, p.end) for p in split_object("u", 10, chunk_number=3)] == [
+        (0, 4),
+        (4, 8),
+        (8, 10),
+    ]
     assert [(p.start, p.end, p.parts) for p in split_object("u", 10)] == [(0, 10, 1)]
     # An empty object is one empty partition; an object smaller than a chunk is one partition.
     assert [(p.start, p.end) for p in split_object("u", 0, chunk_size=4)] == [(0, 0)]
@@ -85,12 +99,15 @@ def test_split_object_shapes():
     assert split_object("u", 0)[0].whole
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"chunk_size": 0}, "obj_chunk_size=0 must be a positive integer"),
-    ({"chunk_number": -1}, "obj_chunk_number=-1"),
-    ({"chunk_size": 1.5}, "obj_chunk_size=1.5"),
-    ({"chunk_size": 4, "chunk_number": 2}, "pass one of them"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"chunk_size": 0}, "obj_chunk_size=0 must be a positive integer"),
+        ({"chunk_number": -1}, "obj_chunk_number=-1"),
+        ({"chunk_size": 1.5}, "obj_chunk_size=1.5"),
+        ({"chunk_size": 4, "chunk_number": 2}, "pass one of them"),
+    ],
+)
 def test_bad_chunk_options_are_named(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
         split_object("u", 10, **kwargs)
@@ -176,9 +193,16 @@ def test_file_partitions_read_every_line_once(text_dir):
 def test_file_globs_and_lists(text_dir):
     root, contents = text_dir
     base = root.as_uri()
-    assert [u.rsplit("/", 1)[1] for u, _ in list_objects(base + "/*.csv")] == ["a.csv", "b.csv", "empty.csv"]
+    assert [u.rsplit("/", 1)[1] for u, _ in list_objects(base + "/*.csv")] == [
+        "a.csv",
+        "b.csv",
+        "empty.csv",
+    ]
     assert len(list_objects(base + "/**.csv")) == 4
-    assert [s for _, s in list_objects([base + "/small.txt", base + "/a.csv"])] == [9, len(contents["a.csv"])]
+    assert [s for _, s in list_objects([base + "/small.txt", base + "/a.csv"])] == [
+        9,
+        len(contents["a.csv"]),
+    ]
     with pytest.raises(KeyNotFound, match="no objects match"):
         list_objects(base + "/*.parquet")
     with pytest.raises(KeyNotFound, match="missing.txt does not exist"):
@@ -192,20 +216,35 @@ def test_partition_loads_on_a_worker_without_the_client(text_dir):
     part = partitions(root.as_uri() + "/a.csv", obj_chunk_number=3)[1]
     script = (
         "import pickle, sys; p = pickle.loads(sys.stdin.buffer.read()); data = p.read(); "
-        "client = [m for m in ('fnmap.api', 'fnmap.client', 'fnmap.data', 'boto3') if m in sys.modules]; "
+        "client = [m for m in ('fnmap.api', 'fnmap.client', 'fnmap.data', 'boto3') "
+        "if m in sys.modules]; "
         "print(len(data), client)"
     )
-    out = subprocess.run([sys.executable, "-c", script], input=pickle.dumps(part),
-                         capture_output=True, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        input=pickle.dumps(part),
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
     assert out.stdout.decode().split() == [str(len(part.read())), "[]"]
 
 
 def test_map_and_map_reduce_over_files(text_dir):
     root, contents = text_dir
-    counts = fnmap.map(lambda p: p.read().count(b"\n"), root.as_uri() + "/", obj_chunk_size=200, **EMU)
+    counts = fnmap.map(
+        lambda p: p.read().count(b"\n"), root.as_uri() + "/", obj_chunk_size=200, **EMU
+    )
     assert sum(counts) == sum(d.count(b"\n") for d in contents.values())
-    by_key = fnmap.map_reduce(lambda p: len(p.read()), root.as_uri(), sum, obj_chunk_size=100,
-                              reduce_by_key=True, reduce_fanin=3, **EMU)
+    by_key = fnmap.map_reduce(
+        lambda p: len(p.read()),
+        root.as_uri(),
+        sum,
+        obj_chunk_size=100,
+        reduce_by_key=True,
+        reduce_fanin=3,
+        **EMU,
+    )
     assert {u.split(root.name + "/", 1)[1]: n for u, n in by_key.items()} == {
         k: len(v) for k, v in contents.items()
     }
@@ -234,19 +273,32 @@ def test_tree_reduce_over_100_map_outputs(tmp_path):
 
     def merge(parts):
         if len(parts) > fanin:
-            raise AssertionError(f"a reducer got {len(parts)} inputs, more than reduce_fanin={fanin}")
+            raise AssertionError(
+                f"a reducer got {len(parts)} inputs, more than reduce_fanin={fanin}"
+            )
         return [v for part in parts for v in part]
 
     storage = tmp_path.as_uri()
-    job = fnmap.map_reduce(_padded, range(100), merge, reduce_fanin=fanin, chunksize=10,
-                           storage=storage, return_job=True, **EMU)
+    job = fnmap.map_reduce(
+        _padded,
+        range(100),
+        merge,
+        reduce_fanin=fanin,
+        chunksize=10,
+        storage=storage,
+        return_job=True,
+        **EMU,
+    )
     result = job.results()[0]
     assert sorted(result) == sorted(v for x in range(100) for v in _padded(x))
     assert len(job.calls) == 1  # the root level
     leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and "/blobs/" in p.as_posix()]
     assert leftovers == []  # intermediate values are deleted once consumed
     # Small outputs stay inline and the shape is the same.
-    assert fnmap.map_reduce(lambda x: x, range(100), sum, reduce_fanin=fanin, chunksize=10, **EMU) == 4950
+    assert (
+        fnmap.map_reduce(lambda x: x, range(100), sum, reduce_fanin=fanin, chunksize=10, **EMU)
+        == 4950
+    )
 
 
 def test_map_reduce_raises_a_map_error_as_its_type():
@@ -261,11 +313,15 @@ def test_map_reduce_raises_a_map_error_as_its_type():
 
 
 def test_large_results_are_compressed_in_storage(tmp_path):
-    job = fnmap.map(lambda n: "x" * n, [3_000_000], storage=tmp_path.as_uri(), return_job=True, **EMU)
+    job = fnmap.map(
+        lambda n: "x" * n, [3_000_000], storage=tmp_path.as_uri(), return_job=True, **EMU
+    )
     assert job.results() == ["x" * 3_000_000]
     stored = [p for p in tmp_path.rglob("*") if p.is_file() and "/out/" in p.as_posix()]
     assert len(stored) == 1
-    assert stored[0].read_bytes().startswith(compression.MAGIC) and stored[0].stat().st_size < 100_000
+    assert (
+        stored[0].read_bytes().startswith(compression.MAGIC) and stored[0].stat().st_size < 100_000
+    )
 
 
 # -- S3 (moto on loopback) ------------------------------------------------------------------
@@ -274,12 +330,16 @@ def test_large_results_are_compressed_in_storage(tmp_path):
 def test_s3_partitions_through_ranged_gets(s3_env):
     bucket = s3_env("data-ranges")
     rng = random.Random(3)
-    contents = {f"logs/{i}.log": _lines(rng, rng.randint(0, 60), longest=rng.choice([5, 80, 400]))
-                for i in range(8)}
+    contents = {
+        f"logs/{i}.log": _lines(rng, rng.randint(0, 60), longest=rng.choice([5, 80, 400]))
+        for i in range(8)
+    }
     contents["logs/empty.log"] = b""
     for key, data in contents.items():
         s3_env.client.put_object(Bucket=bucket, Key=key, Body=data)
-    s3_env.client.put_object(Bucket=bucket, Key="logs/folder/", Body=b"")  # a folder marker: skipped
+    s3_env.client.put_object(
+        Bucket=bucket, Key="logs/folder/", Body=b""
+    )  # a folder marker: skipped
     for opts in ({"obj_chunk_size": 1500}, {"obj_chunk_number": 3}, {}):
         got: dict[str, bytes] = {}
         for p in partitions(f"s3://{bucket}/logs/", **opts):
@@ -301,11 +361,17 @@ def test_s3_prefix_with_5000_objects(s3_env):
     started = time.perf_counter()
     parts = partitions(f"s3://{bucket}/many/", obj_chunk_size=1 << 20)
     elapsed = time.perf_counter() - started
-    assert [p.url for p in parts] == [f"s3://{bucket}/{k}" for k in keys]  # key order, no duplicates
+    assert [p.url for p in parts] == [
+        f"s3://{bucket}/{k}" for k in keys
+    ]  # key order, no duplicates
     assert elapsed < 30, f"listing and partitioning 5,000 objects took {elapsed:.1f} s"
     # Dispatch every partition (1,000 per call); read a sample of them on the workers.
-    sizes = fnmap.map(lambda p: len(p.read()) if p.url.endswith("00.txt") else p.size,
-                      parts, chunksize=1000, **EMU)
+    sizes = fnmap.map(
+        lambda p: len(p.read()) if p.url.endswith("00.txt") else p.size,
+        parts,
+        chunksize=1000,
+        **EMU,
+    )
     assert sum(sizes) == sum(len(k) + 1 for k in keys)
 
 
@@ -339,6 +405,12 @@ def test_word_count_over_s3_with_map_reduce(s3_env):
             c.update(line.decode().split())
         return c
 
-    total = fnmap.map_reduce(count, f"s3://{bucket}/text/*.txt", lambda cs: sum(cs, Counter()),
-                             obj_chunk_size=1500, reduce_fanin=4, **EMU)
+    total = fnmap.map_reduce(
+        count,
+        f"s3://{bucket}/text/*.txt",
+        lambda cs: sum(cs, Counter()),
+        obj_chunk_size=1500,
+        reduce_fanin=4,
+        **EMU,
+    )
     assert total == expected
