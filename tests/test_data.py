@@ -24,7 +24,7 @@ from fnmap import compression
 from fnmap.data import is_data_input, list_objects, partitions
 from fnmap.errors import ConfigError, KeyNotFound, UnknownStorage
 from fnmap.partition import Partition, owned_blocks, split_object, split_objects
-from fnmap.reduce import plan_level, tree_shape
+from fnmap.reduce import MapStage, ReduceStage, Stored, plan_level, tree_shape
 
 EMU = {"workers": 2}  # small pools: the machine is shared
 
@@ -120,6 +120,16 @@ def test_reduce_tree_plan():
     assert tree_shape(100, None) == [1]
     assert plan_level(0, 4) == [range(0)]
     assert plan_level(5, 2) == [range(0, 2), range(2, 4), range(4, 5)]
+
+
+def test_stages_keep_large_values_in_storage(tmp_path):
+    url = tmp_path.as_uri()
+    stage = MapStage(lambda n: "v" * n, url)
+    assert stage(("jobs/j/blobs/map/0", 10)) == "v" * 10  # small: travels back inline
+    ref = stage(("jobs/j/blobs/map/1", 5000))
+    assert isinstance(ref, Stored) and (tmp_path / "jobs" / "j" / "blobs" / "map" / "1").is_file()
+    reduce = ReduceStage(lambda values: sorted(len(v) for v in values), url)
+    assert reduce((None, ["v" * 10, ref])) == [10, 5000]  # the reducer fetches the stored value
 
 
 def test_compression_round_trip():
@@ -310,6 +320,16 @@ def test_map_reduce_raises_a_map_error_as_its_type():
     with pytest.raises(KeyError, match="seven") as info:
         fnmap.map_reduce(boom, range(10), sum, chunksize=5, **EMU)
     assert any("item 7" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_reduce_error_in_the_tree_is_raised_as_its_type():
+    def merge(values):
+        if sum(values) > 40:
+            raise OverflowError(f"too big: {sum(values)}")
+        return sum(values)
+
+    with pytest.raises(OverflowError, match="too big"):
+        fnmap.map_reduce(lambda x: x, range(20), merge, reduce_fanin=5, chunksize=5, **EMU)
 
 
 def test_large_results_are_compressed_in_storage(tmp_path):
