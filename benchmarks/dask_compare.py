@@ -12,7 +12,8 @@ Dask's threaded scheduler (the baseline of the ratios), and
 ``distributed.LocalCluster`` (processes, one thread each).  The emulator and the
 cluster get the same number of worker processes (``--workers``, default the
 number of cores).  Each system runs each workload once to warm up (imports in
-the workers, cluster start), then ``--repeat`` times; the median wall time is
+the workers, cluster start), then ``--repeat`` times, the systems taking turns in
+a rotating order so that background load falls on all alike; the median wall time is
 reported with its ratio to the threaded scheduler, the number of invocations
 (fnmap calls; tasks for Dask's schedulers) and the bytes moved through storage
 (fnmap only: values written and read back, and the calls' own records).
@@ -125,7 +126,10 @@ class LocalCluster:
     name = "distributed.LocalCluster"
 
     def __init__(self, workers: int):
-        from distributed import Client, LocalCluster
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError as e:
+            raise SystemExit("this benchmark needs distributed: pip install 'fnmap[bench]'") from e
 
         self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                     dashboard_address=None)
@@ -139,18 +143,28 @@ class LocalCluster:
         self.cluster.close()
 
 
-def measure(system, expr, expected, repeat: int) -> dict:
-    value, calls, moved = system.run(expr)  # warm up: imports in the workers, caches
+def run_once(system, expr, expected) -> tuple[float, int | None, int | None]:
+    start = time.perf_counter()
+    value, calls, moved = system.run(expr)
+    seconds = time.perf_counter() - start
     if not same(value, expected):
         raise AssertionError(f"{system.name} computed a different result")
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        value, calls, moved = system.run(expr)
-        times.append(time.perf_counter() - start)
-        if not same(value, expected):
-            raise AssertionError(f"{system.name} computed a different result")
-    return {"seconds": statistics.median(times), "calls": calls, "bytes": moved}
+    return seconds, calls, moved
+
+
+def measure(systems: list, expr, expected, repeat: int) -> list[dict]:
+    """Warm every system up, then time them in turn, rotating the order so load falls alike."""
+    for system in systems:
+        run_once(system, expr, expected)
+    times: list[list[float]] = [[] for _ in systems]
+    last: list = [None] * len(systems)
+    for r in range(repeat):
+        for i in [(r + j) % len(systems) for j in range(len(systems))]:
+            seconds, calls, moved = run_once(systems[i], expr, expected)
+            times[i].append(seconds)
+            last[i] = (calls, moved)
+    return [{"seconds": statistics.median(t), "calls": c, "bytes": m}
+            for t, (c, m) in zip(times, last, strict=True)]
 
 
 def main(argv=None) -> int:
@@ -166,18 +180,15 @@ def main(argv=None) -> int:
         exprs = {k: v for k, v in exprs.items() if k in args.only}
     workers = args.workers
     systems = [Threads(), Shim(workers), ExecutorPath(workers), LocalCluster(workers)]
-    rows = []
     try:
         for wname, expr in exprs.items():
             expected = expr.compute(scheduler="threads")
             tasks = n_tasks(expr)
-            base = None
-            for system in systems:
-                r = measure(system, expr, expected, args.repeat)
+            results = measure(systems, expr, expected, args.repeat)
+            base = results[0]["seconds"]  # the threaded scheduler
+            for system, r in zip(systems, results, strict=True):
                 if r["calls"] is None:  # Dask's schedulers: one task per invocation
                     r["calls"] = tasks
-                base = base or r["seconds"]
-                rows.append((wname, system.name, r, r["seconds"] / base))
                 print(f"{wname:<10} {system.name:<26} {r['seconds']:8.2f} s"
                       f"  x{r['seconds'] / base:5.2f}  calls {r['calls']:5d}  storage "
                       + ("-" if r["bytes"] is None else f"{r['bytes'] / 1e6:8.1f} MB"), flush=True)

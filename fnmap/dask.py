@@ -58,7 +58,7 @@ INLINE_BYTES = 64 << 10
 #: Most units in one invocation, and the measured work one invocation aims at.
 MAX_BATCH = 128
 TARGET_CALL_SECONDS = 0.2
-_DASK_OPTIONS = ("cache", "callbacks", "num_workers", "inline_bytes")
+_DASK_OPTIONS = ("cache", "callbacks", "num_workers")
 
 
 @dataclass
@@ -128,11 +128,12 @@ def get(dsk, keys, **kwargs):
     >>> fnmap.dask.get({"x": 1, "y": (abs, -2), "z": (max, "x", "y")}, "z")
     2
     """
-    unknown = sorted(set(kwargs) - set(OPTIONS) - set(_DASK_OPTIONS))
+    unknown = sorted(set(kwargs) - set(OPTIONS) - set(_DASK_OPTIONS) - {"inline_bytes"})
     if unknown:
         raise TypeError(
             f"fnmap.dask.get() got unknown keyword(s) {', '.join(map(repr, unknown))}; it takes "
-            f"Dask's {', '.join(_DASK_OPTIONS)} and fnmap's options: {', '.join(OPTIONS)}"
+            f"Dask's {', '.join(_DASK_OPTIONS)}, inline_bytes, and fnmap's options: "
+            f"{', '.join(OPTIONS)}"
         )
     config = resolve(**{k: v for k, v in kwargs.items() if k in OPTIONS})
     num_workers = kwargs.get("num_workers") or dask.config.get("num_workers", None)
@@ -143,11 +144,13 @@ def get(dsk, keys, **kwargs):
     wanted = requested_keys(keys)
     plan = make_plan(dsk, wanted, kwargs.get("cache"))
     run = _Run(plan, config, num_workers, inline_bytes)
-    with local_callbacks(kwargs.get("callbacks")) as callbacks:
-        values = run.execute(wanted, callbacks)
     collector = _collectors.get()
-    if collector is not None:
-        collector.append(run.stats)
+    try:
+        with local_callbacks(kwargs.get("callbacks")) as callbacks:
+            values = run.execute(wanted, callbacks)
+    finally:
+        if collector is not None:
+            collector.append(run.stats)
     return nested_get(keys, values)
 
 

@@ -15,7 +15,7 @@ not read them back; Dask already asks tasks not to mutate their inputs, as the
 threaded scheduler shares them too.
 
 This module is imported in the worker (``run_batch`` is pickled by reference),
-so it imports only worker-side modules: storage, serialization and Dask.
+so it imports only worker-side modules (storage, serialization, the worker) and Dask.
 """
 
 from __future__ import annotations
