@@ -92,10 +92,18 @@ class Client:
         """The signed request of one attempt, or None when the call needs no attempt any more."""
         if state.done:
             return None
-        if attempt == 1 and not state.future.set_running_or_notify_cancel():
-            job.cancelled_before_start(state)
-            return None
-        if job.cancelled:
+        if attempt == 1:
+            if job.cancelled:  # a future must never be left RUNNING without a result
+                state.future.cancel()
+            try:
+                running = state.future.set_running_or_notify_cancel()
+            except RuntimeError:  # already cancelled and notified by Job.cancel
+                running = False
+            if not running:
+                job.cancelled_before_start(state)
+                return None
+        elif job.cancelled:
+            job.fail(state, PlatformFault("cancelled", "the job was cancelled"), attempt - 1)
             return None
         cfg = job.config
         req = CallRequest(

@@ -338,6 +338,11 @@ class Job:
         self.cancelled = True
         for state in self.calls:
             if state.future.cancel():
+                # Notify as an executor's worker would on pickup, so concurrent.futures.wait sees it.
+                try:
+                    state.future.set_running_or_notify_cancel()
+                except RuntimeError:  # a dispatch thread notified it first
+                    pass
                 self.cancelled_before_start(state)
 
     def attempts_summary(self) -> dict:

@@ -268,21 +268,35 @@ def _call_environment(extra_env: dict):
                 os.environ[k] = v
 
 
-class _Tee(io.TextIOBase):
-    """Writes to the capture buffer and to the original stream."""
+_capture = threading.local()
+_router_lock = threading.Lock()
 
-    def __init__(self, buffer: io.StringIO, original):
-        self.buffer_, self.original = buffer, original
+
+class _Router:
+    """Stands in for ``sys.stdout``/``sys.stderr``: copies writes to the calling thread's capture buffer.
+
+    Installed once and left in place; swapping ``sys.stdout`` per call would mix
+    the output of calls running on several threads (the ``local`` backend).
+    """
+
+    def __init__(self, original):
+        self.original = original
 
     def write(self, s: str) -> int:
-        self.buffer_.write(s)
-        with contextlib.suppress(Exception):
-            self.original.write(s)
-        return len(s)
+        buffer = getattr(_capture, "buffer", None)
+        if buffer is not None:
+            buffer.write(s)
+        try:
+            return self.original.write(s)
+        except Exception:  # a closed or broken original stream must not fail the call
+            return len(s)
 
     def flush(self) -> None:
         with contextlib.suppress(Exception):
             self.original.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.original, name)
 
 
 @contextlib.contextmanager
@@ -290,12 +304,16 @@ def _captured(buffer: io.StringIO | None):
     if buffer is None:
         yield
         return
-    out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Tee(buffer, out), _Tee(buffer, err)
+    with _router_lock:
+        if not isinstance(sys.stdout, _Router):
+            sys.stdout = _Router(sys.stdout)
+        if not isinstance(sys.stderr, _Router):
+            sys.stderr = _Router(sys.stderr)
+    _capture.buffer = buffer
     try:
         yield
     finally:
-        sys.stdout, sys.stderr = out, err
+        _capture.buffer = None
 
 
 def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
