@@ -128,7 +128,8 @@ class LithopsSystem:
         self.ex = lithops.FunctionExecutor(backend="localhost", storage="localhost", log_level=None)
 
     def map(self, func, items):
-        return self.ex.get_result(self.ex.map(func, items))
+        # Lithops spreads a tuple item over positional arguments: wrap each item in a 1-tuple.
+        return self.ex.get_result(self.ex.map(func, [(x,) for x in items]))
 
     def close(self) -> None:
         self.ex.clean()
