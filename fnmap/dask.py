@@ -13,6 +13,11 @@ side and :mod:`fnmap.dask_worker` for the worker side):
   of a kind (Dask's key prefix) not yet measured goes alone, which measures
   it.  A wide layer of tiny tasks thus costs a handful of calls, while tasks
   of a second or more still run one per call.
+* **Reductions travel with their inputs.**  When the next ready unit feeds a
+  single unit whose other inputs are all ready or available too, and enough
+  other units are ready to keep the remaining call slots busy, the producers
+  and their consumer share one call: the producers' outputs stay in the
+  worker's memory (a matrix product's partial blocks never reach storage).
 * **No waves.**  A unit is dispatched as soon as its last input exists and a
   call slot is free, not when the slowest task of its level is done.
 * **Values by reference.**  Intermediate values stay in object storage
@@ -171,11 +176,12 @@ class _Run:
         self.remote: dict = {}
         self.local = dict(plan.data)
         self.missing = {uid: len(needs) for uid, needs in plan.needs.items()}
-        self.ready: list[tuple[int, int]] = []
+        self.ready: list[tuple[int, int]] = []  # heap of (priority, unit id)
+        self.dispatched: set[int] = set()
         self.sent: dict[int, list[int]] = {}  # call id -> unit ids
         self.done: queue.Queue = queue.Queue()
         self.stored: set[str] = set()  # storage keys of values not deleted yet
-        self.garbage: list[str] = []  # storage keys no unit reads any more
+        self.deleter: ThreadPoolExecutor | None = None  # deletes values no unit reads any more
         self.uploads = 0
         self.keep: set = set()  # keys (alias targets) the caller asked for
         self.readers: dict = {}  # key (alias target) -> units yet to read it
@@ -240,6 +246,8 @@ class _Run:
         for alias in self.plan.alias_waiters.get(key, ()):
             self._alias(alias, key)
         for waiter in self.plan.waiters.get(key, ()):
+            if waiter in self.dispatched:  # it ran in the same call as this key's producer
+                continue
             self.missing[waiter] -= 1
             if not self.missing[waiter]:
                 heapq.heappush(self.ready, (self.plan.priority[waiter], waiter))
@@ -253,6 +261,13 @@ class _Run:
 
     def _fire(self) -> None:
         while self.ready and len(self.sent) < self.slots:
+            group = self._group()
+            if group:
+                taken = set(group)
+                self.ready = [entry for entry in self.ready if entry[1] not in taken]
+                heapq.heapify(self.ready)
+                self._send(group)
+                continue
             cap = min(MAX_BATCH, math.ceil(len(self.ready) / (2 * self.slots)))
             uids, work = [], 0.0
             while self.ready and len(uids) < cap:
@@ -263,6 +278,35 @@ class _Run:
                 work += TARGET_CALL_SECONDS if estimate is None else estimate
             self._send(uids)
 
+    def _group(self) -> list[int] | None:
+        """The next ready unit, its consumer's other producers and the consumer, or None."""
+        head = self.plan.units[self.ready[0][1]]
+        consumers = self.plan.waiters.get(head.output, ())
+        if len(consumers) != 1 or head.output in self.keep:
+            return None
+        if self.plan.alias_waiters.get(head.output):
+            return None
+        consumer = consumers[0]
+        ready = {uid for _, uid in self.ready}
+        producers = []
+        for key in self.plan.needs[consumer]:
+            if key in self.remote or key in self.local:
+                continue
+            uid = self.plan.producer.get(key)
+            if uid not in ready:  # produced later, or through an alias
+                return None
+            producers.append(uid)
+        if len(self.ready) - len(producers) < self.slots or len(producers) >= MAX_BATCH:
+            return None
+        producers.sort(key=self.plan.priority.__getitem__)
+        for uid in producers:
+            out = self.plan.units[uid].output
+            self.plan.units[uid].export = not (
+                self.plan.waiters.get(out) == [consumer] and not self.plan.alias_waiters.get(out)
+                and out not in self.keep
+            )
+        return [*producers, consumer]
+
     def _estimate(self, uid: int) -> float | None:
         """Mean measured seconds of units of this kind, or None before the first one ends."""
         seen = self.durations.get(key_split(self.plan.units[uid].output))
@@ -270,7 +314,9 @@ class _Run:
 
     def _send(self, uids: list[int]) -> None:
         units = [self.plan.units[u] for u in uids]
-        inputs = {k: self._shipped(k) for u in uids for k in self.plan.needs[u]}
+        inside = {u.output for u in units}
+        inputs = {k: self._shipped(k) for u in uids for k in self.plan.needs[u] if k not in inside}
+        self.dispatched.update(uids)
         blob = self._pickle(Batch(self.store.url, self.prefix, self.inline_bytes, inputs, units))
         call = self.job.add_call(self.func_key, (MODE_ONE, [blob]), len(self.job.calls), 1)
         if call.items_key is not None:
@@ -329,7 +375,8 @@ class _Run:
         result: BatchResult = outcome[1]
         self._account(call, result)
         for unit, out, seconds in zip(units, result.outputs, result.durations, strict=True):
-            self.remote[unit.output] = out
+            if out is not None:
+                self.remote[unit.output] = out
             seen = self.durations.setdefault(key_split(unit.output), [0.0, 0])
             seen[0] += seconds
             seen[1] += 1
@@ -366,10 +413,9 @@ class _Run:
         ref = self.remote.get(root)
         if isinstance(ref, Stored) and ref.key in self.stored:
             self.stored.discard(ref.key)
-            self.garbage.append(ref.key)
-            if len(self.garbage) >= 64:
-                self.store.delete(self.garbage)
-                self.garbage = []
+            if self.deleter is None:
+                self.deleter = ThreadPoolExecutor(1, thread_name_prefix="fnmap-dask-release")
+            self.deleter.submit(self.store.delete, [ref.key])
 
     def _account(self, call, result: BatchResult) -> None:
         self.stats.bytes_stored += result.bytes_written
@@ -405,9 +451,10 @@ class _Run:
             self.progress.close()
         self.stats.calls = len(self.job.calls)
         self.stats.attempts = sum(len(c.attempts) for c in self.job.calls)
-        leftover = self.garbage + sorted(self.stored)
-        if leftover:
-            self.store.delete(leftover)
+        if self.deleter is not None:
+            self.deleter.shutdown(wait=True)
+        if self.stored:
+            self.store.delete(sorted(self.stored))
 
     def _discard_late(self, future) -> None:
         try:

@@ -51,6 +51,8 @@ class Plan:
     data: dict = field(default_factory=dict)
     #: Alias key -> target key.
     aliases: dict = field(default_factory=dict)
+    #: Output key -> the unit producing it.
+    producer: dict = field(default_factory=dict)
     #: Key -> ids of the units waiting for it, and the aliases of it.
     waiters: dict = field(default_factory=lambda: defaultdict(list))
     alias_waiters: dict = field(default_factory=lambda: defaultdict(list))
@@ -143,6 +145,7 @@ def _fuse(plan: Plan, tasks: dict, wanted: set) -> None:
         needs = {d for n in nodes for d in n.dependencies} - inside
         plan.units[uid] = Unit(uid, nodes, tail)
         plan.needs[uid] = needs
+        plan.producer[tail] = uid
         plan.priority[uid] = min(priorities.get(k, 0) for k in chain)
         for dep in needs:
             plan.waiters[dep].append(uid)

@@ -56,11 +56,16 @@ class Stored:
 
 @dataclass
 class Unit:
-    """A linear chain of graph nodes run in one go; only ``output`` leaves the worker."""
+    """A linear chain of graph nodes run in one go; only ``output`` leaves the worker.
+
+    With ``export`` False the output is used by a later unit of the same batch only,
+    and does not leave the worker at all.
+    """
 
     uid: int
     nodes: list
     output: Any
+    export: bool = True
 
 
 @dataclass
@@ -79,7 +84,8 @@ class Batch:
 
 @dataclass
 class BatchResult:
-    """Per unit, the output as pickled bytes or :class:`Stored` and its run time; what moved."""
+    """Per unit, the output (pickled bytes, :class:`Stored`, or None when not exported) and its
+    run time; what the batch moved."""
 
     outputs: list
     durations: list
@@ -116,7 +122,9 @@ def run_batch(blob: bytes) -> BatchResult:
             except BaseException as e:
                 _mark(e, node.key)
                 raise
-        outputs.append(_keep(store, batch, unit, data[unit.output], counts))
+        loaded[unit.output] = data[unit.output]  # for later units of the batch
+        kept = _keep(store, batch, unit, data[unit.output], counts) if unit.export else None
+        outputs.append(kept)
         durations.append(time.perf_counter() - began)
     return BatchResult(outputs, durations, counts[0], counts[1], started, time.time(), WORKER_ID)
 

@@ -225,22 +225,44 @@ def test_dask_callbacks_and_progress_bar():
     assert "100%" in out.getvalue()
 
 
-def test_intermediate_values_are_deleted():
+def big(seed):
+    return np.full(50_000, float(seed))  # 400 KB: stored, not inline
+
+
+def test_intermediate_values_are_released_early_and_deleted():
     from dask.callbacks import Callback
 
-    store = get_client(resolve()).store
-    x = da.random.default_rng(1).random((800, 800), chunks=200)
-    stored_midway = []
-
-    def look(key, result, dsk, state, worker):  # storage holds the live values only
-        stored_midway.append(sum("/blobs/" in k for k in store.list("jobs/")))
-
-    with fnmap.dask.collect_stats() as runs, Callback(posttask=look):
-        (x @ x).sum().compute(scheduler="fnmap")
+    # Each big value feeds two tasks (no fusion); it is released once both are done.
+    dsk = {"v0": (big, 0)}
+    for i in range(3):
+        dsk[f"a{i}"] = (np.sum, f"v{i}")
+        dsk[f"b{i}"] = (np.max, f"v{i}")
+        dsk[f"v{i + 1}"] = (big, (add, f"a{i}", f"b{i}"))
+    dsk["out"] = (np.sum, "v3")
+    released_before_out = []
+    cb = Callback(pretask=lambda key, d, state: key == "out" and released_before_out.extend(
+        sorted(state["released"])))
+    with fnmap.dask.collect_stats() as runs, cb:
+        assert fnmap.dask.get(dsk, "out") == dsk_value(dsk)
+    assert {"v0", "v1", "v2"} <= set(released_before_out)
+    assert "v3" not in released_before_out
     (stats,) = runs
-    assert stats.bytes_stored > 0
-    assert store.list(f"jobs/{stats.job_id}/blobs/") == []
-    assert max(stored_midway) < stats.bytes_stored // (200 * 200 * 8)
+    assert stats.bytes_stored >= 3 * 400_000  # v3 is fused with "out": never stored
+    assert get_client(resolve()).store.list(f"jobs/{stats.job_id}/blobs/") == []
+
+
+def dsk_value(dsk):
+    return dask.get(dsk, "out")
+
+
+def test_partial_products_stay_in_the_worker():
+    x = da.random.default_rng(5).random((400, 400), chunks=100)  # 80 KB blocks: stored, not inline
+    with fnmap.dask.collect_stats() as runs:
+        got = (x @ x.T).sum().compute(scheduler="fnmap")
+    np.testing.assert_allclose(got, (x @ x.T).sum().compute(scheduler="sync"))
+    # 16 input blocks, 64 partial products and 16 sums: storing them all would take 96 blocks;
+    # partial products that travel with their sum in one call are never stored.
+    assert runs[0].bytes_stored < 80 * 80_000
 
 
 def test_many_tiny_tasks_are_batched():
