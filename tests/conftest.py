@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -62,6 +63,16 @@ class EmulatorProcess:
                 self.url = line.split("listening on ", 1)[1].split()[0]
                 break
         assert self.url, "emulator did not start"
+        # Drain stderr (user code prints there): a full pipe would block the emulator's workers.
+        self.stderr_tail = bytearray()
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+
+    def _drain_stderr(self) -> None:
+        try:
+            while chunk := self.proc.stderr.read1(1 << 16):
+                self.stderr_tail = (self.stderr_tail + chunk)[-(1 << 20):]
+        except (OSError, ValueError):
+            pass
 
     def health(self) -> dict:
         return requests.get(self.url + "/health", timeout=5).json()
