@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -52,27 +53,33 @@ class EmulatorProcess:
         full_env = dict(os.environ, FNMAP_SECRET=self.secret, **(env or {}))
         cmd = [sys.executable, "-m", "fnmap", "emulator", "--host", "127.0.0.1", "--port", "0",
                "--workers", str(workers), *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env)
+        # stderr (the emulator's and its workers' output) goes to a file: an unread pipe would fill
+        # up and block a worker that prints a lot.
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, env=full_env)
         self.url = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline().decode()
             if not line:
-                raise RuntimeError("emulator exited: " + self.proc.stderr.read().decode())
+                raise RuntimeError("emulator exited: " + self.output())
             if "listening on " in line:
                 self.url = line.split("listening on ", 1)[1].split()[0]
                 break
         assert self.url, "emulator did not start"
-        # Drain stderr (user code prints there): a full pipe would block the emulator's workers.
-        self.stderr_tail = bytearray()
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        threading.Thread(target=self._drain, daemon=True).start()
 
-    def _drain_stderr(self) -> None:
+    def _drain(self) -> None:
         try:
-            while chunk := self.proc.stderr.read1(1 << 16):
-                self.stderr_tail = (self.stderr_tail + chunk)[-(1 << 20):]
+            while self.proc.stdout.read(1 << 16):
+                pass
         except (OSError, ValueError):
             pass
+
+    def output(self) -> str:
+        """What the emulator and its workers wrote to stderr so far."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
     def health(self) -> dict:
         return requests.get(self.url + "/health", timeout=5).json()
@@ -85,8 +92,8 @@ class EmulatorProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for f in (self.proc.stdout, self.proc.stderr):
-            f.close()
+        self.proc.stdout.close()
+        self.log.close()
         return self.proc.returncode
 
 
