@@ -134,18 +134,26 @@ class WorkerPool:
         for _ in range(size):
             self._add()
 
-    def _add(self) -> None:
+    def _add(self, ready_first: bool = False) -> None:
         if self._closed:
             return
         worker = WorkerProcess(self.env)
         with self._lock:
             self._all.add(worker)
+        if ready_first:
+            # A replacement joins the idle workers once it has started: the idle queue is LIFO,
+            # so a still-booting process would otherwise make the next call wait for its start
+            # while warm workers sit idle below it (issue 3: kills must cost only the dead call).
+            try:
+                worker.wait_ready()
+            except (WorkerDied, WorkerHung):
+                pass  # its first call reports the crash, and it is replaced in turn
         self._idle.put(worker)
 
     def _replace(self, worker: WorkerProcess) -> None:
         with self._lock:
             self._all.discard(worker)
-        threading.Thread(target=self._add, daemon=True).start()
+        threading.Thread(target=self._add, args=(True,), daemon=True).start()
 
     def pids(self) -> list[int]:
         with self._lock:
