@@ -108,10 +108,10 @@ def test_all_faults_together(use_emulator):
 
 
 def test_speculative_copy_of_a_straggler_wins(use_emulator):
-    # Stragglers take 100 x 20 ms: the client's speculative copy (after 1 s) finishes first.
-    use_emulator("--straggler-rate", "0.1", "--straggler-factor", "100", "--latency-ms", "20",
+    # Stragglers take 200 x 20 ms: the client's speculative copy (after 1 s) finishes first.
+    use_emulator("--straggler-rate", "0.1", "--straggler-factor", "200", "--latency-ms", "20",
                  "--seed", "5", workers=2)
-    plan = FaultPlan(straggler_rate=0.1, straggler_factor=100, latency_ms=20, seed=5)
+    plan = FaultPlan(straggler_rate=0.1, straggler_factor=200, latency_ms=20, seed=5)
     n = 40
     stragglers = {c for c in range(n) if plan.fate(c, 1).straggle}
     assert stragglers and all(not plan.fate(c, 2).straggle for c in stragglers)
