@@ -36,10 +36,25 @@ class Emulator:
         from fnmap.signing import new_secret
 
         self.secret = new_secret()
-        cmd = [sys.executable, "-m", "fnmap", "emulator", "--host", "127.0.0.1", "--port", "0",
-               "--workers", str(workers), *options]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=dict(os.environ, FNMAP_SECRET=self.secret))
+        cmd = [
+            sys.executable,
+            "-m",
+            "fnmap",
+            "emulator",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--workers",
+            str(workers),
+            *options,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=dict(os.environ, FNMAP_SECRET=self.secret),
+        )
         self.url = None
         for raw in self.proc.stdout:
             line = raw.decode()
@@ -62,9 +77,17 @@ def run_job(emulator: Emulator, calls: int, seconds: float, retries: int, client
     import fnmap
 
     start = time.perf_counter()
-    job = fnmap.map(lambda x: work(x, seconds), range(calls), chunksize=1, retries=retries,
-                    emulator_url=emulator.url, secret=emulator.secret, workers=client_workers,
-                    progress=False, return_job=True)
+    job = fnmap.map(
+        lambda x: work(x, seconds),
+        range(calls),
+        chunksize=1,
+        retries=retries,
+        emulator_url=emulator.url,
+        secret=emulator.secret,
+        workers=client_workers,
+        progress=False,
+        return_job=True,
+    )
     results = job.results()
     elapsed = time.perf_counter() - start
     if results != [x * x for x in range(calls)]:
@@ -76,16 +99,23 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--work-ms", type=float, default=20.0, help="sleep per call (default 20)")
-    parser.add_argument("--workers", type=int, default=4, help="emulator worker processes (default 4)")
+    parser.add_argument(
+        "--workers", type=int, default=4, help="emulator worker processes (default 4)"
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--retries", type=int, default=5)
-    parser.add_argument("--faults", default="--fail-rate 0.1",
-                        help='fault options of the faulty emulator (default "--fail-rate 0.1"; "all" for every fault)')
+    parser.add_argument(
+        "--faults",
+        default="--fail-rate 0.1",
+        help='options of the faulty emulator (default "--fail-rate 0.1"; "all": every fault)',
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args(argv)
 
-    faults = ALL_FAULTS.format(half=max(1, args.workers // 2)) if args.faults == "all" else args.faults
+    faults = (
+        ALL_FAULTS.format(half=max(1, args.workers // 2)) if args.faults == "all" else args.faults
+    )
     fault_options = [*shlex.split(faults), "--seed", str(args.seed)]
     clean, faulty = Emulator(args.workers, []), Emulator(args.workers, fault_options)
     client_workers = 2 * args.workers  # calls in flight, the same for both
@@ -98,7 +128,9 @@ def main(argv=None) -> int:
         for i in range(args.repeat):
             order = [("clean", clean), ("faulty", faulty)]
             for name, emu in order if i % 2 == 0 else order[::-1]:
-                elapsed, summaries[name] = run_job(emu, args.calls, seconds, args.retries, client_workers)
+                elapsed, summaries[name] = run_job(
+                    emu, args.calls, seconds, args.retries, client_workers
+                )
                 times[name].append(elapsed)
     finally:
         clean.stop()
@@ -122,9 +154,14 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    print(f"{args.calls} calls of {args.work_ms:g} ms on {args.workers} workers, median of {args.repeat}:")
+    print(
+        f"{args.calls} calls of {args.work_ms:g} ms on {args.workers} workers, "
+        f"median of {args.repeat}:"
+    )
     print(f"  without faults   {clean_s:7.2f} s")
-    print(f"  with {faults!r:<30} {faulty_s:7.2f} s   (attempts: {summaries['faulty']['attempts']})")
+    print(
+        f"  with {faults!r:<30} {faulty_s:7.2f} s   (attempts: {summaries['faulty']['attempts']})"
+    )
     verdict = "within" if report["ratio"] <= TARGET_RATIO else "ABOVE"
     print(f"  ratio            {report['ratio']:7.2f}x   ({verdict} the {TARGET_RATIO}x target)")
     print(json.dumps(report))

@@ -52,7 +52,9 @@ def test_unpicklable_closure_variable(use_emulator):
     emu = use_emulator(workers=2)
     sock = socket.socket()
     try:
-        with pytest.raises(fnmap.SerializationError, match=r"the function \(closure variable 'sock'\)"):
+        with pytest.raises(
+            fnmap.SerializationError, match=r"the function \(closure variable 'sock'\)"
+        ):
             fnmap.map(lambda x: sock.fileno() + x, range(3))
     finally:
         sock.close()
@@ -101,12 +103,21 @@ def test_unpicklable_submit_argument(use_emulator):
         ({"retries": 1.5}, r"retries=1.5 .* must be an integer"),
         ({"timeout": 0}, r"timeout=0 .* must be a positive number of seconds"),
         ({"timeout": "5"}, r"timeout='5' .* must be a positive number"),
-        ({"retry_on": ("ValueError",)}, r"'ValueError' is not an exception class; pass exception types"),
+        (
+            {"retry_on": ("ValueError",)},
+            r"'ValueError' is not an exception class; pass exception types",
+        ),
         ({"emulator_options": "--fail-rate 3"}, r"--fail-rate=3.0 is not a probability"),
         ({"emulator_options": "--kill-rate lots"}, r"--kill-rate: invalid float value: 'lots'"),
-        ({"emulator_options": "--fail_rate 0.1"}, r"unrecognized arguments: --fail_rate 0.1; see `fnmap emulator --help`"),
+        (
+            {"emulator_options": "--fail_rate 0.1"},
+            r"unrecognized arguments: --fail_rate 0.1; see `fnmap emulator --help`",
+        ),
         ({"emulator_options": "--port 80"}, r"--port cannot be set here"),
-        ({"emulator_options": "--max-concurrency -2"}, r"--max-concurrency=-2 must be an integer of at least 1"),
+        (
+            {"emulator_options": "--max-concurrency -2"},
+            r"--max-concurrency=-2 must be an integer of at least 1",
+        ),
     ],
 )
 def test_configuration_mistakes_name_the_value_and_the_fix(options, message):
@@ -116,13 +127,20 @@ def test_configuration_mistakes_name_the_value_and_the_fix(options, message):
 
 def test_bad_fault_options_from_the_environment(monkeypatch):
     monkeypatch.setenv("FNMAP_EMULATOR_OPTIONS", "--straggler-factor 0")
-    with pytest.raises(fnmap.ConfigError, match=r"FNMAP_EMULATOR_OPTIONS=.*\(from the environment\).*--straggler-factor=0"):
+    with pytest.raises(
+        fnmap.ConfigError,
+        match=r"FNMAP_EMULATOR_OPTIONS=.*\(from the environment\).*--straggler-factor=0",
+    ):
         fnmap.map(identity, [1])
 
 
 def test_bad_fault_option_on_the_command_line():
-    proc = subprocess.run([sys.executable, "-m", "fnmap", "emulator", "--port", "0", "--kill-rate", "1.5"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fnmap", "emulator", "--port", "0", "--kill-rate", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0
     assert "--kill-rate=1.5 is not a probability; use a number from 0 to 1" in proc.stderr
 
@@ -142,8 +160,13 @@ def test_malformed_signed_requests_are_refused_and_crash_nothing(use_emulator, s
     digest, data = pickle_function(identity)
     func_key = keys.function_key(digest)
     open_store(store_url).put(func_key, data)
-    base = {"job_id": keys.new_job_id(), "call_id": 0, "func_key": func_key, "store_url": store_url,
-            "runtime": runtime_info()}
+    base = {
+        "job_id": keys.new_job_id(),
+        "call_id": 0,
+        "func_key": func_key,
+        "store_url": store_url,
+        "runtime": runtime_info(),
+    }
     chunk = dumps(("one", [1]))
     refused = {  # body -> the status it gets
         b"": 400,
@@ -171,13 +194,21 @@ def test_malformed_signed_requests_are_refused_and_crash_nothing(use_emulator, s
     }
     pids = emu.health()["worker_pids"]
     for body, status in refused.items():
-        r = requests.post(emu.url + "/invoke", data=body, timeout=30,
-                          headers={signing.SIGNATURE_HEADER: signing.sign(secret, body)})
+        r = requests.post(
+            emu.url + "/invoke",
+            data=body,
+            timeout=30,
+            headers={signing.SIGNATURE_HEADER: signing.sign(secret, body)},
+        )
         assert r.status_code == status, (body[:80], r.text)
         assert r.text  # a plain-words reason
     for body in answered:
-        r = requests.post(emu.url + "/invoke", data=body, timeout=30,
-                          headers={signing.SIGNATURE_HEADER: signing.sign(secret, body)})
+        r = requests.post(
+            emu.url + "/invoke",
+            data=body,
+            timeout=30,
+            headers={signing.SIGNATURE_HEADER: signing.sign(secret, body)},
+        )
         assert r.status_code == 200, (body[:80], r.text)
     assert requests.get(emu.url + "/nowhere", timeout=5).status_code == 404
     assert requests.get(emu.url + "/invoke", timeout=5).status_code == 405
@@ -238,7 +269,9 @@ def prints_a_lot(x):
         (recurses, RecursionError, r"recursion"),
     ],
 )
-def test_hostile_functions_are_reported_and_the_emulator_keeps_serving(use_emulator, func, error, message):
+def test_hostile_functions_are_reported_and_the_emulator_keeps_serving(
+    use_emulator, func, error, message
+):
     emu = use_emulator(workers=2)
     [outcome] = fnmap.map(func, [0], retries=0, return_exceptions=True)
     assert isinstance(outcome, error), repr(outcome)

@@ -58,7 +58,9 @@ def test_fail_rate_every_result_exactly_once(use_emulator):
             planned += 1
         assert [r[3] for r in records] == ["server"] * planned + ["ok"], call_id
     summary = job.summary()
-    assert summary["attempts"]["server"] == sum(1 for r in attempts.values() for a in r if a[3] == "server")
+    assert summary["attempts"]["server"] == sum(
+        1 for r in attempts.values() for a in r if a[3] == "server"
+    )
     assert summary["attempts"]["server"] > 20  # about 10% of 500
     assert summary["retries"] == summary["attempts"]["server"]
 
@@ -96,8 +98,19 @@ def test_stragglers_every_result_exactly_once(use_emulator):
 
 def test_all_faults_together(use_emulator):
     emu = use_emulator(
-        "--fail-rate", "0.1", "--kill-rate", "0.1", "--max-concurrency", "2",
-        "--straggler-rate", "0.1", "--cold-start-ms", "5", "--seed", "14", workers=4,
+        "--fail-rate",
+        "0.1",
+        "--kill-rate",
+        "0.1",
+        "--max-concurrency",
+        "2",
+        "--straggler-rate",
+        "0.1",
+        "--cold-start-ms",
+        "5",
+        "--seed",
+        "14",
+        workers=4,
     )
     job, results = _run(retries=RETRIES)
     _assert_exactly_once(job, results)
@@ -109,8 +122,17 @@ def test_all_faults_together(use_emulator):
 
 def test_speculative_copy_of_a_straggler_wins(use_emulator):
     # Stragglers take 200 x 20 ms: the client's speculative copy (after 1 s) finishes first.
-    use_emulator("--straggler-rate", "0.1", "--straggler-factor", "200", "--latency-ms", "20",
-                 "--seed", "5", workers=2)
+    use_emulator(
+        "--straggler-rate",
+        "0.1",
+        "--straggler-factor",
+        "200",
+        "--latency-ms",
+        "20",
+        "--seed",
+        "5",
+        workers=2,
+    )
     plan = FaultPlan(straggler_rate=0.1, straggler_factor=200, latency_ms=20, seed=5)
     n = 40
     stragglers = {c for c in range(n) if plan.fate(c, 1).straggle}
@@ -123,14 +145,23 @@ def test_speculative_copy_of_a_straggler_wins(use_emulator):
     for c in copied:
         original, copy = attempts[c]
         assert copy[3] == "ok"
-        # The copy finished first; the original was still running when the job ended, or ended later.
+        # The copy finished first: the original was still out when the job ended, or ended later.
         assert original[2] is None or original[2] >= copy[2]
     assert job.summary()["speculative_copies"] == len(stragglers)
 
 
 def test_speculation_can_be_turned_off(use_emulator):
-    use_emulator("--straggler-rate", "0.1", "--straggler-factor", "60", "--latency-ms", "20",
-                 "--seed", "5", workers=2)
+    use_emulator(
+        "--straggler-rate",
+        "0.1",
+        "--straggler-factor",
+        "60",
+        "--latency-ms",
+        "20",
+        "--seed",
+        "5",
+        workers=2,
+    )
     job, results = _run(40, speculation=False)
     _assert_exactly_once(job, results, 40)
     assert job.summary()["speculative_copies"] == 0
@@ -168,7 +199,9 @@ def test_platform_faults_fail_the_call_after_retries(use_emulator):
     for i, exc in enumerate(results):
         assert isinstance(exc, fnmap.PlatformError)
         assert f"item {i}" in str(exc) and "2 attempt(s)" in str(exc) and "answered 500" in str(exc)
-    assert all([r[3] for r in recs] == ["server", "server"] for recs in job.attempts_summary().values())
+    assert all(
+        [r[3] for r in recs] == ["server", "server"] for recs in job.attempts_summary().values()
+    )
 
 
 # -- timeouts ----------------------------------------------------------------------
@@ -185,8 +218,7 @@ def test_timeout_stops_the_call_inside_the_worker(use_emulator, tmp_path):
     emu = use_emulator(workers=2)
     marker = str(tmp_path / "not-stopped")
     pids = emu.health()["worker_pids"]
-    results = fnmap.map(lambda x: slow_at_3(x, marker), range(6), timeout=1,
-                        return_exceptions=True)
+    results = fnmap.map(lambda x: slow_at_3(x, marker), range(6), timeout=1, return_exceptions=True)
     exc = results[3]
     assert isinstance(exc, fnmap.TimeoutError) and isinstance(exc, TimeoutError)
     assert "item 3" in str(exc) and "timeout of 1" in str(exc)

@@ -136,8 +136,10 @@ def test_fates_are_deterministic_under_the_seed_and_independent_of_order():
 def test_fates_follow_the_rates():
     plan = FaultPlan(fail_rate=0.1, kill_rate=0.1, drop_rate=0.05, straggler_rate=0.1, seed=1)
     fates = [plan.fate(c, 1) for c in range(20_000)]
-    share = {name: sum(name in f.labels for f in fates) / len(fates)
-             for name in ("fail", "kill", "drop", "straggle")}
+    share = {
+        name: sum(name in f.labels for f in fates) / len(fates)
+        for name in ("fail", "kill", "drop", "straggle")
+    }
     assert share["fail"] == pytest.approx(0.10, abs=0.01)
     assert share["kill"] == pytest.approx(0.10, abs=0.01)
     assert share["drop"] == pytest.approx(0.05, abs=0.01)

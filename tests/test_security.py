@@ -38,8 +38,13 @@ def _request(store_url: str, payload: bytes) -> tuple[CallRequest, bytes]:
     digest, data = pickle_function(touch)
     func_key = keys.function_key(digest)
     store.put(func_key, data)
-    req = CallRequest(job_id=keys.new_job_id(), call_id=0, func_key=func_key, store_url=store_url,
-                      runtime=runtime_info())
+    req = CallRequest(
+        job_id=keys.new_job_id(),
+        call_id=0,
+        func_key=func_key,
+        store_url=store_url,
+        runtime=runtime_info(),
+    )
     return req, encode(req, payload)
 
 
@@ -116,8 +121,14 @@ def test_secrets_and_job_ids_are_random_and_long():
 def test_every_key_of_a_job_lives_under_its_own_prefix():
     job_id = keys.new_job_id()
     prefix = keys.job_prefix(job_id)
-    for key in (keys.input_key(job_id, 3), keys.result_key(job_id, 3), keys.status_key(job_id, 3, 1),
-                keys.log_key(job_id, 3, 1), keys.job_record_key(job_id), keys.blob_key(job_id, "x")):
+    for key in (
+        keys.input_key(job_id, 3),
+        keys.result_key(job_id, 3),
+        keys.status_key(job_id, 3, 1),
+        keys.log_key(job_id, 3, 1),
+        keys.job_record_key(job_id),
+        keys.blob_key(job_id, "x"),
+    ):
         assert key.startswith(prefix)
     assert keys.results_prefix(job_id).startswith(prefix)
 

@@ -47,7 +47,7 @@ class Fate:
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """The emulator's fault options, validated; ``fate(call_id, attempt)`` draws one request's fate."""
+    """The emulator's fault options, validated; ``fate(call_id, attempt)`` draws one fate."""
 
     fail_rate: float = 0.0
     kill_rate: float = 0.0
@@ -70,8 +70,8 @@ class FaultPlan:
         if self.fail_rate + self.kill_rate + self.drop_rate > 1.0:
             raise ValueError(
                 f"--fail-rate {self.fail_rate} + --kill-rate {self.kill_rate} + --drop-rate "
-                f"{self.drop_rate} exceed 1; a call meets at most one of these faults, so their sum "
-                "must be at most 1"
+                f"{self.drop_rate} exceed 1; a call meets at most one of these faults, so their "
+                "sum must be at most 1"
             )
         for name in ("cold_start_ms", "latency_ms"):
             value = getattr(self, name)
@@ -100,8 +100,15 @@ class FaultPlan:
     @property
     def active(self) -> bool:
         """Whether any fault is planned at all."""
-        return bool(self.fail_rate or self.kill_rate or self.drop_rate or self.cold_start_ms
-                    or self.latency_ms or self.max_concurrency or self.straggler_rate)
+        return bool(
+            self.fail_rate
+            or self.kill_rate
+            or self.drop_rate
+            or self.cold_start_ms
+            or self.latency_ms
+            or self.max_concurrency
+            or self.straggler_rate
+        )
 
     def fate(self, call_id, attempt) -> Fate:
         """The fate of one request, drawn from ``(seed, call_id, attempt)`` alone."""
