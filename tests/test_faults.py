@@ -75,9 +75,19 @@ def test_kill_rate_worker_dies_mid_call_and_is_replaced(use_emulator):
     assert crashed == health["kills"] == health["crashes"] > 20
     assert health["status"] == "ok" and len(health["worker_pids"]) == 2
     assert not pids_before & set(health["worker_pids"])  # the killed workers were replaced
+    store = open_store(job.client.store.url)
+    committed_then_killed = killed_before_commit = 0
     for call_id, records in job.attempts_summary().items():
         assert records[-1][3] == "ok"
         assert all(r[3] == "crashed" for r in records[:-1]), call_id
+        for r in records[:-1]:  # a status record is written after the result is committed
+            if store.exists(keys.status_key(job.id, call_id, r[0])):
+                committed_then_killed += 1
+            else:
+                killed_before_commit += 1
+    # Kills land on both sides of the commit (each about half of them): a retry after a kill
+    # that came after the commit finds the committed result and returns it, not a second one.
+    assert committed_then_killed > 0 and killed_before_commit > 0
 
 
 def test_throttling_at_half_the_workers_slows_dispatch(use_emulator):
