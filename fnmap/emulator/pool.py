@@ -8,15 +8,14 @@ process is replaced in the background and the pool keeps serving.
 
 from __future__ import annotations
 
-import os
+import multiprocessing
 import queue
-import select
 import signal
 import struct
-import subprocess
-import sys
 import threading
 import time
+
+from .process import serve
 
 _LEN = struct.Struct(">I")
 #: Seconds past a call's own timeout before its process is killed.
@@ -32,59 +31,57 @@ class WorkerHung(Exception):
 
 
 class WorkerProcess:
-    """One child process speaking the framed protocol of :mod:`fnmap.emulator.process`."""
+    """One child process running :func:`fnmap.emulator.process.serve` over a pipe.
+
+    Children are forked by a fork server (:mod:`multiprocessing`'s ``forkserver``)
+    that has already imported the worker routine, so a new or replacement worker
+    starts in milliseconds instead of a fresh interpreter's few hundred: a killed
+    worker then costs its call, not the job's CPU (issue 3, ``--kill-rate``).  The
+    fork server is single-threaded, unlike the emulator, so forking it is safe.
+    """
 
     def __init__(self, env: dict | None = None):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fnmap.emulator.process"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
+        ctx = _context()
+        self._conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=serve, args=(child, env), name="fnmap-worker", daemon=True)
+        self.proc.start()
+        child.close()
         self.pid = self.proc.pid
         self.calls = 0
         self.started = time.time()
-        self._out = self.proc.stdout.fileno()
         self._ready = False
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         if not self._ready:
-            if self._read(1, time.monotonic() + timeout) != b"R":
+            if self._recv(time.monotonic() + timeout) != b"R":
                 raise WorkerDied("worker process did not start")
             self._ready = True
 
     def call(self, signature: str | None, body: bytes, timeout: float | None) -> tuple[int, bytes]:
         deadline = time.monotonic() + timeout if timeout else None
         self.wait_ready()
-        sig = (signature or "").encode()
         try:
-            self.proc.stdin.write(_LEN.pack(len(sig)) + sig + _LEN.pack(len(body)))
-            self.proc.stdin.write(body)
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError) as e:
+            self._conn.send_bytes((signature or "").encode())
+            self._conn.send_bytes(body)
+        except (BrokenPipeError, OSError, ValueError) as e:
             raise WorkerDied(str(e)) from None
         self.calls += 1
-        status, n = struct.unpack(">II", self._read(8, deadline))
-        return status, self._read(n, deadline)
+        answer = self._recv(deadline)
+        (status,) = _LEN.unpack_from(answer)
+        return status, answer[_LEN.size:]
 
-    def _read(self, n: int, deadline: float | None) -> bytes:
-        parts, left = [], n
-        while left:
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not select.select([self._out], [], [], remaining)[0]:
-                    raise WorkerHung()
-            data = os.read(self._out, min(left, 1 << 20))
-            if not data:
-                raise WorkerDied()
-            parts.append(data)
-            left -= len(data)
-        return b"".join(parts)
+    def _recv(self, deadline: float | None) -> bytes:
+        try:
+            if deadline is not None and not self._conn.poll(max(0.0, deadline - time.monotonic())):
+                raise WorkerHung()
+            return self._conn.recv_bytes()
+        except (EOFError, OSError, ValueError):
+            raise WorkerDied() from None
 
     def exit_description(self) -> str:
-        try:
-            code = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        self.proc.join(timeout=5)
+        code = self.proc.exitcode
+        if code is None:
             return "exit status unknown"
         if code < 0:
             try:
@@ -94,26 +91,31 @@ class WorkerProcess:
         return f"exit code {code}"
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
+        _sigkill(self.proc)
+        self.proc.join()
+        self._conn.close()
 
     def close(self) -> None:
-        """Ask the process to exit (end of stdin), then make sure it did."""
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            pass
-        self.kill()
+        """Ask the process to exit (end of its pipe), then make sure it did."""
+        self._conn.close()
+        self.proc.join(timeout=3)
+        _sigkill(self.proc)
+        self.proc.join()
+
+
+_ctx = None
+_ctx_lock = threading.Lock()
+
+
+def _context():
+    """The fork server context, with the worker routine imported once in the server."""
+    global _ctx
+    with _ctx_lock:
+        if _ctx is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["fnmap.emulator.process"])
+            _ctx = ctx
+        return _ctx
 
 
 class WorkerPool:
@@ -182,7 +184,7 @@ class WorkerPool:
             status, out = worker.call(signature, body, hard_timeout)
             if killer is not None:
                 killer.join()  # the kill lands even when the call answered first
-                worker.proc.wait()
+                worker.proc.join()
                 raise WorkerDied()
         except WorkerDied:
             self.crashes += 1
@@ -213,9 +215,9 @@ class WorkerPool:
             worker.close()
 
 
-def _sigkill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
+def _sigkill(proc) -> None:
+    if proc.exitcode is None:
         try:
-            proc.send_signal(signal.SIGKILL)
-        except ProcessLookupError:
+            proc.kill()  # SIGKILL
+        except (ProcessLookupError, ValueError):
             pass
