@@ -117,9 +117,9 @@ def run_one(system_name: str, workload_name: str, n: int, spin_n: int) -> dict:
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+    tail = (p.stderr or p.stdout).strip().splitlines()[-1:]  # the exception, not the traceback
     return {"system": system_name, "workload": workload_name, "n": n,
-            "error": f"exit {p.returncode}: {' | '.join(tail)}"}
+            "error": f"exit {p.returncode}: {' '.join(tail)}"}
 
 
 def machine() -> dict:
