@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from . import compression, keys, policy, signing
@@ -76,8 +77,28 @@ class Client:
         self._ensure_monitor()
         return job
 
+    def _spawn(self, step, job: Job, target, *args) -> None:
+        """Run one step of a call on the dispatch pool.
+
+        An unexpected error in fnmap's own code fails the call(s) with that error
+        rather than vanishing inside the pool and leaving their futures pending forever.
+        """
+
+        def guarded():
+            try:
+                step(job, target, *args)
+            except BaseException as e:  # noqa: B036 - nothing may leave a call unresolved
+                detail = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+                fault = PlatformFault("client", f"internal error in the fnmap client: {e!r}\n{detail}")
+                states = [s for s, _ in target] if isinstance(target, list) else [target]
+                for state in states:
+                    job.fail(state, fault, 0)
+                self._maybe_retire(job)
+
+        self._pool.submit(guarded)
+
     def dispatch(self, job: Job, state: CallState) -> None:
-        self._pool.submit(self._attempt, job, state, job.next_attempt(state))
+        self._spawn(self._attempt, job, state, job.next_attempt(state))
 
     def dispatch_many(self, job: Job, states: list[CallState]) -> None:
         """Dispatch a job's calls: one by one, or all in one request where the backend batches calls."""
@@ -86,7 +107,7 @@ class Client:
                 self.dispatch(job, state)
             return
         attempts = [(state, job.next_attempt(state)) for state in states]
-        self._pool.submit(self._attempt_many, job, attempts)
+        self._spawn(self._attempt_many, job, attempts)
 
     def _invocation(self, job: Job, state: CallState, attempt: int) -> Invocation | None:
         """The signed request of one attempt, or None when the call needs no attempt any more."""
@@ -134,14 +155,14 @@ class Client:
             fault = e if isinstance(e, PlatformFault) else PlatformFault("server", f"{type(e).__name__}: {e}")
             self._release_slot(fault.kind == "throttled")
             for state, attempt, _ in ready:
-                self._pool.submit(self._on_fault, job, state, attempt, fault)
+                self._spawn(self._on_fault, job, state, attempt, fault)
             return
         self._release_slot(False)
         for (state, attempt, _), answer in zip(ready, answers):
             if answer is None:
                 self._accepted(job, state, attempt)
             else:
-                self._pool.submit(self._on_answer, job, state, attempt, answer)
+                self._spawn(self._on_answer, job, state, attempt, answer)
 
     def _accepted(self, job: Job, state: CallState, attempt: int) -> None:
         with job._lock:
@@ -308,7 +329,7 @@ class Client:
                     if now - since > lost_after:
                         del state.awaiting[attempt]
                         fault = PlatformFault("lost", f"no result {lost_after:.0f} s after it was accepted")
-                        self._pool.submit(self._on_fault, job, state, attempt, fault)
+                        self._spawn(self._on_fault, job, state, attempt, fault)
 
     def _platform_failures(self, jobs: list[Job]) -> None:
         """Route the calls the platform reports as failed to the usual fault handling (retry or fail)."""
@@ -322,7 +343,7 @@ class Client:
                 if state.done or not state.awaiting or failure.attempt not in state.awaiting:
                     continue
                 del state.awaiting[failure.attempt]
-            self._pool.submit(self._on_fault, job, state, failure.attempt, failure.fault)
+            self._spawn(self._on_fault, job, state, failure.attempt, failure.fault)
 
     def _speculate(self, job: Job) -> None:
         if not job.sealed or not job.config.speculation:
@@ -335,7 +356,7 @@ class Client:
         for call_id in picks:
             state = job.calls[call_id]
             state.speculated = True
-            self._pool.submit(self._attempt, job, state, job.next_attempt(state))
+            self._spawn(self._attempt, job, state, job.next_attempt(state))
 
     def close(self) -> None:
         self.closed = True
