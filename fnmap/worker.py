@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from . import compression, keys, signing
+from . import compression, keys, policy, signing
 from .errors import SerializationError
 from .errors import TimeoutError as CallTimeout
 from .serialization import dumps, loads, pack_exception, runtime_mismatch
@@ -227,10 +227,12 @@ def _error_outcome(exc: BaseException) -> tuple:
 
 
 def _wants_retry(req: CallRequest, outcomes: list[tuple]) -> bool:
-    if not req.retry_on or req.attempt >= req.max_attempts:
-        return False
-    wanted = set(req.retry_on)
-    return any(o[0] == "err" and wanted.intersection(o[3]) for o in outcomes)
+    """Whether an item raised a ``retry_on`` type with attempts left (then nothing is committed)."""
+    retries_left_after = req.max_attempts - 1  # attempt n may be re-run while n <= max_attempts - 1
+    return any(
+        o[0] == "err" and policy.retry_outcome(o[3], req.retry_on, req.attempt, retries_left_after)
+        for o in outcomes
+    )
 
 
 def _dump_outcomes(outcomes: list[tuple]) -> bytes:
