@@ -222,7 +222,7 @@ def _unusual_calls(emu) -> str:
     """Records of the calls that did not end well, and the emulator's stderr (for failures)."""
     calls = requests.get(emu.url + "/calls", timeout=5).json()
     unusual = [c for c in calls if c.get("outcome") != "ok"]
-    return f"calls: {unusual}\nemulator stderr: {emu.stderr_tail[-3000:].decode(errors='replace')}"
+    return f"calls: {unusual}\nemulator stderr: {emu.output()[-3000:]}"
 
 
 def slow_at_3(x, marker):
