@@ -11,10 +11,10 @@ calls lost, and launches speculative copies of stragglers.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 
 from . import compression, keys, policy, signing
 from .backends import create_backend
@@ -44,7 +44,15 @@ class Client:
             )
         self.secret = secret
         self.max_workers = self.backend.max_workers
-        self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="fnmap-dispatch")
+        # A fixed set of daemon threads over one queue of steps; lighter than a ThreadPoolExecutor,
+        # which allocates a Future per step (100,000 queued calls carried 100,000 of them).
+        self._steps: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._dispatch_loop, name=f"fnmap-dispatch_{i}", daemon=True)
+            for i in range(self.max_workers)
+        ]
+        for thread in self._threads:
+            thread.start()
         self._throttle = policy.Throttle(self.max_workers)
         self._slots = threading.Condition()
         self._in_flight = 0
@@ -78,13 +86,20 @@ class Client:
         return job
 
     def _spawn(self, step, job: Job, target, *args) -> None:
-        """Run one step of a call on the dispatch pool.
+        """Queue one step of a call (or of a list of ``(state, attempt)``) for the dispatch threads."""
+        self._steps.put((step, job, target, args))
+
+    def _dispatch_loop(self) -> None:
+        """Body of each dispatch thread.
 
         An unexpected error in fnmap's own code fails the call(s) with that error
-        rather than vanishing inside the pool and leaving their futures pending forever.
+        rather than vanishing and leaving their futures pending forever.
         """
-
-        def guarded():
+        while True:
+            item = self._steps.get()
+            if item is None:
+                return
+            step, job, target, args = item
             try:
                 step(job, target, *args)
             except BaseException as e:  # noqa: B036 - nothing may leave a call unresolved
@@ -94,8 +109,6 @@ class Client:
                 for state in states:
                     job.fail(state, fault, 0)
                 self._maybe_retire(job)
-
-        self._pool.submit(guarded)
 
     def dispatch(self, job: Job, state: CallState) -> None:
         self._spawn(self._attempt, job, state, job.next_attempt(state))
@@ -360,7 +373,8 @@ class Client:
 
     def close(self) -> None:
         self.closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for _ in self._threads:
+            self._steps.put(None)
         self.backend.close()
 
 
