@@ -69,7 +69,8 @@ class HttpBackend(BaseBackend):
             )
         except requests.exceptions.ReadTimeout as e:
             raise PlatformFault("lost", f"no answer from {self.invoke_url} within {read_timeout} s") from e
-        except requests.exceptions.ConnectionError as e:
+        except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
+            # A reset mid-response (the host died while answering) is a connection fault too.
             raise PlatformFault("connection", f"cannot reach {self.invoke_url}: {e}") from e
         if r.status_code == 200:
             return r.content
