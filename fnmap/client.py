@@ -115,11 +115,11 @@ class Client:
 
     def dispatch_many(self, job: Job, states: list[CallState]) -> None:
         """Dispatch a job's calls: one by one, or all in one request where the backend batches calls."""
+        attempts = job.next_attempts(states)
         if not self.backend.batches_calls:
-            for state in states:
-                self.dispatch(job, state)
+            for state, attempt in attempts:
+                self._spawn(self._attempt, job, state, attempt)
             return
-        attempts = [(state, job.next_attempt(state)) for state in states]
         self._spawn(self._attempt_many, job, attempts)
 
     def _invocation(self, job: Job, state: CallState, attempt: int) -> Invocation | None:
@@ -159,18 +159,18 @@ class Client:
         ready = [(s, a, inv) for s, a in attempts if (inv := self._invocation(job, s, a)) is not None]
         if not ready:
             return
-        self._acquire_slot()
+        ticket, _at_floor, counted = self._acquire_slot()
         for state, attempt, _ in ready:
             job.record_attempt(state, attempt, time.time())
         try:
             answers = self.backend.invoke_many([inv for _, _, inv in ready])
         except Exception as e:
             fault = e if isinstance(e, PlatformFault) else PlatformFault("server", f"{type(e).__name__}: {e}")
-            self._release_slot(fault.kind == "throttled")
+            self._release_slot(fault.kind == "throttled", ticket, counted)
             for state, attempt, _ in ready:
                 self._spawn(self._on_fault, job, state, attempt, fault)
             return
-        self._release_slot(False)
+        self._release_slot(False, ticket, counted)
         for (state, attempt, _), answer in zip(ready, answers):
             if answer is None:
                 self._accepted(job, state, attempt)
@@ -187,21 +187,20 @@ class Client:
         invocation = self._invocation(job, state, attempt)
         if invocation is None:
             return
-        ticket, at_floor = self._acquire_slot()
+        ticket, at_floor, counted = self._acquire_slot()
         job.record_attempt(state, attempt, time.time())
-        throttled = False
         try:
             answer = self.backend.invoke(invocation)
         except PlatformFault as fault:
             throttled = fault.kind == "throttled"
-            self._release_slot(throttled, ticket)
+            self._release_slot(throttled, ticket, counted)
             self._on_fault(job, state, attempt, fault, policy.charges_retry(fault.kind, at_floor))
             return
         except Exception as e:  # a backend bug or an unexpected client error: a server-side fault
-            self._release_slot(False)
+            self._release_slot(False, ticket, counted)
             self._on_fault(job, state, attempt, PlatformFault("server", f"{type(e).__name__}: {e}"))
             return
-        self._release_slot(throttled)
+        self._release_slot(False, ticket, counted)
         if answer is None:
             self._accepted(job, state, attempt)
             return
@@ -265,21 +264,35 @@ class Client:
 
     # -- throttle ------------------------------------------------------------
 
-    def _acquire_slot(self) -> tuple[int, bool]:
-        """Wait for room under the throttle; return the send's ticket and whether the limit is at its floor."""
+    def _acquire_slot(self) -> tuple[int, bool, bool]:
+        """Wait for room under the throttle; return the send's ticket, whether the limit is at its
+        floor, and whether the send was counted in ``_in_flight`` (pass that to ``_release_slot``).
+
+        While no 429 has lowered the limit, the dispatch threads themselves bound the calls in
+        flight (one each, and there are ``max_workers`` of them), so a send takes no lock: a
+        lock shared by every dispatch thread on every call made them queue behind each other
+        and tripled the client's CPU per call (issue 9).
+        """
+        throttle = self._throttle
+        if throttle.limit >= throttle.ceiling:
+            return throttle.ticket(), throttle.at_floor, False
         with self._slots:
-            while self._in_flight >= self._throttle.allowed():
+            while self._in_flight >= throttle.allowed():
                 self._slots.wait()
             self._in_flight += 1
-            return self._throttle.ticket(), self._throttle.at_floor
+            return throttle.ticket(), throttle.at_floor, True
 
-    def _release_slot(self, throttled: bool, ticket: int | None = None) -> None:
+    def _release_slot(self, throttled: bool, ticket: int | None = None, counted: bool = True) -> None:
+        throttle = self._throttle
+        if not (throttled or counted) and throttle.limit >= throttle.ceiling:
+            return  # unthrottled and uncounted: nothing to update, nobody can be waiting on it
         with self._slots:
-            self._in_flight -= 1
+            if counted:
+                self._in_flight -= 1
             if throttled:
-                self._throttle.on_throttled(ticket)
+                throttle.on_throttled(ticket)
             else:
-                self._throttle.on_success()
+                throttle.on_success()
             self._slots.notify_all()
 
     # -- monitor: async results, lost calls, stragglers ------------------------

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import CancelledError, Future
 
 from . import keys, records
+from .locks import YieldingLock
 from .errors import (
     CallLost,
     PlatformError,
@@ -102,7 +103,7 @@ class Job:
         self.retry_on_names = sorted(
             {f"{t.__module__}.{t.__qualname__}" for t in config.retry_on}
         )
-        self._lock = threading.Lock()
+        self._lock = YieldingLock()
         self._all_done = threading.Event()
 
     # -- building ------------------------------------------------------------
@@ -144,9 +145,18 @@ class Job:
             state.next_attempt += 1
             return n
 
+    def next_attempts(self, states: list[CallState]) -> list[tuple[CallState, int]]:
+        """``next_attempt`` for many calls under one lock."""
+        with self._lock:
+            out = []
+            for state in states:
+                out.append((state, state.next_attempt))
+                state.next_attempt += 1
+            return out
+
     def finish(self, state: CallState, outcomes: list, stats: dict | None, attempt: int) -> bool:
         """Deliver a call's outcomes; returns False for a duplicate (a later copy)."""
-        with self._lock:
+        with self._lock:  # one lock section per call: dispatch threads share this lock (issue 9)
             if state.done:
                 self.duplicate_count += 1
                 return False
@@ -155,13 +165,18 @@ class Job:
             if stats and "started" in stats and "finished" in stats:
                 self.durations.append(stats["finished"] - stats["started"])
             self.done_count += 1
-            failed = sum(1 for o in outcomes if o[0] != "ok")
+            failed = 0
+            for outcome in outcomes:
+                if outcome[0] != "ok":
+                    failed += 1
             self.failed_count += failed
             if failed:
                 self.call_errors[state.call_id] = records.call_error(outcomes)
             self._mark_attempt(state, attempt, "ok" if not failed else "error")
             state.payload = None
-        self._save_record_if_last()  # before the last result is out: a returned map has its record
+            write_record, all_done = self._settle()
+        if write_record:  # before the last result is out: a returned map has its record
+            self._save_record(final=True)
         if state.unwrap:
             outcome = outcomes[0]
             if outcome[0] == "ok":
@@ -171,7 +186,8 @@ class Job:
         else:
             _set(state.future, result=outcomes)
         self._progress_update(state.n_items, failed, state.call_id)
-        self._after_done()
+        if all_done:
+            self._after_done()
         return True
 
     def fail(self, state: CallState, fault, attempt: int) -> None:
@@ -186,6 +202,7 @@ class Job:
             self._mark_attempt(state, attempt, fault.kind)
             state.payload = None
             attempts = len(state.attempts)
+            write_record, all_done = self._settle()
         cls = _FAULT_ERRORS.get(fault.kind, PlatformError)
         if fault.kind == "rejected" and ("401" in fault.message or "403" in fault.message):
             cls = SignatureError
@@ -193,10 +210,21 @@ class Job:
             f"{state.describe()} of job {self.id} failed after {attempts} attempt(s): {fault.message}"
         )
         exc.add_note(f"fnmap: {state.describe()} of job {self.id}; retries={self.config.retries}")
-        self._save_record_if_last()
+        if write_record:
+            self._save_record(final=True)
         _set(state.future, exception=exc)
         self._progress_update(state.n_items, state.n_items, state.call_id)
-        self._after_done()
+        if all_done:
+            self._after_done()
+
+    def _settle(self) -> tuple[bool, bool]:
+        """Under ``_lock``, after a call is done: (write the final record now, every call is done)."""
+        all_done = self.sealed and self.done_count == len(self.calls)
+        write_record = all_done and not self._record_saved
+        if write_record:
+            self._record_saved = True
+            self.finished = self.finished or time.time()
+        return write_record, all_done
 
     def record_attempt(self, state: CallState, attempt: int, sent: float) -> None:
         with self._lock:
@@ -225,12 +253,15 @@ class Job:
                 state.done = True
                 self.done_count += 1
                 state.payload = None
-        self._after_done()
+            write_record, all_done = self._settle()
+        if write_record:
+            self._save_record(final=True)
+        if all_done:
+            self._after_done()
 
     def _after_done(self) -> None:
         with self._lock:
             self._check_all_done()
-        self._save_record_if_last()
 
     def _check_all_done(self) -> None:
         if self.sealed and self.done_count == len(self.calls) and not self._all_done.is_set():

@@ -103,15 +103,15 @@ class Throttle:
         self.ceiling = max(1, ceiling)
         self.limit = float(self.ceiling)
         self.probe_slowdown = probe_slowdown
-        self.tickets = 0
+        # itertools.count: taking a ticket is atomic, so unthrottled sends take one without a lock.
+        self._tickets = itertools.count(1)
         self._cut_after = 0
         self._pushed_back_at = float("inf")
         self.cuts = 0
 
     def ticket(self) -> int:
         """Number a send; pass it back to :meth:`on_throttled` when that send gets a 429."""
-        self.tickets += 1
-        return self.tickets
+        return next(self._tickets)
 
     def on_throttled(self, ticket: int | None = None) -> bool:
         """Halve the limit for a 429 (once per burst); returns whether it was cut."""
@@ -119,7 +119,7 @@ class Throttle:
             return False
         self._pushed_back_at = self.limit
         self.limit = max(1.0, self.limit / 2)
-        self._cut_after = self.tickets
+        self._cut_after = next(self._tickets)  # every send numbered before the cut is <= it
         self.cuts += 1
         return True
 
