@@ -15,6 +15,7 @@ from . import keys, policy
 from .client import get_client
 from .config import resolve
 from .errors import ConfigError
+from .job import CallOutcome
 from .progress import make_progress
 from .worker import MODE_ONE
 
@@ -104,7 +105,7 @@ def _start(
     states = []
     try:
         for chunk in policy.chunks(make_items(job.id), config.chunksize):
-            states.append(job.add_call(func_key, (mode, chunk), index, len(chunk)))
+            states.append(job.add_call(func_key, (mode, chunk), index, len(chunk), CallOutcome()))
             index += len(chunk)
     except BaseException:
         job.cancel()

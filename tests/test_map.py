@@ -77,6 +77,24 @@ def test_remote_exception_same_type_with_index_and_traceback(backend):
     assert "fail_on_three" in str(exc.__cause__)
 
 
+def fail_first_then_sleep(x):
+    import time
+
+    if x == 0:
+        raise ValueError("item 0 is bad")
+    time.sleep(5)
+    return x
+
+
+def test_first_failure_raised_before_the_other_calls_finish(backend):
+    """A map raises its first failure at once, not after the slowest call (and cancels the rest)."""
+    job = fnmap.map(fail_first_then_sleep, range(4), backend=backend, return_job=True)
+    with pytest.raises(ValueError, match="item 0 is bad"):
+        job.results()
+    assert not job.done  # the sleeping calls were still out when the error was raised
+    assert job.wait(60)
+
+
 def test_return_exceptions_puts_errors_in_place(backend):
     out = fnmap.map(fail_on_three, range(6), return_exceptions=True, backend=backend, chunksize=2)
     assert out[:3] == [0, 1, 2] and out[4:] == [4, 5]
