@@ -4,15 +4,15 @@ Google Cloud Functions, Cloud Run, Knative, Function Compute and SCF web
 functions, and the emulator all take the same request: the envelope as the
 body and its HMAC in ``X-Fnmap-Signature``.  Each dispatch thread keeps its own
 keep-alive connection.  Plain ``http://`` targets that no proxy applies to (the
-emulator, in-cluster functions) are posted with ``http.client`` directly: a
+emulator, in-cluster functions) are posted with :mod:`.rawhttp` directly: a
 ``requests.Session`` spent about 1 ms of client CPU per call on a noop job
-(netrc lookups, adapters, pool bookkeeping), more than the call itself (issue 9).
+(netrc lookups, adapters, pool bookkeeping), more than the call itself, and
+``http.client`` half of what remained (issue 9).
 Everything else (``https://``, proxies) goes through ``requests``.
 """
 
 from __future__ import annotations
 
-import http.client
 import select
 import threading
 import urllib.request
@@ -23,6 +23,7 @@ import requests
 from ..errors import ConfigError, PlatformFault
 from ..signing import SIGNATURE_HEADER
 from ..wire import ERROR_KIND_HEADER
+from . import rawhttp
 from .base import BaseBackend, Invocation
 
 _CONNECT_TIMEOUT = 10.0
@@ -99,30 +100,26 @@ class HttpBackend(BaseBackend):
             self._forget(conn)
             conn = None
         if conn is None:
-            conn = http.client.HTTPConnection(host, port, timeout=_CONNECT_TIMEOUT)
             try:
-                conn.connect()
+                conn = rawhttp.Connection(host, port, _CONNECT_TIMEOUT)
             except OSError as e:
-                conn.close()
                 raise PlatformFault("connection", f"cannot reach {self.invoke_url}: {e!r}") from e
             self._local.conn = conn
         try:
-            conn.sock.settimeout(read_timeout)
-            conn.request("POST", path, invocation.body, {
-                SIGNATURE_HEADER: invocation.signature, "Content-Type": "application/octet-stream"})
-            r = conn.getresponse()
-            data = r.read()
+            r = conn.post(path, invocation.body, {
+                SIGNATURE_HEADER: invocation.signature, "Content-Type": "application/octet-stream"},
+                read_timeout)
         except TimeoutError as e:
             self._forget(conn)
             raise PlatformFault("lost", f"no answer from {self.invoke_url} within {read_timeout} s") from e
-        except (OSError, http.client.HTTPException) as e:
+        except OSError as e:  # refused, reset, or cut off mid-answer (rawhttp.ProtocolError)
             self._forget(conn)
             raise PlatformFault("connection", f"cannot reach {self.invoke_url}: {e!r}") from e
         if r.will_close:
             self._forget(conn)
         if r.status == 200:
-            return data
-        raise fault_from_status(r.status, r.headers, data.decode(errors="replace"), self.invoke_url)
+            return r.body
+        raise fault_from_status(r.status, r.headers, r.body.decode(errors="replace"), self.invoke_url)
 
     def _forget(self, conn) -> None:
         if conn is not None:
