@@ -2,7 +2,7 @@
 
 Runs warm noop and bigarg (1 MB) jobs on the auto-started emulator and splits
 the CPU seconds they cost (psutil) between the client process, the emulator's
-server process (waitress + Flask) and its worker processes, per call.  CPU time
+server process (its HTTP server + the WSGI app) and its worker processes, per call.  CPU time
 is far less sensitive than wall time to other load on a shared machine, so this
 is the figure to compare before and after a change to the per-call path.
 """

@@ -1,4 +1,4 @@
-"""Serve the emulator with waitress until SIGTERM/SIGINT (or, with ``watch_stdin``, end of stdin)."""
+"""Serve the emulator (:mod:`.httpserver`) until SIGTERM/SIGINT (or, with ``watch_stdin``, end of stdin)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import sys
 import threading
 
 from ..signing import SECRET_ENV, new_secret
+from ..http_app import MAX_BODY_BYTES
 from .app import Emulator, create_emulator_app
+from .httpserver import WSGIServer
 from .faults import FaultPlan
 from .pool import WorkerPool
 
@@ -21,8 +23,6 @@ def default_workers() -> int:
 def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
           watch_stdin: bool = False, faults: FaultPlan | None = None) -> None:
     """Run the emulator in this process until told to stop; ``faults`` makes it unreliable on purpose."""
-    from waitress import create_server
-
     workers = workers or default_workers()
     env = dict(os.environ)
     if not env.get(SECRET_ENV):
@@ -33,14 +33,10 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     pool = WorkerPool(workers, env=env)
     emulator = Emulator(pool, faults)
     app = create_emulator_app(emulator)
-    # Threads beyond the workers answer 429s and hold delayed calls (latency, stragglers, drops)
-    # without stopping the pool from serving.
-    server = create_server(app, host=host, port=port, threads=2 * workers + 8, channel_timeout=600,
-                           connection_limit=1000, asyncore_use_poll=True,
-                           # 1 MB arguments: read them in big slices and keep them in memory; waitress's
-                           # defaults (8 KB reads, a temp file past 512 KB) cost 5 ms per MB (issue 9).
-                           recv_bytes=1 << 18, inbuf_overflow=16 << 20)
-    actual_host, actual_port = server.effective_host, server.effective_port
+    # A thread per connection: calls beyond the workers are answered 429, and delayed calls
+    # (latency, stragglers, drops) wait, without stopping the pool from serving.
+    server = WSGIServer(app, host=host, port=port, idle_timeout=600, max_body=MAX_BODY_BYTES)
+    actual_host, actual_port = server.host, server.port
     shown_host = f"[{actual_host}]" if ":" in str(actual_host) else actual_host
 
     stop_requested = threading.Event()
@@ -48,7 +44,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     signal.signal(signal.SIGINT, lambda signum, frame: stop_requested.set())
     if watch_stdin:
         threading.Thread(target=_set_on_stdin_eof, args=(stop_requested,), daemon=True).start()
-    serving = threading.Thread(target=server.run, name="fnmap-emulator-server", daemon=True)
+    serving = threading.Thread(target=server.serve_forever, name="fnmap-emulator-server", daemon=True)
     serving.start()
     print(f"fnmap emulator listening on http://{shown_host}:{actual_port} with {workers} workers", flush=True)
     if emulator.faults.active:
@@ -58,9 +54,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
             pass
     finally:
         emulator.stopping.set()
-        # Closing every socket of waitress's map ends its loop; clients' keep-alive connections
-        # are in the map too, so close them all, in the loop's own thread (the trigger's thunk).
-        server.trigger.pull_trigger(lambda: _close_all(server))
+        server.close()
         serving.join(timeout=10)
         pool.close()
         print("fnmap emulator stopped", file=sys.stderr, flush=True)
@@ -80,13 +74,6 @@ def limit_blas_threads(env: dict, workers: int) -> None:
     share = str(max(1, (os.cpu_count() or 1) // workers))
     for name in BLAS_THREAD_VARS:
         env.setdefault(name, share)
-
-
-def _close_all(server) -> None:
-    for channel in list(server._map.values()):
-        if channel is not server and channel is not server.trigger:
-            channel.close()
-    server.close()
 
 
 def _set_on_stdin_eof(event: threading.Event) -> None:

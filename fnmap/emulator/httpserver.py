@@ -1,0 +1,260 @@
+"""The emulator's HTTP server: a thread per keep-alive connection, running a WSGI app.
+
+waitress cost about 60 % of the emulator's CPU per noop call (py-spy): its
+asyncore loop, task queue, parser and the hand-offs between its threads
+(issue 9).  fnmap's clients hold a few long keep-alive connections (one per
+dispatch thread; boto3 pools ten), so a thread per connection that reads a
+request, calls the app and writes the answer is all the emulator needs.  It
+speaks HTTP/1.1 with keep-alive, ``Content-Length`` and chunked request bodies,
+``Expect: 100-continue`` and HEAD; an answer without a length is gathered and
+sent with one.  It binds where it is told (the CLI warns when that is not
+loopback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+import threading
+import traceback
+from http import HTTPStatus
+from io import BytesIO
+
+_MAX_LINE = 65536
+_MAX_HEADERS = 200
+#: Connections served at once; more are answered 503 and closed.
+MAX_CONNECTIONS = 1000
+
+
+class BadRequest(Exception):
+    pass
+
+
+class WSGIServer:
+    """Serve ``app`` on ``host:port`` (0: any free port) until :meth:`close`."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, idle_timeout: float = 600.0,
+                 max_body: int = 64 << 20):
+        self.app = app
+        self.idle_timeout = idle_timeout
+        self.max_body = max_body
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.listener = socket.create_server((host, port), family=family, backlog=1024)
+        self.host, self.port = self.listener.getsockname()[:2]
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def serve_forever(self) -> None:
+        while not self._closed:
+            try:
+                sock, peer = self.listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                crowded = len(self._connections) >= MAX_CONNECTIONS
+                if not crowded:
+                    self._connections.add(sock)
+            if crowded:
+                with contextlib.suppress(OSError):
+                    sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                 b"Connection: close\r\n\r\n")
+                sock.close()
+                continue
+            threading.Thread(target=self._serve_connection, args=(sock, peer), daemon=True,
+                             name="fnmap-emulator-connection").start()
+
+    def close(self) -> None:
+        """Stop accepting and hang up every open connection (their threads then end)."""
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        with self._lock:
+            connections = list(self._connections)
+        for sock in connections:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    # -- one connection ----------------------------------------------------------
+
+    def _serve_connection(self, sock: socket.socket, peer) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rfile = sock.makefile("rb", buffering=1 << 18)
+        try:
+            while not self._closed:
+                sock.settimeout(self.idle_timeout)
+                try:
+                    keep_alive = self._serve_request(sock, rfile, peer)
+                except BadRequest as e:
+                    self._send_simple(sock, 400, str(e))
+                    return
+                if not keep_alive:
+                    return
+        except (OSError, ValueError):
+            return  # the client hung up, timed out, or the server is closing
+        finally:
+            with self._lock:
+                self._connections.discard(sock)
+            with contextlib.suppress(OSError):
+                rfile.close()
+                sock.close()
+
+    def _serve_request(self, sock: socket.socket, rfile, peer) -> bool:
+        line = rfile.readline(_MAX_LINE + 1)
+        while line in (b"\r\n", b"\n"):  # stray blank lines between requests are allowed
+            line = rfile.readline(_MAX_LINE + 1)
+        if not line:
+            return False
+        parts = line.split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+            raise BadRequest(f"not an HTTP/1.x request line: {line[:100]!r}")
+        method, target, version = (p.decode("latin-1") for p in parts)
+        headers: dict[str, str] = {}
+        for _ in range(_MAX_HEADERS):
+            line = rfile.readline(_MAX_LINE + 1)
+            if line in (b"\r\n", b"\n"):
+                break
+            if not line:
+                return False
+            name, sep, value = line.partition(b":")
+            if not sep or not name.strip():
+                raise BadRequest(f"malformed header line: {line[:100]!r}")
+            key = name.strip().decode("latin-1").upper().replace("-", "_")
+            text = value.strip().decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        else:
+            raise BadRequest(f"more than {_MAX_HEADERS} headers")
+        connection = headers.get("CONNECTION", "").lower()
+        keep_alive = ("close" not in connection) and (version == "HTTP/1.1" or "keep-alive" in connection)
+
+        if "chunked" in headers.get("TRANSFER_ENCODING", "").lower():
+            self._continue(sock, headers)
+            body = self._read_chunked(rfile)
+        else:
+            length_text = headers.get("CONTENT_LENGTH", "0") or "0"
+            if not length_text.isdigit():
+                raise BadRequest(f"bad Content-Length {length_text!r}")
+            length = int(length_text)
+            if length > self.max_body:
+                self._send_simple(sock, 413, f"request body of {length} bytes exceeds "
+                                  f"{self.max_body}; large arguments travel through storage")
+                return False
+            if length:
+                self._continue(sock, headers)
+            body = rfile.read(length) if length else b""
+            if len(body) != length:
+                return False
+        path, _, query = target.partition("?")
+        if path.startswith(("http://", "https://")):  # absolute form
+            path = "/" + path.split("/", 3)[3] if path.count("/") >= 3 else "/"
+        environ = {
+            "REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": _unquote(path),
+            "QUERY_STRING": query, "SERVER_NAME": str(self.host), "SERVER_PORT": str(self.port),
+            "SERVER_PROTOCOL": version, "REMOTE_ADDR": str(peer[0]) if peer else "",
+            "CONTENT_LENGTH": str(len(body)), "wsgi.version": (1, 0), "wsgi.url_scheme": "http",
+            "wsgi.input": BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
+            "wsgi.multiprocess": False, "wsgi.run_once": False, "RAW_URI": target,
+        }
+        if "CONTENT_TYPE" in headers:
+            environ["CONTENT_TYPE"] = headers.pop("CONTENT_TYPE")
+        headers.pop("CONTENT_LENGTH", None)
+        for key, value in headers.items():
+            environ["HTTP_" + key] = value
+        return self._respond(sock, environ, method, version, keep_alive)
+
+    def _continue(self, sock: socket.socket, headers: dict) -> None:
+        if headers.get("EXPECT", "").lower() == "100-continue":
+            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _read_chunked(self, rfile) -> bytes:
+        pieces, total = [], 0
+        while True:
+            line = rfile.readline(_MAX_LINE + 1)
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise BadRequest(f"bad chunk size line {line[:100]!r}") from None
+            if size == 0:
+                while rfile.readline(_MAX_LINE + 1) not in (b"\r\n", b"\n", b""):
+                    pass
+                return b"".join(pieces)
+            total += size
+            if total > self.max_body:
+                raise BadRequest(f"request body exceeds {self.max_body} bytes")
+            piece = rfile.read(size)
+            rfile.readline(_MAX_LINE + 1)
+            if len(piece) != size:
+                raise BadRequest("the connection closed inside a chunk")
+            pieces.append(piece)
+
+    def _respond(self, sock: socket.socket, environ: dict, method: str, version: str,
+                 keep_alive: bool) -> bool:
+        state: dict = {}
+
+        def start_response(status, response_headers, exc_info=None):
+            if exc_info and state.get("sent"):
+                raise exc_info[1].with_traceback(exc_info[2])
+            state["status"], state["headers"] = status, list(response_headers)
+            return state.setdefault("early", []).append  # the legacy write() callable
+
+        try:
+            result = self.app(environ, start_response)
+            try:
+                chunks = list(state.pop("early", [])) + [c for c in result if c]
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        except Exception:
+            traceback.print_exc()
+            self._send_simple(sock, 500, "internal error in the fnmap emulator")
+            return False
+        if "status" not in state:
+            self._send_simple(sock, 500, "the app did not start a response")
+            return False
+        names = {name.lower() for name, _ in state["headers"]}
+        body = b"".join(chunks)
+        head = [f"HTTP/1.1 {state['status']}"]
+        head.extend(f"{name}: {value}" for name, value in state["headers"])
+        if "content-length" not in names:
+            head.append(f"Content-Length: {len(body)}")
+        if not keep_alive:
+            head.append("Connection: close")
+        elif version == "HTTP/1.0":
+            head.append("Connection: keep-alive")
+        data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+        state["sent"] = True
+        if method == "HEAD":
+            sock.sendall(data)
+        elif len(body) <= 65536:
+            sock.sendall(data + body)
+        else:
+            sock.sendall(data)
+            sock.sendall(body)
+        return keep_alive
+
+    def _send_simple(self, sock: socket.socket, status: int, text: str) -> None:
+        body = text.encode()
+        with contextlib.suppress(OSError):
+            sock.sendall(f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Type: text/plain; "
+                         f"charset=utf-8\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                         .encode("latin-1") + body)
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+def _unquote(path: str) -> str:
+    """PATH_INFO is the decoded path, as bytes in latin-1 (PEP 3333)."""
+    if "%" not in path:
+        return path
+    from urllib.parse import unquote_to_bytes
+
+    return unquote_to_bytes(path).decode("latin-1")

@@ -1,0 +1,107 @@
+"""The emulator's own HTTP server (issue 9): HTTP/1.1 as clients send it, over real sockets."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+import pytest
+import requests
+
+from fnmap.emulator.httpserver import WSGIServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def echo_app(environ, start_response):
+    """Answers with what it was given; ``/fail`` raises, ``/nolength`` gives no Content-Length."""
+    body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    path = environ["PATH_INFO"]
+    if path == "/fail":
+        raise RuntimeError("app bug")
+    text = (f"{environ['REQUEST_METHOD']} {path} q={environ['QUERY_STRING']} "
+            f"x={environ.get('HTTP_X_THING', '-')} type={environ.get('CONTENT_TYPE', '-')} "
+            f"len={len(body)}|").encode() + body
+    headers = [("Content-Type", "text/plain")]
+    if path != "/nolength":
+        headers.append(("Content-Length", str(len(text))))
+    start_response("200 OK", headers)
+    return [text[:5], text[5:]] if path == "/nolength" else [text]
+
+
+@pytest.fixture
+def server():
+    srv = WSGIServer(echo_app, "127.0.0.1", 0, max_body=1000)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.close()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def _raw(server, data: bytes) -> bytes:
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+def test_keep_alive_requests_with_query_headers_and_bodies(server):
+    url = f"http://{server.host}:{server.port}"
+    with requests.Session() as session:
+        r1 = session.post(url + "/a%20b?x=1", data=b"hello", headers={"X-Thing": "t",
+                                                                      "Content-Type": "app/x"})
+        r2 = session.post(url + "/nolength", data=iter([b"chunk", b"ed"]))  # a chunked request body
+        r3 = session.get(url + "/")
+    assert r1.content == b"POST /a b q=x=1 x=t type=app/x len=5|hello"
+    assert r2.content == b"POST /nolength q= x=- type=- len=7|chunked"
+    assert r2.headers["Content-Length"] == str(len(r2.content))  # gathered and sent with a length
+    assert r3.status_code == 200 and r3.content.endswith(b"len=0|")
+
+
+def test_http10_head_expect_continue_and_pipelining(server):
+    out = _raw(server, b"HEAD /h HTTP/1.0\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close" in out
+    assert out.endswith(b"\r\n\r\n")  # headers only
+    out = _raw(server, b"POST /e HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n"
+                       b"Connection: close\r\n\r\nhi")
+    assert out.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
+    assert out.endswith(b"len=2|hi")
+    out = _raw(server, b"GET /1 HTTP/1.1\r\n\r\nGET /2 HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert out.count(b"HTTP/1.1 200 OK") == 2 and out.endswith(b"GET /2 q= x=- type=- len=0|")
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"NONSENSE\r\n\r\n", b"400"),
+    (b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n", b"400"),
+    (b"POST / HTTP/1.1\r\nbad header\r\n\r\n", b"400"),
+    (b"POST / HTTP/1.1\r\nContent-Length: 5000\r\n\r\n", b"413"),
+    (b"GET /fail HTTP/1.1\r\n\r\n", b"500"),
+])
+def test_bad_requests_and_app_errors_get_an_answer_and_the_server_keeps_serving(
+        server, request_bytes, status, capsys):
+    out = _raw(server, request_bytes)
+    assert out.split(b" ")[1] == status and b"Connection: close" in out
+    r = requests.get(f"http://{server.host}:{server.port}/still", timeout=10)
+    assert r.status_code == 200
+
+
+def test_close_hangs_up_idle_keep_alive_connections():
+    srv = WSGIServer(echo_app, "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    sock = socket.create_connection((srv.host, srv.port), timeout=10)
+    try:
+        sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        srv.close()
+        thread.join(5)
+        assert not thread.is_alive()
+        assert sock.recv(65536) == b""  # the idle connection was closed by the server
+    finally:
+        with contextlib.suppress(OSError):
+            sock.close()

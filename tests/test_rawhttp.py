@@ -1,0 +1,149 @@
+"""The minimal HTTP/1.1 client of the http backend's per-call path (issue 9), against a real
+socket server on loopback that answers each request with canned bytes."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from fnmap.backends import rawhttp
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class CannedServer:
+    """Accepts connections; answers the n-th request with ``answers[n]`` (then closes if told)."""
+
+    def __init__(self, answers: list[tuple[bytes, bool]]):
+        self.answers = list(answers)
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.closing = threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while self.answers:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                buf = b""
+                while self.answers:
+                    while b"\r\n\r\n" not in buf:
+                        data = conn.recv(65536)
+                        if not data:
+                            break
+                        buf += data
+                    if b"\r\n\r\n" not in buf:
+                        break
+                    head, buf = buf.split(b"\r\n\r\n", 1)
+                    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                      if line.lower().startswith(b"content-length")))
+                    while len(buf) < length:
+                        buf += conn.recv(65536)
+                    self.requests.append(head + b"\r\n\r\n" + buf[:length])
+                    buf = buf[length:]
+                    answer, close = self.answers.pop(0)
+                    if answer is None:  # never answer: hold the connection until close()
+                        self.closing.wait(30)
+                        break
+                    conn.sendall(answer)
+                    if close:
+                        break
+
+    def close(self):
+        self.closing.set()
+        self.answers.clear()
+        self.sock.close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(*answers):
+        server = CannedServer(answers)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def _post(server, body=b"payload", timeout=10):
+    conn = rawhttp.Connection("127.0.0.1", server.port, 5)
+    try:
+        return conn, conn.post("/invoke?x=1", body, {"X-Test": "yes"}, timeout)
+    except BaseException:
+        conn.close()
+        raise
+
+
+def test_keep_alive_content_length_and_request_format(serve):
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nServer: canned\r\n\r\nhello"
+    server = serve((ok, False), (ok, False))
+    conn, r = _post(server)
+    assert (r.status, r.body, r.will_close) == (200, b"hello", False)
+    assert r.headers.get("SERVER") == "canned"
+    r2 = conn.post("/invoke?x=1", b"x" * 100_000, {}, 10)  # a large body: sent in two writes
+    conn.close()
+    assert r2.body == b"hello" and server.connections == 1  # the same connection, kept alive
+    head = server.requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")
+    assert head[0] == b"POST /invoke?x=1 HTTP/1.1"
+    assert b"Content-Length: 7" in head and b"X-Test: yes" in head
+    assert server.requests[0].endswith(b"\r\n\r\npayload")
+    assert server.requests[1].endswith(b"x" * 100_000)
+
+
+def test_chunked_body_continue_and_repeated_headers(serve):
+    answer = (b"HTTP/1.1 100 Continue\r\n\r\n"
+              b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\nRetry-After: 2\r\n"
+              b"X-A: 1\r\nX-A: 2\r\n\r\n4;ext=1\r\nslow\r\n5\r\n down\r\n0\r\n\r\n")
+    server = serve((answer, False))
+    conn, r = _post(server)
+    conn.close()
+    assert (r.status, r.body) == (429, b"slow down")
+    assert r.headers.get("retry-after") == "2" and r.headers.get("x-a") == "1, 2"
+
+
+def test_close_and_body_to_the_end_of_the_connection(serve):
+    server = serve((b"HTTP/1.0 500 Oops\r\nContent-Type: text/plain\r\n\r\nbroken worker", True))
+    conn, r = _post(server)
+    conn.close()
+    assert (r.status, r.body, r.will_close) == (500, b"broken worker", True)
+    server2 = serve((b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", True))
+    conn, r = _post(server2)
+    conn.close()
+    assert r.will_close and r.body == b"ok"
+
+
+@pytest.mark.parametrize("answer, match", [
+    (b"", "closed the connection without answering"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "after 5 of 10 body bytes"),
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
+    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+])
+def test_broken_answers_raise_protocol_errors(serve, answer, match):
+    server = serve((answer, True))
+    with pytest.raises(rawhttp.ProtocolError, match=match):
+        _post(server)
+
+
+def test_no_answer_times_out(serve):
+    server = serve((None, False))  # reads the request, answers nothing
+    conn = rawhttp.Connection("127.0.0.1", server.port, 5)
+    try:
+        with pytest.raises(TimeoutError):
+            conn.post("/", b"x", {}, 0.3)
+    finally:
+        conn.close()
