@@ -36,7 +36,7 @@ def measure(kind: str, n: int, reps: int) -> dict:
     func = noop if kind == "noop" else len
     rows = []
     for _ in range(reps):
-        workers = emulator.children()
+        workers = emulator.children(recursive=True)  # forked from a fork server
         c0, s0, w0 = _cpu(me), _cpu(emulator), sum(_cpu(w) for w in workers)
         t0 = time.perf_counter()
         out = fnmap.map(func, items, progress=False)
