@@ -98,7 +98,7 @@ class Connection:
         if status in (100, 204, 304):
             return Response(status, headers, b"", will_close)
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            body = self._read_chunked()
+            body = read_chunked(rfile)
         elif "content-length" in headers:
             try:
                 length = int(headers["content-length"])
@@ -112,26 +112,32 @@ class Connection:
             will_close = True
         return Response(status, headers, body, will_close)
 
-    def _read_chunked(self) -> bytes:
-        rfile = self._rfile
-        pieces = []
-        while True:
-            line = rfile.readline(_MAX_LINE + 1)
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise ProtocolError(f"bad chunk size line {line[:100]!r}") from None
-            if size == 0:
-                while rfile.readline(_MAX_LINE + 1) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers: none expected, skipped
-                return b"".join(pieces)
-            piece = rfile.read(size)
-            if len(piece) != size or rfile.readline(_MAX_LINE + 1) not in (b"\r\n", b"\n"):
-                raise ProtocolError("the connection closed inside a chunk")
-            pieces.append(piece)
-
     def close(self) -> None:
         try:
             self._rfile.close()
         finally:
             self.sock.close()
+
+
+def read_chunked(rfile, max_bytes: int | None = None) -> bytes:
+    """Read a chunked message body from ``rfile`` (trailers skipped); the emulator's server
+    reads request bodies with it too.  Raises :class:`ProtocolError` when it is malformed,
+    cut short, or longer than ``max_bytes``."""
+    pieces, total = [], 0
+    while True:
+        line = rfile.readline(_MAX_LINE + 1)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise ProtocolError(f"bad chunk size line {line[:100]!r}") from None
+        if size == 0:
+            while rfile.readline(_MAX_LINE + 1) not in (b"\r\n", b"\n", b""):
+                pass  # trailers: none expected, skipped
+            return b"".join(pieces)
+        total += size
+        if max_bytes is not None and total > max_bytes:
+            raise ProtocolError(f"the chunked body exceeds {max_bytes} bytes")
+        piece = rfile.read(size)
+        if len(piece) != size or rfile.readline(_MAX_LINE + 1) not in (b"\r\n", b"\n"):
+            raise ProtocolError("the connection closed inside a chunk")
+        pieces.append(piece)

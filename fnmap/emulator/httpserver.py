@@ -21,6 +21,8 @@ import traceback
 from http import HTTPStatus
 from io import BytesIO
 
+from ..backends.rawhttp import ProtocolError, read_chunked
+
 _MAX_LINE = 65536
 _MAX_HEADERS = 200
 #: Connections served at once; more are answered 503 and closed.
@@ -132,7 +134,10 @@ class WSGIServer:
 
         if "chunked" in headers.get("TRANSFER_ENCODING", "").lower():
             self._continue(sock, headers)
-            body = self._read_chunked(rfile)
+            try:
+                body = read_chunked(rfile, self.max_body)
+            except ProtocolError as e:
+                raise BadRequest(str(e)) from None
         else:
             length_text = headers.get("CONTENT_LENGTH", "0") or "0"
             if not length_text.isdigit():
@@ -168,27 +173,6 @@ class WSGIServer:
     def _continue(self, sock: socket.socket, headers: dict) -> None:
         if headers.get("EXPECT", "").lower() == "100-continue":
             sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def _read_chunked(self, rfile) -> bytes:
-        pieces, total = [], 0
-        while True:
-            line = rfile.readline(_MAX_LINE + 1)
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise BadRequest(f"bad chunk size line {line[:100]!r}") from None
-            if size == 0:
-                while rfile.readline(_MAX_LINE + 1) not in (b"\r\n", b"\n", b""):
-                    pass
-                return b"".join(pieces)
-            total += size
-            if total > self.max_body:
-                raise BadRequest(f"request body exceeds {self.max_body} bytes")
-            piece = rfile.read(size)
-            rfile.readline(_MAX_LINE + 1)
-            if len(piece) != size:
-                raise BadRequest("the connection closed inside a chunk")
-            pieces.append(piece)
 
     def _respond(self, sock: socket.socket, environ: dict, method: str, version: str,
                  keep_alive: bool) -> bool:
