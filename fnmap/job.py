@@ -424,7 +424,7 @@ class Job:
                         raise exc
                     out.append(exc)
         except BaseException:
-            self.cancel()
+            self.cancel(stop_platform=True)
             raise
         return out
 
@@ -440,8 +440,9 @@ class Job:
             else:
                 self._wake.wait()
 
-    def cancel(self) -> None:
-        """Stop dispatching this job's calls; calls already running finish in the background."""
+    def cancel(self, stop_platform: bool = False) -> None:
+        """Stop dispatching this job's calls.  Calls already running finish in the background,
+        unless ``stop_platform`` and the backend can stop them (Batch array jobs are terminated)."""
         self.cancelled = True
         for state in self.calls:
             if state.future.cancel():
@@ -452,6 +453,14 @@ class Job:
                     pass
                 self.cancelled_before_start(state)
         self._wake.set()
+        if stop_platform and not self.done:
+            try:
+                self.client.backend.cancel(self.id)
+            except Exception as e:  # the caller is already handling an error; say, do not mask it
+                import warnings
+
+                warnings.warn(f"fnmap: could not stop the platform's work for job {self.id}: {e}",
+                              RuntimeWarning, stacklevel=3)
 
     def attempts_summary(self) -> dict:
         """Attempts per call, for the job summary: ``{call_id: [[attempt, sent, ended, outcome], ...]}``."""

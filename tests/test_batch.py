@@ -288,6 +288,28 @@ def test_failed_children_are_retried_then_reported(batch_emulator):
     assert sorted(j.get("arrayProperties", {}).get("size", 1) for j in failed) == [1, 3]
 
 
+def _fail_first(x):
+    if x == 0:
+        raise ValueError("item 0 is bad")
+    time.sleep(120)
+    return x
+
+
+def test_an_abandoned_map_terminates_its_array_job(batch_emulator):
+    """When a map raises its first failure, the containers still queued or running are stopped."""
+    job = fnmap.map(_fail_first, range(4), backend="batch", retries=0, return_job=True)
+    with pytest.raises(ValueError, match="item 0 is bad"):
+        job.results()
+    assert job.wait(60)  # every call accounted for: the stopped ones failed, none left waiting
+    b = batch_emulator.batch
+    array = _jobs(b, "FAILED", 1)[0]["jobId"]
+    children = [b.describe_jobs(jobs=[f"{array}:{i}"])["jobs"][0] for i in range(4)]
+    # Child 0 wrote its error result; it may still have been exiting when the array was stopped.
+    assert [c["status"] for c in children[1:]] == ["FAILED"] * 3
+    assert all(c["statusReason"].startswith("cancelled by the fnmap client") for c in children[1:])
+    assert job.summary()["done"] == 4
+
+
 def test_unknown_job_definition_is_a_clear_error(batch_emulator):
     try:
         with pytest.raises(

@@ -75,5 +75,13 @@ class BaseBackend:
         """Accepted calls that failed on the platform since the last poll (the client's monitor asks)."""
         return []
 
+    def cancel(self, job_id: str) -> None:
+        """Stop what the platform still queues or runs for ``job_id``, where it can.
+
+        Called when a map is abandoned (its first failure was raised, or it was
+        interrupted).  By default nothing: a function call cannot be recalled, and
+        its late result is discarded.
+        """
+
     def close(self) -> None:
         pass

@@ -296,6 +296,15 @@ class BatchBackend(BaseBackend):
                 out.append(Failure(submission.job_id, call_id, attempt, fault))
         return out
 
+    def cancel(self, job_id: str) -> None:
+        """Terminate the job's array jobs (queued children are cancelled, running ones stopped),
+        so an abandoned map stops paying for its containers."""
+        with self._lock:  # still watched: poll_failures then reports the stopped calls as failed
+            mine = [s for s in self._submitted.values() if s.job_id == job_id]
+        for submission in mine:
+            self._call("terminate_job", jobId=submission.batch_job_id,
+                       reason=f"cancelled by the fnmap client (job {job_id})")
+
     def _forget(self, batch_job_id: str) -> None:
         with self._lock:
             self._submitted.pop(batch_job_id, None)
