@@ -94,6 +94,8 @@ def test_keep_alive_content_length_and_request_format(serve):
     conn, r = _post(server)
     assert (r.status, r.body, r.will_close) == (200, b"hello", False)
     assert r.headers.get("SERVER") == "canned"
+    # No read timeout without a call timeout: keep-alive probes find a vanished host instead.
+    assert conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
     r2 = conn.post("/invoke?x=1", b"x" * 100_000, {}, 10)  # a large body: sent in two writes
     conn.close()
     assert r2.body == b"hello" and server.connections == 1  # the same connection, kept alive

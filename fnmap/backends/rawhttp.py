@@ -22,6 +22,19 @@ class ProtocolError(OSError):
     """The server's answer was not HTTP/1.x as expected (or the connection closed mid-answer)."""
 
 
+#: A call with no ``timeout`` may run for hours, so no read timeout applies to it; TCP keep-alive
+#: probes instead find a host that vanished without closing the connection (about 2 minutes).
+_KEEPALIVE = (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 6))
+
+
+def _keep_alive_probes(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in _KEEPALIVE:
+        option = getattr(socket, name, None)  # Linux names; macOS has only some of them
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
 class Headers(dict):
     """Response headers by lower-case name; ``get`` accepts any case."""
 
@@ -48,6 +61,7 @@ class Connection:
         self.host, self.port = host, port
         self.sock = socket.create_connection((host, port), connect_timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _keep_alive_probes(self.sock)
         self._rfile = self.sock.makefile("rb")
         self._host_header = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
 
