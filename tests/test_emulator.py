@@ -25,8 +25,11 @@ def exit_on_one(x):
     return x
 
 
-def test_cli_emulator_serves_and_stops_on_sigterm(use_emulator):
-    emu = use_emulator(workers=2)
+@pytest.mark.parametrize("server", ["fnmap", "waitress"])
+def test_cli_emulator_serves_and_stops_on_sigterm(use_emulator, server):
+    emu = use_emulator("--wsgi-server", server, workers=2)
+    served_by = requests.get(emu.url + "/health", timeout=5).headers.get("Server", "")
+    assert ("waitress" in served_by) == (server == "waitress")
     health = emu.health()
     assert health["status"] == "ok" and len(health["worker_pids"]) == 2
     assert fnmap.map(lambda x: x * 2, range(30), chunksize=4) == [x * 2 for x in range(30)]

@@ -17,6 +17,9 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others are reachable from the network)")
     p.add_argument("--port", type=int, default=8765, help="port to bind; 0 picks a free one (default 8765)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: 2 x CPU cores, at least 4)")
+    p.add_argument("--wsgi-server", choices=("fnmap", "waitress"), default="fnmap",
+                   help="HTTP server: fnmap's own, a thread per keep-alive connection (default; about half "
+                        "the CPU per call), or waitress")
     p.add_argument("--watch-stdin", action="store_true", help="stop when standard input closes (used when a client starts the emulator)")
     f = p.add_argument_group(
         "fault injection",
@@ -44,7 +47,7 @@ def run(args) -> int:
     except ValueError as e:
         raise SystemExit(f"fnmap emulator: {e}") from None
     serve(host=args.host, port=args.port, workers=args.workers, watch_stdin=args.watch_stdin,
-          faults=faults)
+          faults=faults, wsgi_server=args.wsgi_server)
     return 0
 
 

@@ -21,8 +21,11 @@ def default_workers() -> int:
 
 
 def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
-          watch_stdin: bool = False, faults: FaultPlan | None = None) -> None:
-    """Run the emulator in this process until told to stop; ``faults`` makes it unreliable on purpose."""
+          watch_stdin: bool = False, faults: FaultPlan | None = None, wsgi_server: str = "fnmap") -> None:
+    """Run the emulator in this process until told to stop; ``faults`` makes it unreliable on purpose.
+
+    ``wsgi_server`` is ``"fnmap"`` (:mod:`.httpserver`) or ``"waitress"``.
+    """
     workers = workers or default_workers()
     env = dict(os.environ)
     if not env.get(SECRET_ENV):
@@ -35,7 +38,10 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     app = create_emulator_app(emulator)
     # A thread per connection: calls beyond the workers are answered 429, and delayed calls
     # (latency, stragglers, drops) wait, without stopping the pool from serving.
-    server = WSGIServer(app, host=host, port=port, idle_timeout=600, max_body=MAX_BODY_BYTES)
+    if wsgi_server == "waitress":
+        server = _Waitress(app, host, port, threads=2 * workers + 8)
+    else:
+        server = WSGIServer(app, host=host, port=port, idle_timeout=600, max_body=MAX_BODY_BYTES)
     actual_host, actual_port = server.host, server.port
     shown_host = f"[{actual_host}]" if ":" in str(actual_host) else actual_host
 
@@ -58,6 +64,36 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         serving.join(timeout=10)
         pool.close()
         print("fnmap emulator stopped", file=sys.stderr, flush=True)
+
+
+class _Waitress:
+    """waitress behind the interface of :class:`.httpserver.WSGIServer` (``--wsgi-server waitress``)."""
+
+    def __init__(self, app, host: str, port: int, threads: int):
+        from waitress import create_server
+
+        # 1 MB arguments: big reads, kept in memory (waitress's defaults: 8 KB reads, a temp
+        # file past 512 KB, cost 5 ms per MB; issue 9).
+        self._server = create_server(app, host=host, port=port, threads=threads, channel_timeout=600,
+                                     connection_limit=1000, asyncore_use_poll=True,
+                                     recv_bytes=1 << 18, inbuf_overflow=16 << 20)
+        self.host, self.port = self._server.effective_host, self._server.effective_port
+
+    def serve_forever(self) -> None:
+        self._server.run()
+
+    def close(self) -> None:
+        # Clients' keep-alive connections are in waitress's socket map too: close them all, in
+        # the loop's own thread (the trigger's thunk), which ends the loop.
+        server = self._server
+
+        def close_all():
+            for channel in list(server._map.values()):
+                if channel is not server and channel is not server.trigger:
+                    channel.close()
+            server.close()
+
+        server.trigger.pull_trigger(close_all)
 
 
 #: Thread-count settings of the BLAS and OpenMP runtimes under NumPy, SciPy, PyTorch and numexpr.
