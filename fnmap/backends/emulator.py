@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 
-import requests
 
 from ..config import endpoint_environment
 from ..errors import ConfigError, FnmapError
@@ -47,6 +46,8 @@ class EmulatorBackend(HttpBackend):
 
 
 def _check_reachable(url: str, config) -> None:
+    import requests
+
     try:
         r = requests.get(url + "/health", timeout=5)
         r.raise_for_status()
@@ -61,7 +62,7 @@ class EmbeddedEmulator:
     """An emulator subprocess owned by this process."""
 
     def __init__(self, workers: int | None, options: str = ""):
-        from ..emulator.server import default_workers
+        from ..emulator import default_workers
 
         self.workers = workers or default_workers()
         self.secret = new_secret().encode()

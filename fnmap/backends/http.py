@@ -18,7 +18,6 @@ import threading
 import urllib.request
 from urllib.parse import urlsplit
 
-import requests
 
 from ..errors import ConfigError, PlatformFault
 from ..signing import SIGNATURE_HEADER
@@ -46,9 +45,11 @@ class HttpBackend(BaseBackend):
         self.max_workers = config.workers or 64
         self._local = threading.local()
 
-    def _session(self) -> requests.Session:
+    def _session(self):
         session = getattr(self._local, "session", None)
         if session is None:
+            import requests  # here: the emulator's plain-http path never needs it (0.1 s to import)
+
             session = self._local.session = requests.Session()
             adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=4, max_retries=0)
             session.mount("http://", adapter)
@@ -61,8 +62,11 @@ class HttpBackend(BaseBackend):
         target = self._plain_target()
         if target is not None:
             return self._post_plain(target, invocation, read_timeout)
+        session = self._session()
+        import requests
+
         try:
-            r = self._session().post(
+            r = session.post(
                 self.invoke_url,
                 data=invocation.body,
                 headers={SIGNATURE_HEADER: invocation.signature, "Content-Type": "application/octet-stream"},

@@ -9,15 +9,10 @@ import sys
 import threading
 
 from ..signing import SECRET_ENV, new_secret
-from ..http_app import MAX_BODY_BYTES
-from .app import Emulator, create_emulator_app
-from .httpserver import WSGIServer
+from . import default_workers
 from .faults import FaultPlan
+from .httpserver import WSGIServer
 from .pool import WorkerPool
-
-
-def default_workers() -> int:
-    return max(4, 2 * (os.cpu_count() or 2))
 
 
 def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
@@ -33,7 +28,10 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         print(f"{SECRET_ENV}={env[SECRET_ENV]}  (no secret was set; clients must use this one)", flush=True)
     _warn_if_exposed(host)
     limit_blas_threads(env, workers)
-    pool = WorkerPool(workers, env=env)
+    pool = _start_pool_while(workers, env, _import_app)
+    from ..http_app import MAX_BODY_BYTES
+    from .app import Emulator, create_emulator_app
+
     emulator = Emulator(pool, faults)
     app = create_emulator_app(emulator)
     # A thread per connection: calls beyond the workers are answered 429, and delayed calls
@@ -64,6 +62,32 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         serving.join(timeout=10)
         pool.close()
         print("fnmap emulator stopped", file=sys.stderr, flush=True)
+
+
+def _import_app() -> None:
+    from . import app  # noqa: F401 - Flask and the app: about 0.2 s of imports
+
+
+def _start_pool_while(workers: int, env: dict, work) -> WorkerPool:
+    """Start the worker pool (a fork server and its children, mostly waiting on their imports)
+    while this process does ``work``: the emulator is ready about 0.2 s sooner on a cold start."""
+    box: dict = {}
+
+    def start():
+        try:
+            box["pool"] = WorkerPool(workers, env=env)
+        except BaseException as e:  # noqa: B036 - re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=start, name="fnmap-emulator-pool-start")
+    thread.start()
+    try:
+        work()
+    finally:
+        thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["pool"]
 
 
 class _Waitress:
