@@ -372,7 +372,10 @@ class Client:
             self._spawn(self._on_fault, job, state, failure.attempt, failure.fault)
 
     def _speculate(self, job: Job) -> None:
-        if not job.sealed or not job.config.speculation:
+        # A Dask graph job gets calls as tasks become ready and is sealed only at the end; "most
+        # of the job done" then means most of the calls sent so far, i.e. the graph's frontier
+        # waits on a few slow tasks, which is when a copy helps most (issue 4).
+        if not (job.sealed or job.kind == "dask") or not job.config.speculation:
             return
         with job._lock:
             running = {s.call_id: s.sent_at for s in job.calls

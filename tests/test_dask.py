@@ -183,6 +183,26 @@ def test_timeout_applies_to_graph_tasks():
     assert any("Dask task" in note for note in info.value.__notes__)
 
 
+def _slow_inc(x):
+    import time
+
+    time.sleep(0.05)
+    return x + 1
+
+
+def test_stragglers_in_a_graph_get_speculative_copies(use_emulator, monkeypatch):
+    """Graph tasks get backup copies too: the emulator makes some calls 50 x slower."""
+    # Room in flight beside the stragglers (each holds a dispatch thread while it waits).
+    monkeypatch.setenv("FNMAP_WORKERS", "6")
+    use_emulator("--straggler-rate", "0.15", "--straggler-factor", "50", "--latency-ms", "20",
+                 "--seed", "3", workers=2)
+    parts = [dask.delayed(_slow_inc)(i) for i in range(40)]
+    total = dask.delayed(sum)(parts)
+    with fnmap.dask.collect_stats() as runs:
+        assert total.compute(scheduler=fnmap.dask.get) == sum(range(1, 41))
+    assert runs[0].attempts > runs[0].calls  # some calls ran twice; each result counted once
+
+
 def test_unknown_keyword_is_refused():
     with pytest.raises(TypeError, match="unknown keyword.*'colour'"):
         fnmap.dask.get({"a": 1}, "a", colour="red")
