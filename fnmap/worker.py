@@ -25,6 +25,7 @@ from typing import Any
 
 from . import compression, keys, policy, signing
 from .errors import SerializationError
+from .peakmem import PeakMemory
 from .errors import TimeoutError as CallTimeout
 from .serialization import dumps, loads, pack_exception, runtime_mismatch
 from .storage import open_store
@@ -34,6 +35,7 @@ WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 _functions: OrderedDict[str, Any] = OrderedDict()
 _FUNCTION_CACHE_SIZE = 32
 _calls_served = 0
+_peak_memory = PeakMemory()
 
 #: Chunk modes: how each item is applied to the function.
 MODE_ONE = "one"  # func(item)
@@ -68,6 +70,14 @@ def handle(body: bytes, signature: str | None, secret: bytes | None,
 
 def run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, bytes]:
     """Run one call and commit its outcomes; return the response header and inline payload."""
+    _peak_memory.call_started()
+    try:
+        return _run(req, payload)
+    finally:
+        _peak_memory.call_ended()
+
+
+def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, bytes]:
     global _calls_served
     started = time.time()
     cold = _calls_served == 0
@@ -319,12 +329,7 @@ def _captured(buffer: io.StringIO | None):
 
 
 def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
-    try:
-        import resource
-
-        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    except ImportError:
-        peak_kb = None
+    peak_kb = _peak_memory.peak_kb()
     failed = sum(1 for o in outcomes if o[0] != "ok")
     return {
         "job_id": req.job_id,

@@ -297,3 +297,36 @@ def test_parse_age():
     for bad in ("", "7", "d", "-1d", "7y"):
         with pytest.raises(ValueError, match="is not an age"):
             records.parse_age(bad)
+
+
+def _touch_200_mb(_x):
+    block = bytearray(200 << 20)
+    block[::4096] = b"\x01" * len(range(0, len(block), 4096))  # make every page resident
+    return len(block)
+
+
+def _small(_x):
+    return 1
+
+
+def _clear_refs_allowed() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _clear_refs_allowed(), reason="needs Linux's /proc/self/clear_refs")
+def test_peak_memory_is_each_calls_own_in_a_warm_worker(use_emulator):
+    """A small call after a big one in the same warm worker reports its own peak, not the big one's."""
+    use_emulator(workers=1)
+    big = fnmap.map(_touch_200_mb, [0], return_job=True)
+    big.results()
+    small = fnmap.map(_small, [0], return_job=True)
+    small.results()
+    big_kb = big.record()["calls"][0]["peak_memory_kb"]
+    small_kb = small.record()["calls"][0]["peak_memory_kb"]
+    assert big.record()["calls"][0]["worker"] == small.record()["calls"][0]["worker"]
+    assert big_kb > 200 * 1024 and small_kb < big_kb - 150 * 1024
