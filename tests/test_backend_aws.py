@@ -15,6 +15,7 @@ import time
 import uuid
 
 import boto3
+from botocore.exceptions import ClientError
 import pytest
 import requests
 
@@ -247,6 +248,14 @@ def test_emulator_enforces_lambdas_request_limits(aws):
     blob = os.urandom(2 * 2**20)
     assert fnmap.map(size_of, [blob], lambda_invocation="Event") == [len(blob)]
     assert aws.stats()["by_reference"] == 1
+
+
+def test_emulator_names_the_lambda_operations_it_does_not_serve(aws):
+    lam = boto3.client("lambda", endpoint_url=aws.url)
+    with pytest.raises(ClientError, match=r"NotImplemented.*speaks only Lambda's Invoke") as info:
+        lam.get_function(FunctionName="fnmap")
+    assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 501
+    assert lam.get_function_configuration(FunctionName="fnmap")["FunctionName"] == "fnmap"
 
 
 @pytest.mark.parametrize("options, message", [

@@ -15,6 +15,7 @@ any S3 server with ``AWS_ENDPOINT_URL_S3``).  Routes, with botocore's paths:
 * ``PUT``/``DELETE /2017-10-31/...`` and ``GET /2019-09-30/functions/<name>/concurrency``
   (reserved concurrency): a synchronous invocation beyond it answers 429
   ``TooManyRequestsException`` as Lambda does; queued events wait for a slot.
+* Any other Lambda API path: 501 ``NotImplemented``, naming what is served.
 * ``GET /lambda/stats``: invocations by type, throttles, events queued (emulator only).
 
 Every function name is served by the emulator's one pool of workers.  The event
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import queue
 import threading
 import time
@@ -37,6 +39,8 @@ from ..serialization import runtime_info
 from ..wire import ERROR_KIND_HEADER
 
 ACCOUNT = "000000000000"
+#: The date prefix of Lambda's REST paths (2015-03-31, 2017-10-31, ...).
+_API_VERSION = re.compile(r"20\d\d-\d\d-\d\d")
 REGION = "us-east-1"
 #: What GetFunctionConfiguration reports as the function's timeout (Lambda's maximum).
 TIMEOUT_SECONDS = 900
@@ -211,6 +215,18 @@ def register(app, emulator) -> None:
         name = _function_name(name)
         value = api.reserved.get(name)
         return jsonify({} if value is None else {"ReservedConcurrentExecutions": value})
+
+    @app.route("/<version>/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    def lambda_unsupported(version, rest):
+        """Any other Lambda API operation: a clear error for boto3, not an HTML 404."""
+        if not _API_VERSION.fullmatch(version):
+            return _error(404, "ResourceNotFoundException", f"no route {request.path}")
+        return _error(
+            501, "NotImplemented",
+            f"the fnmap emulator speaks only Lambda's Invoke, GetFunctionConfiguration and "
+            f"concurrency APIs, not {request.method} {request.path}; deploy to AWS "
+            "(`fnmap deploy aws deploy`) for the rest",
+        )
 
     @app.get("/lambda/stats")
     def lambda_stats():
