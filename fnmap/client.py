@@ -29,6 +29,8 @@ _RUNTIME = runtime_info()
 #: Seconds past a call's timeout before an asynchronous call counts as lost.
 LOST_GRACE_SECONDS = 10.0
 _POLL_SECONDS = (0.05, 1.0)
+#: How long calls submitted one by one wait to be sent together where the backend batches calls.
+COALESCE_SECONDS = 0.1
 
 
 class Client:
@@ -57,6 +59,9 @@ class Client:
         self._slots = threading.Condition()
         self._in_flight = 0
         self._uploaded: set[str] = set()
+        #: Calls waiting to be sent together to a backend that batches calls (see ``_coalesce``).
+        self._pending: dict[Job, list[CallState]] = {}
+        self._pending_lock = threading.Lock()
         self._active: set[Job] = set()
         self._active_lock = threading.Lock()
         self._monitor: threading.Thread | None = None
@@ -111,7 +116,29 @@ class Client:
                 self._maybe_retire(job)
 
     def dispatch(self, job: Job, state: CallState) -> None:
+        """Dispatch one call (``Executor.submit``, a Dask task)."""
+        if self.backend.batches_calls:
+            self._coalesce(job, state)
+            return
         self._spawn(self._attempt, job, state, job.next_attempt(state))
+
+    def _coalesce(self, job: Job, state: CallState) -> None:
+        """Gather calls submitted one at a time for ``COALESCE_SECONDS``, then send them together:
+        on Batch, 1,000 ``submit`` calls in a loop become one array job, not 1,000 jobs."""
+        with self._pending_lock:
+            pending = self._pending.setdefault(job, [])
+            pending.append(state)
+            first = len(pending) == 1
+        if first:
+            timer = threading.Timer(COALESCE_SECONDS, self._flush_pending, (job,))
+            timer.daemon = True
+            timer.start()
+
+    def _flush_pending(self, job: Job) -> None:
+        with self._pending_lock:
+            states = self._pending.pop(job, [])
+        if states:
+            self.dispatch_many(job, states)
 
     def dispatch_many(self, job: Job, states: list[CallState]) -> None:
         """Dispatch a job's calls: one by one, or all in one request where the backend batches calls."""

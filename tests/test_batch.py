@@ -310,6 +310,14 @@ def test_an_abandoned_map_terminates_its_array_job(batch_emulator):
     assert job.summary()["done"] == 4
 
 
+def test_executor_submits_in_a_loop_become_one_array_job(batch_emulator):
+    with fnmap.Executor(backend="batch") as ex:
+        futures = [ex.submit(_square, i) for i in range(12)]
+        assert [f.result(timeout=120) for f in futures] == [i * i for i in range(12)]
+    jobs = _jobs(batch_emulator.batch, "SUCCEEDED", 1)
+    assert len(jobs) == 1 and jobs[0]["arrayProperties"]["size"] == 12
+
+
 def test_unknown_job_definition_is_a_clear_error(batch_emulator):
     try:
         with pytest.raises(
