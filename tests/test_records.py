@@ -257,12 +257,14 @@ def test_progress_shows_calls_failed_and_retrying():
     bar.update(1, 0, call_id=0)
     bar.retrying(1)
     bar.update(1, 1, call_id=2)
-    bar._bar.refresh()
+    bar.refresh()
     text = out.getvalue()
     assert "calls=2/4" in text and "failed=1" in text and "retrying=1" in text
     bar.update(1, 0, call_id=1)
+    bar.update(1, 0, call_id=3)  # drawn at most every 0.1 s, but always when closed
     bar.close()
-    assert "retrying" not in out.getvalue().rsplit("\r", 1)[-1]
+    last = out.getvalue().rsplit("\r", 1)[-1]
+    assert "retrying" not in last and "4/4" in last and "calls=4/4" in last
 
 
 def test_no_bar_without_a_terminal_unless_asked():
