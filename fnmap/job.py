@@ -12,7 +12,6 @@ import time
 from concurrent.futures import CancelledError, Future
 
 from . import keys, records
-from .locks import YieldingLock
 from .errors import (
     CallLost,
     PlatformError,
@@ -22,6 +21,7 @@ from .errors import (
     WorkerCrashed,
 )
 from .errors import TimeoutError as CallTimeout
+from .locks import YieldingLock
 from .serialization import dumps, dumps_checked, unpack_exception
 
 

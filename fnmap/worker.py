@@ -25,8 +25,8 @@ from typing import Any
 
 from . import compression, keys, policy, signing
 from .errors import SerializationError
-from .peakmem import PeakMemory
 from .errors import TimeoutError as CallTimeout
+from .peakmem import PeakMemory
 from .serialization import dumps, loads, pack_exception, runtime_mismatch
 from .storage import open_store
 from .wire import CallRequest, CallResponse, decode_request, encode

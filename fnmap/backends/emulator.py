@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 
-
 from ..config import endpoint_environment
 from ..errors import ConfigError, FnmapError
 from ..signing import SECRET_ENV, new_secret

@@ -18,7 +18,6 @@ import threading
 import urllib.request
 from urllib.parse import urlsplit
 
-
 from ..errors import ConfigError, PlatformFault
 from ..signing import SIGNATURE_HEADER
 from ..wire import ERROR_KIND_HEADER
