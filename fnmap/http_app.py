@@ -52,7 +52,7 @@ class _InvokeFastPath:
     def __call__(self, environ, start_response):
         length = environ.get("CONTENT_LENGTH")
         if (environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") not in ("/", "/invoke")
-                or not length or not length.isdigit() or int(length) > MAX_BODY_BYTES):
+                or not length or not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY_BYTES):
             return self.wsgi_app(environ, start_response)
         body = environ["wsgi.input"].read(int(length))
         status, out, headers = self.execute(body, environ.get(_SIGNATURE_ENVIRON))

@@ -78,6 +78,7 @@ def test_http10_head_expect_continue_and_pipelining(server):
 @pytest.mark.parametrize("request_bytes, status", [
     (b"NONSENSE\r\n\r\n", b"400"),
     (b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n", b"400"),
+    ("POST / HTTP/1.1\r\nContent-Length: \u00b2\r\n\r\n".encode("latin-1"), b"400"),
     (b"POST / HTTP/1.1\r\nbad header\r\n\r\n", b"400"),
     (b"POST / HTTP/1.1\r\nContent-Length: 5000\r\n\r\n", b"413"),
     (b"GET /fail HTTP/1.1\r\n\r\n", b"500"),

@@ -140,7 +140,7 @@ class WSGIServer:
                 raise BadRequest(str(e)) from None
         else:
             length_text = headers.get("CONTENT_LENGTH", "0") or "0"
-            if not length_text.isdigit():
+            if not (length_text.isascii() and length_text.isdigit()):
                 raise BadRequest(f"bad Content-Length {length_text!r}")
             length = int(length_text)
             if length > self.max_body:
