@@ -92,6 +92,12 @@ class Client:
 
     def _spawn(self, step, job: Job, target, *args) -> None:
         """Queue one step of a call (or of a list of ``(state, attempt)``) for the dispatch threads."""
+        if self.closed:  # no thread would take it: fail the call(s) rather than leave them pending
+            fault = PlatformFault("cancelled", "the fnmap client was closed before this call was sent")
+            for state in ([s for s, _ in target] if isinstance(target, list) else [target]):
+                job.fail(state, fault, 0)
+            self._maybe_retire(job)
+            return
         self._steps.put((step, job, target, args))
 
     def _dispatch_loop(self) -> None:

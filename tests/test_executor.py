@@ -155,6 +155,17 @@ def test_shutdown_no_wait_then_results_arrive():
     assert f.result(timeout=30) == "late"
 
 
+def test_a_call_sent_after_its_client_closed_fails_instead_of_hanging():
+    ex = fnmap.Executor(backend="local", workers=1)
+    try:
+        ex.job.client.close()  # e.g. at interpreter exit, or a test closing pooled connections
+        f = ex.submit(pow, 2, 5)
+        with pytest.raises(fnmap.PlatformError, match="client was closed"):
+            f.result(timeout=10)
+    finally:
+        ex.shutdown(wait=False)
+
+
 def test_cancel_futures_on_shutdown():
     ex = fnmap.Executor(backend="local", workers=1)
     fs = [ex.submit(sleep_and_return, 0.5, i) for i in range(6)]
