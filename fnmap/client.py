@@ -57,7 +57,8 @@ class Client:
             thread.start()
         self._throttle = policy.Throttle(self.max_workers)
         self._slots = threading.Condition()
-        self._in_flight = 0
+        #: One entry per call in flight (see ``_acquire_slot``).
+        self._sends: list[None] = []
         self._uploaded: set[str] = set()
         #: Calls waiting to be sent together to a backend that batches calls (see ``_coalesce``).
         self._pending: dict[Job, list[CallState]] = {}
@@ -192,18 +193,18 @@ class Client:
         ready = [(s, a, inv) for s, a in attempts if (inv := self._invocation(job, s, a)) is not None]
         if not ready:
             return
-        ticket, _at_floor, counted = self._acquire_slot()
+        ticket, _at_floor = self._acquire_slot()
         for state, attempt, _ in ready:
             job.record_attempt(state, attempt, time.time())
         try:
             answers = self.backend.invoke_many([inv for _, _, inv in ready])
         except Exception as e:
             fault = e if isinstance(e, PlatformFault) else PlatformFault("server", f"{type(e).__name__}: {e}")
-            self._release_slot(fault.kind == "throttled", ticket, counted)
+            self._release_slot(fault.kind == "throttled", ticket)
             for state, attempt, _ in ready:
                 self._spawn(self._on_fault, job, state, attempt, fault)
             return
-        self._release_slot(False, ticket, counted)
+        self._release_slot(False, ticket)
         for (state, attempt, _), answer in zip(ready, answers):
             if answer is None:
                 self._accepted(job, state, attempt)
@@ -220,20 +221,20 @@ class Client:
         invocation = self._invocation(job, state, attempt)
         if invocation is None:
             return
-        ticket, at_floor, counted = self._acquire_slot()
+        ticket, at_floor = self._acquire_slot()
         job.record_attempt(state, attempt, time.time())
         try:
             answer = self.backend.invoke(invocation)
         except PlatformFault as fault:
             throttled = fault.kind == "throttled"
-            self._release_slot(throttled, ticket, counted)
+            self._release_slot(throttled, ticket)
             self._on_fault(job, state, attempt, fault, policy.charges_retry(fault.kind, at_floor))
             return
         except Exception as e:  # a backend bug or an unexpected client error: a server-side fault
-            self._release_slot(False, ticket, counted)
+            self._release_slot(False, ticket)
             self._on_fault(job, state, attempt, PlatformFault("server", f"{type(e).__name__}: {e}"))
             return
-        self._release_slot(False, ticket, counted)
+        self._release_slot(False, ticket)
         if answer is None:
             self._accepted(job, state, attempt)
             return
@@ -297,31 +298,32 @@ class Client:
 
     # -- throttle ------------------------------------------------------------
 
-    def _acquire_slot(self) -> tuple[int, bool, bool]:
-        """Wait for room under the throttle; return the send's ticket, whether the limit is at its
-        floor, and whether the send was counted in ``_in_flight`` (pass that to ``_release_slot``).
+    def _acquire_slot(self) -> tuple[int, bool]:
+        """Wait for room under the throttle; return the send's ticket and whether the limit is at
+        its floor.
 
-        While no 429 has lowered the limit, the dispatch threads themselves bound the calls in
-        flight (one each, and there are ``max_workers`` of them), so a send takes no lock: a
-        lock shared by every dispatch thread on every call made them queue behind each other
-        and tripled the client's CPU per call (issue 9).
+        Every send is one entry in ``_sends`` (``list.append``/``pop`` are atomic), so the count
+        in flight is always exact.  While no 429 has lowered the limit, the dispatch threads
+        themselves bound the calls in flight (one each, ``max_workers`` of them) and a send
+        takes no lock: a lock shared by every dispatch thread on every call made them queue
+        behind each other and tripled the client's CPU per call (issue 9).
         """
         throttle = self._throttle
-        if throttle.limit >= throttle.ceiling:
-            return throttle.ticket(), throttle.at_floor, False
-        with self._slots:
-            while self._in_flight >= throttle.allowed():
-                self._slots.wait()
-            self._in_flight += 1
-            return throttle.ticket(), throttle.at_floor, True
+        if throttle.limit < throttle.ceiling:
+            with self._slots:
+                while len(self._sends) >= throttle.allowed():
+                    self._slots.wait(0.1)
+                self._sends.append(None)
+                return throttle.ticket(), throttle.at_floor
+        self._sends.append(None)
+        return throttle.ticket(), throttle.at_floor
 
-    def _release_slot(self, throttled: bool, ticket: int | None = None, counted: bool = True) -> None:
+    def _release_slot(self, throttled: bool, ticket: int | None = None) -> None:
+        self._sends.pop()
         throttle = self._throttle
-        if not (throttled or counted) and throttle.limit >= throttle.ceiling:
-            return  # unthrottled and uncounted: nothing to update, nobody can be waiting on it
+        if not throttled and throttle.limit >= throttle.ceiling:
+            return  # unthrottled: nothing to update, nobody is waiting for room
         with self._slots:
-            if counted:
-                self._in_flight -= 1
             if throttled:
                 throttle.on_throttled(ticket)
             else:

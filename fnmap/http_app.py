@@ -8,11 +8,11 @@ headers)``.
 
 from __future__ import annotations
 
-from http import HTTPStatus
 from typing import Callable
 
 from flask import Flask, Response, request
 
+from .backends.rawhttp import reason_phrase
 from .signing import SIGNATURE_HEADER
 
 Execute = Callable[[bytes, "str | None"], "tuple[int, bytes, dict]"]
@@ -57,19 +57,12 @@ class _InvokeFastPath:
         body = environ["wsgi.input"].read(int(length))
         status, out, headers = self.execute(body, environ.get(_SIGNATURE_ENVIRON))
         mimetype = "application/octet-stream" if status == 200 else "text/plain; charset=utf-8"
-        start_response(f"{status} {_reason(status)}", [
+        start_response(f"{status} {reason_phrase(status)}", [
             ("Content-Type", mimetype), ("Content-Length", str(len(out))), *headers.items()])
         return [out]
 
 
 _SIGNATURE_ENVIRON = "HTTP_" + SIGNATURE_HEADER.upper().replace("-", "_")
-
-
-def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
 
 
 def in_process_execute(secret: bytes | None) -> Execute:

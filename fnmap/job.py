@@ -199,10 +199,7 @@ class Job:
     # -- outcomes ------------------------------------------------------------
 
     def next_attempt(self, state: CallState) -> int:
-        with self._lock:
-            n = state.next_attempt
-            state.next_attempt += 1
-            return n
+        return self.next_attempts([state])[0][1]
 
     def next_attempts(self, states: list[CallState]) -> list[tuple[CallState, int]]:
         """``next_attempt`` for many calls under one lock."""

@@ -11,6 +11,7 @@ a body, a response per request, no 1xx other than ``100 Continue``, no trailers.
 from __future__ import annotations
 
 import socket
+from http import HTTPStatus
 
 _MAX_LINE = 65536
 _MAX_HEADERS = 200
@@ -92,21 +93,7 @@ class Connection:
             raise ProtocolError(f"not an HTTP/1.x status line: {line[:100]!r}")
         http10 = parts[0] == b"HTTP/1.0"
         status = int(parts[1])
-        headers = Headers()
-        for _ in range(_MAX_HEADERS):
-            line = rfile.readline(_MAX_LINE + 1)
-            if line in (b"\r\n", b"\n"):
-                break
-            if not line:
-                raise ProtocolError("the connection closed inside the response headers")
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise ProtocolError(f"malformed header line: {line[:100]!r}")
-            key = name.strip().lower().decode("latin-1")
-            text = value.strip().decode("latin-1")
-            headers[key] = f"{headers[key]}, {text}" if key in headers else text
-        else:
-            raise ProtocolError(f"more than {_MAX_HEADERS} response headers")
+        headers = Headers(read_headers(rfile))
         connection = headers.get("connection", "").lower()
         will_close = "close" in connection or (http10 and "keep-alive" not in connection)
         if status in (100, 204, 304):
@@ -131,6 +118,33 @@ class Connection:
             self._rfile.close()
         finally:
             self.sock.close()
+
+
+def read_headers(rfile) -> dict[str, str]:
+    """Header lines up to the blank line, by lower-case name (repeats joined with ", "); the
+    emulator's server reads request headers with it too.  Raises :class:`ProtocolError`."""
+    headers: dict[str, str] = {}
+    for _ in range(_MAX_HEADERS):
+        line = rfile.readline(_MAX_LINE + 1)
+        if line in (b"\r\n", b"\n"):
+            return headers
+        if not line:
+            raise ProtocolError("the connection closed inside the headers")
+        name, sep, value = line.partition(b":")
+        if not sep or not name.strip():
+            raise ProtocolError(f"malformed header line: {line[:100]!r}")
+        key = name.strip().lower().decode("latin-1")
+        text = value.strip().decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    raise ProtocolError(f"more than {_MAX_HEADERS} headers")
+
+
+def reason_phrase(status: int) -> str:
+    """``OK`` for 200: the phrase of an HTTP status line."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
 
 
 def read_chunked(rfile, max_bytes: int | None = None) -> bytes:

@@ -18,13 +18,11 @@ import socket
 import sys
 import threading
 import traceback
-from http import HTTPStatus
 from io import BytesIO
 
-from ..backends.rawhttp import ProtocolError, read_chunked
+from ..backends.rawhttp import ProtocolError, read_chunked, read_headers, reason_phrase
 
 _MAX_LINE = 65536
-_MAX_HEADERS = 200
 #: Connections served at once; more are answered 503 and closed.
 MAX_CONNECTIONS = 1000
 
@@ -114,21 +112,11 @@ class WSGIServer:
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
             raise BadRequest(f"not an HTTP/1.x request line: {line[:100]!r}")
         method, target, version = (p.decode("latin-1") for p in parts)
-        headers: dict[str, str] = {}
-        for _ in range(_MAX_HEADERS):
-            line = rfile.readline(_MAX_LINE + 1)
-            if line in (b"\r\n", b"\n"):
-                break
-            if not line:
-                return False
-            name, sep, value = line.partition(b":")
-            if not sep or not name.strip():
-                raise BadRequest(f"malformed header line: {line[:100]!r}")
-            key = name.strip().decode("latin-1").upper().replace("-", "_")
-            text = value.strip().decode("latin-1")
-            headers[key] = f"{headers[key]}, {text}" if key in headers else text
-        else:
-            raise BadRequest(f"more than {_MAX_HEADERS} headers")
+        try:  # WSGI's names: CONTENT_TYPE, HTTP_X_THING
+            headers = {name.upper().replace("-", "_"): value
+                       for name, value in read_headers(rfile).items()}
+        except ProtocolError as e:
+            raise BadRequest(str(e)) from None
         connection = headers.get("CONNECTION", "").lower()
         keep_alive = ("close" not in connection) and (version == "HTTP/1.1" or "keep-alive" in connection)
 
@@ -223,16 +211,9 @@ class WSGIServer:
     def _send_simple(self, sock: socket.socket, status: int, text: str) -> None:
         body = text.encode()
         with contextlib.suppress(OSError):
-            sock.sendall(f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Type: text/plain; "
+            sock.sendall(f"HTTP/1.1 {status} {reason_phrase(status)}\r\nContent-Type: text/plain; "
                          f"charset=utf-8\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
                          .encode("latin-1") + body)
-
-
-def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
 
 
 def _unquote(path: str) -> str:
