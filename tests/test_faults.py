@@ -123,7 +123,9 @@ def test_all_faults_together(use_emulator):
         "14",
         workers=4,
     )
-    job, results = _run(retries=RETRIES)
+    # Two more retries than alone: 429s at the throttle's floor also cost retries here, and
+    # they shift which (call, attempt) draws of the seeded plan each call meets.
+    job, results = _run(retries=RETRIES + 2)
     _assert_exactly_once(job, results)
     injected = emu.health()["injected"]
     assert {"fail", "kill", "straggle", "throttled"} <= set(injected)
