@@ -218,7 +218,7 @@ def chart(rows: list[dict], path: str) -> None:
     wnames = list(dict.fromkeys(r["workload"] for r in good))
     snames = list(dict.fromkeys(r["system"] for r in good))
     fig, axes = plt.subplots(1, len(wnames), figsize=(3.2 * len(wnames), 4.2), squeeze=False)
-    for ax, wname in zip(axes[0], wnames):
+    for ax, wname in zip(axes[0], wnames, strict=True):
         mine = {r["system"]: r for r in good if r["workload"] == wname}
         names = [s for s in snames if s in mine]
         warm = [mine[s]["warm_per_s"] for s in names]

@@ -8,8 +8,9 @@ every system does the same work; every result is checked in closed form.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 def noop(x):

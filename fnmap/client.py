@@ -205,7 +205,7 @@ class Client:
                 self._spawn(self._on_fault, job, state, attempt, fault)
             return
         self._release_slot(False, ticket)
-        for (state, attempt, _), answer in zip(ready, answers):
+        for (state, attempt, _), answer in zip(ready, answers, strict=True):
             if answer is None:
                 self._accepted(job, state, attempt)
             else:

@@ -76,7 +76,7 @@ class Executor(futures.Executor):
             if buffersize < 1:
                 raise ValueError("buffersize must be None or > 0")
         end_time = None if timeout is None else timeout + time.monotonic()
-        chunks = _chunks(zip(*iterables), chunksize)
+        chunks = _chunks(zip(*iterables), chunksize)  # noqa: B905 - the shortest iterable ends map, as in the stdlib
 
         def submit_chunk(chunk):
             return self._submit(fn, [(args, {}) for args in chunk], Future(), unwrap=False)

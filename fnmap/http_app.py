@@ -8,7 +8,7 @@ headers)``.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from flask import Flask, Response, request
 

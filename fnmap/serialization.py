@@ -125,7 +125,7 @@ def _children(obj: Any, path: str):
             yield f"{path}[{i}]", v
     elif callable(obj) and hasattr(obj, "__code__"):
         code = obj.__code__
-        for name, cell in zip(code.co_freevars, obj.__closure__ or ()):
+        for name, cell in zip(code.co_freevars, obj.__closure__ or (), strict=False):
             try:
                 yield f"{path} (closure variable {name!r})", cell.cell_contents
             except ValueError:

@@ -15,9 +15,9 @@ import time
 import uuid
 
 import boto3
-from botocore.exceptions import ClientError
 import pytest
 import requests
+from botocore.exceptions import ClientError
 
 import fnmap
 

@@ -14,25 +14,34 @@ def register(sub) -> None:
             "worker processes. Point clients at it with FNMAP_EMULATOR_URL and FNMAP_SECRET."
         ),
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others are reachable from the network)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; others are reachable from the network)")
     p.add_argument("--port", type=int, default=8765, help="port to bind; 0 picks a free one (default 8765)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: 2 x CPU cores, at least 4)")
     p.add_argument("--wsgi-server", choices=("fnmap", "waitress"), default="fnmap",
                    help="HTTP server: fnmap's own, a thread per keep-alive connection (default; about half "
                         "the CPU per call), or waitress")
-    p.add_argument("--watch-stdin", action="store_true", help="stop when standard input closes (used when a client starts the emulator)")
+    p.add_argument("--watch-stdin", action="store_true",
+                   help="stop when standard input closes (used when a client starts the emulator)")
     f = p.add_argument_group(
         "fault injection",
         "Make the emulator an unreliable platform on purpose; every choice is deterministic under --seed.",
     )
-    f.add_argument("--fail-rate", type=float, default=0.0, metavar="P", help="answer 500 without running the call, for this fraction of calls")
-    f.add_argument("--kill-rate", type=float, default=0.0, metavar="P", help="kill the worker process (SIGKILL) in the middle of this fraction of calls")
-    f.add_argument("--drop-rate", type=float, default=0.0, metavar="P", help="accept this fraction of calls and never answer them (lost calls)")
-    f.add_argument("--cold-start-ms", type=float, default=0.0, metavar="MS", help="extra delay of the first call on each new worker process")
+    f.add_argument("--fail-rate", type=float, default=0.0, metavar="P",
+                   help="answer 500 without running the call, for this fraction of calls")
+    f.add_argument("--kill-rate", type=float, default=0.0, metavar="P",
+                   help="kill the worker process (SIGKILL) in the middle of this fraction of calls")
+    f.add_argument("--drop-rate", type=float, default=0.0, metavar="P",
+                   help="accept this fraction of calls and never answer them (lost calls)")
+    f.add_argument("--cold-start-ms", type=float, default=0.0, metavar="MS",
+                   help="extra delay of the first call on each new worker process")
     f.add_argument("--latency-ms", type=float, default=0.0, metavar="MS", help="extra delay of every call")
-    f.add_argument("--max-concurrency", type=int, default=None, metavar="N", help="answer 429 to calls beyond N running at once (as Lambda throttles)")
-    f.add_argument("--straggler-rate", type=float, default=0.0, metavar="P", help="run this fraction of calls --straggler-factor times slower")
-    f.add_argument("--straggler-factor", type=float, default=10.0, metavar="F", help="how many times slower a straggler runs (default 10)")
+    f.add_argument("--max-concurrency", type=int, default=None, metavar="N",
+                   help="answer 429 to calls beyond N running at once (as Lambda throttles)")
+    f.add_argument("--straggler-rate", type=float, default=0.0, metavar="P",
+                   help="run this fraction of calls --straggler-factor times slower")
+    f.add_argument("--straggler-factor", type=float, default=10.0, metavar="F",
+                   help="how many times slower a straggler runs (default 10)")
     f.add_argument("--seed", type=int, default=0, help="seed of every fault choice (default 0)")
     p.set_defaults(run=run)
 

@@ -393,7 +393,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket", default=None, help="S3 bucket for job data (default fnmap-<account>-<region>)")
     p.add_argument("--prefix", default=d.prefix, help=f"key prefix in the bucket (default {d.prefix})")
     p.add_argument("--memory", type=int, default=d.memory, help=f"MB per call; CPU grows with it (default {d.memory})")
-    p.add_argument("--timeout", type=int, default=d.timeout, help=f"seconds per call, at most 900 (default {d.timeout})")
+    p.add_argument("--timeout", type=int, default=d.timeout,
+                   help=f"seconds per call, at most 900 (default {d.timeout})")
     p.add_argument("--concurrency", type=int, default=d.concurrency,
                    help=f"reserved concurrency; 0 for none (default {d.concurrency})")
     p.add_argument("--architecture", choices=["x86_64", "arm64"], default=d.architecture)

@@ -14,9 +14,8 @@ import time
 
 from flask import jsonify
 
-from ..wire import ERROR_KIND_HEADER
 from ..http_app import create_app
-from ..wire import decode_header
+from ..wire import ERROR_KIND_HEADER, decode_header
 from .faults import FaultPlan, RequestKeys
 from .pool import WorkerPool
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import collections
 import json
-import re
 import queue
+import re
 import threading
 import time
 

@@ -7,9 +7,8 @@ import os
 import threading
 from urllib.parse import unquote, urlparse
 
-from . import _check_key, _not_found
 from ..errors import UnknownStorage
-
+from . import _check_key, _not_found
 
 _counter = itertools.count()
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from urllib.parse import urlparse
 
-from . import _check_key, _not_found
 from ..errors import UnknownStorage
+from . import _check_key, _not_found
 
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _CONFLICT = {"412", "PreconditionFailed", "409", "ConditionalRequestConflict"}
