@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import linecache
 import os
 import pickle
+import re
 import sys
 import traceback
+import types
 from typing import Any
 
 import cloudpickle
@@ -27,19 +30,37 @@ def dumps(obj: Any) -> bytes:
 
 
 class _Pickler(cloudpickle.CloudPickler):
-    """cloudpickle, except that open files are refused (issue 3).
+    """cloudpickle, except that open files are refused and code keeps its file name.
 
     cloudpickle ships a file opened for reading as a copy of its contents, so the
     worker would get a StringIO of the client's file, silently; fnmap refuses it
     like a lock or a socket, and the message says to open the file in the function.
+
+    cloudpickle 3.1 renames the file of code shipped by value to ``<dynamic-code>``,
+    so a remote traceback of a notebook or ``__main__`` function named no file; the
+    original name is kept, and the client fills in the source lines it has
+    (:func:`add_local_source_lines`).
     """
 
     def reducer_override(self, obj):
+        if isinstance(obj, types.CodeType):
+            return _code_reduce_keeping_filename(obj)
         if isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)) and (
             obj not in (sys.stdin, sys.stdout, sys.stderr)
         ):
             raise TypeError(f"cannot pickle an open file ({type(obj).__name__})")
         return super().reducer_override(obj)
+
+
+_cloudpickle_code_reduce = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
+
+
+def _code_reduce_keeping_filename(code: types.CodeType):
+    if _cloudpickle_code_reduce is None:  # a cloudpickle without it keeps file names itself
+        return NotImplemented
+    constructor, args = _cloudpickle_code_reduce(code)
+    args = tuple(code.co_filename if arg == "<dynamic-code>" else arg for arg in args)
+    return constructor, args
 
 
 def loads(data: bytes) -> Any:
@@ -244,5 +265,31 @@ def unpack_exception(data: bytes, tb: str) -> BaseException:
         exc = RemoteError("unknown", f"could not unpickle the remote exception ({e})")
     if not isinstance(exc, BaseException):
         exc = RemoteError(type(exc).__name__, repr(exc))
-    exc.__cause__ = RemoteTraceback(tb)
+    exc.__cause__ = RemoteTraceback(add_local_source_lines(tb))
     return exc
+
+
+_FRAME_LINE = re.compile(r'^(\s*)File "([^"]+)", line (\d+), in .*$')
+
+
+def add_local_source_lines(tb: str) -> str:
+    """Fill in the source lines a remote traceback could not show, from this process's files.
+
+    A function defined in a notebook cell or a script travels by value, so the
+    worker has its file name and line numbers but not its source; the client
+    does (IPython keeps its cells in :mod:`linecache` too).
+    """
+    lines = tb.splitlines(keepends=True)
+    out = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        match = _FRAME_LINE.match(line)
+        if not match:
+            continue
+        following = lines[i + 1] if i + 1 < len(lines) else ""
+        if following.startswith(match.group(1) + "  ") and not _FRAME_LINE.match(following):
+            continue  # the worker showed the source line itself
+        source = linecache.getline(match.group(2), int(match.group(3))).strip()
+        if source:
+            out.append(f"{match.group(1)}    {source}\n")
+    return "".join(out)
