@@ -47,3 +47,8 @@ def __getattr__(name: str):
 
         return Executor
     raise AttributeError(f"module 'fnmap' has no attribute {name!r}")
+
+
+def __dir__():
+    # The lazy names above are public too: tab completion and dir() must show them.
+    return sorted(set(globals()) | set(__all__))

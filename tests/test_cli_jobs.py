@@ -188,3 +188,25 @@ def test_commands_read_s3_storage(s3_env):
     missing = fnmap_cli("jobs", "--storage", "s3://no-such-bucket-here/x")
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     assert "cannot read s3://no-such-bucket-here/x" in missing.stderr
+
+
+def test_logs_into_a_closed_pipe_says_nothing(finished_job):
+    """`fnmap logs ID | head`: a reader that has gone is not an error worth printing."""
+    proc = subprocess.Popen([sys.executable, "-m", "fnmap", "logs", finished_job.id],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader goes before anything is written
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert err.decode() == ""
+    assert proc.returncode == 141  # 128 + SIGPIPE, as a shell reports a tool killed by it
+
+
+def test_version():
+    done = fnmap_cli("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"fnmap {fnmap.__version__}"
+
+
+def test_dir_lists_the_lazy_public_names():
+    assert {"map", "map_reduce", "Executor"} <= set(dir(fnmap))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 #: Modules under fnmap.cli that add subcommands, in the order ``--help`` lists them.
@@ -15,6 +16,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fnmap",
         description="Run Python functions over many inputs on serverless compute, or on the local emulator.",
     )
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"fnmap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
@@ -29,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args) or 0
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `fnmap logs ID | head`: the reader has gone, as for any Unix tool; say nothing.
+        # Point stdout at devnull so the interpreter's final flush does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except Exception as e:  # one-line reason, non-zero exit
         from ..errors import FnmapError
 
