@@ -106,6 +106,8 @@ def _call_entry(state, error: tuple[str, str] | None) -> dict:
         "items": state.n_items,
         "status": status,
         "error": error[1] if error else None,
+        # The remote traceback of a failed call (absent for platform faults, which have none).
+        "traceback": error[2] if error and len(error) > 2 and error[2] else None,
         "submitted": attempts[0]["sent"] if attempts else None,
         "ended": ended,
         "attempt": stats.get("attempt"),
@@ -125,15 +127,17 @@ def _failed_items(status: str, stats: dict, n_items: int) -> int:
     return n_items
 
 
-def call_error(outcomes: list) -> tuple[str, str]:
-    """``(status, "Type: message")`` of the first failing item of a call's outcomes."""
+def call_error(outcomes: list) -> tuple[str, str, str]:
+    """``(status, "Type: message", remote traceback)`` of the first failing item of a call's outcomes."""
+    from .serialization import add_local_source_lines
+
     for outcome in outcomes:
         if outcome[0] != "ok":
             names, tb = outcome[3], outcome[2]
             lines = [line for line in tb.strip().splitlines() if line.strip()]
             message = lines[-1] if lines else names[0]
-            return ("timeout" if _TIMEOUT_ERROR in names else "error"), message
-    return "ok", ""
+            return ("timeout" if _TIMEOUT_ERROR in names else "error"), message, add_local_source_lines(tb)
+    return "ok", "", ""
 
 
 def write(store, record: dict) -> None:

@@ -139,9 +139,21 @@ def test_job_text_summary_and_plot(finished_job, tmp_path):
 def test_logs_of_the_failing_call(finished_job):
     done = fnmap_cli("logs", finished_job.id, "--call", "3")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "--- call 3 attempt 1 ---\nitem 3 here\n"
+    output, traceback = done.stdout.split("--- call 3 traceback ---\n")
+    assert output == "--- call 3 attempt 1 ---\nitem 3 here\n"
+    assert traceback.startswith("Traceback (most recent call last):")
+    assert 'raise KeyError(f"no such thing as {x}")' in traceback  # the source line, from this file
+    assert traceback.rstrip().endswith("KeyError: 'no such thing as 3'")
     every = fnmap_cli("logs", finished_job.id[:6])
-    assert every.returncode == 0 and every.stdout.count("--- call") == 5
+    assert every.returncode == 0 and every.stdout.count("--- call") == 6  # 5 outputs, 1 traceback
+
+
+def test_job_shows_the_remote_traceback_of_a_failure(finished_job):
+    done = fnmap_cli("job", finished_job.id)
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout.split("traceback of call 3")[1]
+    assert 'raise KeyError(f"no such thing as {x}")' in shown
+    assert "KeyError: 'no such thing as 3'" in shown
 
 
 @pytest.mark.parametrize(

@@ -215,6 +215,10 @@ def format_summary(record: dict) -> str:
             lines.append(
                 f"  call {c['call']} (item {items}): {c['status']}: {c.get('error') or '?'}"
             )
+        first_traceback = next((c for c in failed if c.get("traceback")), None)
+        if first_traceback:
+            lines.append(f"traceback of call {first_traceback['call']} (the others: fnmap logs ID --call N):")
+            lines.extend("  " + line for line in first_traceback["traceback"].rstrip().splitlines())
         if len(failed) > 10:
             lines.append(f"  ... and {len(failed) - 10} more (fnmap job {s['job_id'][:12]} --json)")
         lines.append(f"  output of a call: fnmap logs {s['job_id'][:12]} --call N")
@@ -236,14 +240,21 @@ def run_logs(args) -> int:
             f"fnmap logs: job {job_id} has no call {args.call}; its calls are 0..{len(calls) - 1}"
         )
     found = records.read_logs(store, job_id, args.call)
-    if not found:
+    tracebacks = {
+        c["call"]: c["traceback"] for c in record["calls"]
+        if c.get("traceback") and (args.call is None or c["call"] == args.call)
+    }
+    if not found and not tracebacks:
         which = f"call {args.call} of job {job_id}" if args.call is not None else f"job {job_id}"
         print(f"{which} printed nothing (no output was captured)", file=sys.stderr)
         return 0
-    for call, attempt, text in found:
-        sys.stdout.write(f"--- call {call} attempt {attempt} ---\n{text}")
-        if not text.endswith("\n"):
-            sys.stdout.write("\n")
+    for call in sorted({c for c, _, _ in found} | set(tracebacks)):
+        for _, attempt, text in (entry for entry in found if entry[0] == call):
+            sys.stdout.write(f"--- call {call} attempt {attempt} ---\n{text}")
+            if not text.endswith("\n"):
+                sys.stdout.write("\n")
+        if call in tracebacks:
+            sys.stdout.write(f"--- call {call} traceback ---\n{tracebacks[call].rstrip()}\n")
     return 0
 
 
