@@ -29,7 +29,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "map", "map_reduce", "Executor",
+    "map", "starmap", "map_reduce", "Executor",
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
     "SerializationError", "VersionMismatch", "SignatureError", "PlatformError", "WorkerCrashed",
     "CallLost", "TimeoutError", "RemoteError",
@@ -38,7 +38,7 @@ __all__ = [
 
 def __getattr__(name: str):
     # Keep `import fnmap` light: the client machinery loads on first use.
-    if name in ("map", "map_reduce"):
+    if name in ("map", "starmap", "map_reduce"):
         from . import api
 
         return getattr(api, name)

@@ -1,4 +1,4 @@
-"""``fnmap.map`` and ``fnmap.map_reduce``: thin wrappers over the process-wide client.
+"""``fnmap.map``, ``starmap`` and ``map_reduce``: thin wrappers over the process-wide client.
 
 Data in object storage (issue 7): a storage URL, glob or list of URLs as
 ``items`` is listed and split into partitions by :mod:`fnmap.data`;
@@ -17,7 +17,7 @@ from .config import resolve
 from .errors import ConfigError
 from .job import CallOutcome
 from .progress import make_progress
-from .worker import MODE_ONE
+from .worker import MODE_ARGS, MODE_ONE
 
 #: Default ``reduce_fanin`` of ``map_reduce``: up to this many map outputs reduce in one call.
 REDUCE_FANIN = 64
@@ -63,6 +63,44 @@ def map(
     if return_job:
         return job
     return job.results(return_exceptions=return_exceptions)
+
+
+def starmap(
+    func: Callable,
+    iterable: Iterable,
+    *,
+    return_exceptions: bool = False,
+    return_job: bool = False,
+    **options: Any,
+):
+    """Run ``func(*args)`` for every tuple ``args`` of ``iterable``; results in input order.
+
+    The serverless twin of ``multiprocessing.Pool.starmap`` (and Modal's
+    ``starmap``); options, errors and ``return_exceptions`` as in :func:`map`.
+
+    >>> import fnmap
+    >>> fnmap.starmap(pow, [(2, 3), (10, 2)])
+    [8, 100]
+    """
+    config = resolve(**options)
+    if isinstance(iterable, (str, bytes)):
+        raise TypeError(
+            f"iterable={iterable!r:.80} is a {type(iterable).__name__}; starmap takes an iterable of "
+            "argument tuples, e.g. [(1, 2), (3, 4)]"
+        )
+    job = start_map(func, (_star_args(i, args) for i, args in enumerate(iterable)), config, mode=MODE_ARGS)
+    if return_job:
+        return job
+    return job.results(return_exceptions=return_exceptions)
+
+
+def _star_args(index: int, args) -> tuple:
+    if isinstance(args, (str, bytes)) or not isinstance(args, Iterable):
+        raise TypeError(
+            f"starmap item {index} is {type(args).__name__} {args!r:.80}, not a tuple of arguments: "
+            "pass (x,) for a single argument, or use fnmap.map"
+        )
+    return tuple(args), {}
 
 
 def _input_items(items, obj_chunk_size: int | None, obj_chunk_number: int | None):
