@@ -28,13 +28,19 @@ def _interactive() -> bool:
         return False
 
 
+def _have_widgets() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ipywidgets") is not None
+
+
 class Progress:
     """Items and calls done, failed and being retried; updated from dispatch threads."""
 
     def __init__(self, total: int, description: str, calls: int | None = None, file=None):
-        if "ipykernel" in sys.modules:
-            from tqdm.auto import tqdm
-        else:
+        if "ipykernel" in sys.modules and _have_widgets():
+            from tqdm.notebook import tqdm
+        else:  # a terminal, or a notebook without ipywidgets: text (tqdm.auto would warn)
             from tqdm import tqdm
         self.failed = 0
         self.calls = calls
