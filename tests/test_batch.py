@@ -399,7 +399,7 @@ def test_deploy_batch_is_idempotent_and_destroys(s3_server, monkeypatch, capsys)
 
     from fnmap.cli import main as cli
 
-    for service in ("BATCH", "EC2", "IAM"):
+    for service in ("BATCH", "EC2", "IAM", "S3", "STS"):
         monkeypatch.setenv(f"AWS_ENDPOINT_URL_{service}", s3_server)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

@@ -4,11 +4,21 @@
 (default ``fnmap``): a managed EC2 compute environment of GPU instances
 (scaling from 0 vCPUs, the ECS GPU AMI), a job queue on it, and a container
 job definition whose command is ``python -m handlers.container Ref::store
-Ref::prefix`` with the image built from ``infra/Dockerfile.gpu``.  Running it
-again changes nothing unless an option changed: the job definition carries a
-digest of its specification in the ``fnmap:spec`` tag, and a new revision is
-registered only when the digest differs.  ``destroy`` deregisters every
-revision, then disables and deletes the queue and the compute environment.
+Ref::prefix`` with the image built from ``infra/Dockerfile.gpu``.  On an empty
+account it also makes what those need and were not given (``batch_iam``): the
+container instances' role and instance profile, the containers' job role
+(allowed only ``s3://BUCKET/PREFIX/``) and the bucket; Batch's own
+service-linked role is used as its service role.  Running it again changes
+nothing unless an option changed: the job definition carries a digest of its
+specification in the ``fnmap:spec`` tag, and a new revision is registered only
+when the digest differs.  Everything made is tagged
+``fnmap:batch-deployment=NAME``; ``destroy`` deregisters every revision,
+disables and deletes the queue and then the compute environment, and deletes
+the roles and the bucket it made, and nothing without the tag.
+
+The job definition names the job role (``jobRoleArn``) and no execution role:
+on EC2 compute environments the ECS agent pulls the image and ships the logs
+with the instance role, so an execution role would only matter on Fargate.
 
 The deployment's secret travels in the job definition's environment
 (``FNMAP_SECRET``): keep DescribeJobDefinitions to the people who may run code.
@@ -19,20 +29,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 
 from ..container import COMMAND
-from ..errors import FnmapError
 from ..signing import SECRET_ENV, new_secret
+from . import batch_iam
+from .batch_iam import TAG, DeployError
+
+__all__ = ["DeployError", "TAG", "destroy", "ensure_compute_environment", "ensure_job_queue", "run_deploy"]
 
 SPEC_TAG = "fnmap:spec"
 #: Seconds to wait for a compute environment or job queue to settle.
 SETTLE_SECONDS = 600.0
-
-
-class DeployError(FnmapError):
-    """A deploy step failed; the message names the resource and the fix."""
+#: Seconds to keep retrying a compute environment whose instance profile was made moments ago:
+#: IAM is eventually consistent, and Batch may not see a new profile for a while.
+PROFILE_WAIT_SECONDS = 120.0
+_BAD_PROFILE = re.compile(r"instance ?profile|instanceRole", re.IGNORECASE)
 
 
 def register(sub) -> None:
@@ -77,18 +91,20 @@ def register(sub) -> None:
     )
     d.add_argument(
         "--instance-role",
-        default="ecsInstanceRole",
-        help="instance profile of the container instances (default ecsInstanceRole)",
+        default=None,
+        help="instance profile (name or ARN) of the container instances (default: make NAME-batch-instance "
+        "with AWS's AmazonEC2ContainerServiceforEC2Role policy)",
     )
     d.add_argument(
         "--service-role",
         default=None,
-        help="Batch service role ARN (default: Batch's service-linked role)",
+        help="Batch service role ARN (default: Batch's service-linked role AWSServiceRoleForBatch)",
     )
     d.add_argument(
         "--job-role",
         default=None,
-        help="IAM role ARN the containers run as; it must read and write the storage bucket",
+        help="IAM role ARN the containers run as; it must read and write the storage prefix "
+        "(default: make NAME-batch-job, allowed only s3://BUCKET/PREFIX/*)",
     )
     d.add_argument(
         "--gpu", type=int, default=1, help="GPUs per child unless a job asks otherwise (default 1)"
@@ -107,7 +123,9 @@ def register(sub) -> None:
     )
     d.set_defaults(run=run_deploy)
     x = actions.add_parser(
-        "destroy", help="delete the job definition revisions, job queue and compute environment"
+        "destroy",
+        help="delete the job definition revisions, job queue, compute environment, and the roles "
+        "and bucket deploy made",
     )
     _common(x)
     x.set_defaults(run=run_destroy)
@@ -122,15 +140,32 @@ def _common(p) -> None:
     p.add_argument(
         "--region", default=None, help="AWS region (default: boto3's, e.g. AWS_DEFAULT_REGION)"
     )
+    p.add_argument(
+        "--bucket",
+        default=None,
+        help="S3 bucket of the job data, made if missing (default fnmap-ACCOUNT-REGION, as fnmap deploy aws)",
+    )
+    p.add_argument("--prefix", default="fnmap", help="key prefix of the job data in the bucket (default fnmap)")
 
 
-def _clients(region: str | None):
+def _session(region: str | None):
     import boto3
 
     session = boto3.Session(region_name=region)
     if session.region_name is None:
         raise DeployError("no AWS region: pass --region or set AWS_DEFAULT_REGION")
-    return session.client("batch"), session.client("ec2")
+    return session
+
+
+def _storage(session, args) -> tuple[str, str]:
+    """(bucket, prefix) of the job data."""
+    prefix = args.prefix.strip("/")
+    if not prefix:
+        raise DeployError(f"--prefix {args.prefix!r} is empty: give the key prefix of the job data, e.g. fnmap")
+    if args.bucket:
+        return args.bucket, prefix
+    account = session.client("sts").get_caller_identity()["Account"]
+    return f"fnmap-{account}-{session.region_name}", prefix
 
 
 def _aws_errors(action):
@@ -149,12 +184,24 @@ def _aws_errors(action):
 
 @_aws_errors
 def run_deploy(args) -> int:
-    batch, ec2 = _clients(args.region)
+    session = _session(args.region)
+    batch, ec2, iam = session.client("batch"), session.client("ec2"), session.client("iam")
+    bucket, prefix = _storage(session, args)
     subnets = [s for s in args.subnets.split(",") if s]
     groups = [g for g in args.security_groups.split(",") if g]
     if not subnets or not groups:
         default_subnets, default_group = _default_network(ec2)
         subnets, groups = subnets or default_subnets, groups or [default_group]
+    if batch_iam.ensure_bucket(session.client("s3"), bucket, session.region_name, args.name):
+        print(f"bucket               s3://{bucket} (made)")
+    instance_role, profile_made = args.instance_role, False
+    if not instance_role:
+        instance_role, profile_made = batch_iam.ensure_instance_role(iam, args.name)
+        print(f"instance profile     {instance_role}")
+    job_role = args.job_role
+    if not job_role:
+        job_role = batch_iam.ensure_job_role(iam, args.name, bucket, prefix)
+        print(f"job role             {job_role} (s3://{bucket}/{prefix}/* only)")
     environment = ensure_compute_environment(
         batch,
         args.name,
@@ -162,9 +209,10 @@ def run_deploy(args) -> int:
         max_vcpus=args.max_vcpus,
         subnets=subnets,
         security_groups=groups,
-        instance_role=args.instance_role,
-        service_role=args.service_role,
+        instance_role=instance_role,
+        service_role=args.service_role or batch_iam.service_linked_role(iam),
         spot=args.spot,
+        profile_wait=PROFILE_WAIT_SECONDS if profile_made else 0.0,
     )
     queue = ensure_job_queue(batch, args.name, environment)
     secret = (
@@ -182,7 +230,7 @@ def run_deploy(args) -> int:
             vcpus=args.vcpus,
             memory=args.memory,
             gpu=args.gpu,
-            job_role=args.job_role,
+            job_role=job_role,
         ),
     )
     print(f"compute environment  {environment}")
@@ -192,15 +240,17 @@ def run_deploy(args) -> int:
     print(
         f"  export FNMAP_BACKEND=batch FNMAP_JOB_QUEUE={args.name} "
         f"FNMAP_JOB_DEFINITION={args.name} "
-        f"{SECRET_ENV}={secret} FNMAP_STORAGE=s3://BUCKET/fnmap"
+        f"{SECRET_ENV}={secret} FNMAP_STORAGE=s3://{bucket}/{prefix}"
     )
     return 0
 
 
 @_aws_errors
 def run_destroy(args) -> int:
-    batch, _ = _clients(args.region)
-    for line in destroy(batch, args.name):
+    session = _session(args.region)
+    bucket, _ = _storage(session, args)
+    for line in destroy(session.client("batch"), args.name, iam=session.client("iam"),
+                        s3=session.client("s3"), bucket=bucket):
         print(line)
     return 0
 
@@ -239,11 +289,18 @@ def ensure_compute_environment(
     instance_role: str,
     service_role: str | None = None,
     spot: bool = False,
+    profile_wait: float = 0.0,
+    sleep=time.sleep,
 ) -> str:
-    """The compute environment's ARN, created if missing, enabled and resized if it exists."""
+    """The compute environment's ARN, created if missing, enabled and resized if it exists.
+
+    Without ``service_role`` the request names none, and Batch uses (or makes) its service-linked
+    role.  ``profile_wait`` is how long to keep retrying when Batch does not know the instance
+    profile yet (one made moments ago); ``sleep`` waits between tries."""
     found = batch.describe_compute_environments(computeEnvironments=[name])["computeEnvironments"]
     if found:
         env = found[0]
+        _check_ours(env, f"compute environment {name}", name)
         if (
             env.get("state") != "ENABLED"
             or env.get("computeResources", {}).get("maxvCpus") != max_vcpus
@@ -271,7 +328,7 @@ def ensure_compute_environment(
     }
     if service_role:
         request["serviceRole"] = service_role
-    arn = batch.create_compute_environment(**request)["computeEnvironmentArn"]
+    arn = _create_compute_environment(batch, request, instance_role, profile_wait, sleep)
     _settle(
         lambda: batch.describe_compute_environments(computeEnvironments=[name])[
             "computeEnvironments"
@@ -281,16 +338,52 @@ def ensure_compute_environment(
     return arn
 
 
+def _create_compute_environment(batch, request: dict, instance_role: str, wait: float, sleep) -> str:
+    from botocore.exceptions import ClientError
+
+    deadline = time.monotonic() + wait
+    delay = 2.0
+    while True:
+        try:
+            return batch.create_compute_environment(**request, tags={TAG: request["computeEnvironmentName"]})[
+                "computeEnvironmentArn"
+            ]
+        except ClientError as e:
+            if not _BAD_PROFILE.search(str(e)):
+                raise
+            if time.monotonic() + delay > deadline:
+                raise DeployError(
+                    f"compute environment {request['computeEnvironmentName']}: Batch does not accept the instance "
+                    f"profile {instance_role} ({e.response.get('Error', {}).get('Message', e)}): pass an existing "
+                    "instance profile's name or ARN with --instance-role, or leave it out to have one made"
+                ) from e
+        sleep(delay)
+        delay = min(15.0, delay * 2)
+
+
+def _check_ours(resource: dict, what: str, name: str) -> None:
+    if (resource.get("tags") or {}).get(TAG) != name:
+        raise DeployError(
+            f"{what} exists but was not made by `fnmap deploy batch` (no tag {TAG}={name}): "
+            "choose another --name, or delete it yourself"
+        )
+
+
+def _ours(resource: dict, name: str) -> bool:
+    return (resource.get("tags") or {}).get(TAG) == name
+
+
 def ensure_job_queue(batch, name: str, environment_arn: str) -> str:
     order = [{"order": 1, "computeEnvironment": environment_arn}]
     found = batch.describe_job_queues(jobQueues=[name])["jobQueues"]
     if found:
         queue = found[0]
+        _check_ours(queue, f"job queue {name}", name)
         if queue.get("state") != "ENABLED" or queue.get("computeEnvironmentOrder") != order:
             batch.update_job_queue(jobQueue=name, state="ENABLED", computeEnvironmentOrder=order)
         return queue["jobQueueArn"]
     arn = batch.create_job_queue(
-        jobQueueName=name, state="ENABLED", priority=1, computeEnvironmentOrder=order
+        jobQueueName=name, state="ENABLED", priority=1, computeEnvironmentOrder=order, tags={TAG: name}
     )["jobQueueArn"]
     _settle(lambda: batch.describe_job_queues(jobQueues=[name])["jobQueues"], f"job queue {name}")
     return arn
@@ -347,40 +440,50 @@ def ensure_job_definition(batch, name: str, spec: dict) -> tuple[str, bool]:
     latest = _latest_definition(batch, name)
     if latest is not None and (latest.get("tags") or {}).get(SPEC_TAG) == digest:
         return latest["jobDefinitionArn"], False
-    answer = batch.register_job_definition(jobDefinitionName=name, tags={SPEC_TAG: digest}, **spec)
+    answer = batch.register_job_definition(jobDefinitionName=name, tags={SPEC_TAG: digest, TAG: name}, **spec)
     return answer["jobDefinitionArn"], True
 
 
-def destroy(batch, name: str) -> list[str]:
-    """Remove everything ``deploy`` made, skipping what is gone already; returns what was done."""
+def destroy(batch, name: str, *, iam=None, s3=None, bucket: str | None = None) -> list[str]:
+    """Remove what ``deploy`` made (tagged ``TAG=name``), skipping what is gone already; returns
+    what was done.  The queue goes before the compute environment it runs on, and the roles only
+    after the compute environment (Batch needs them to take its instances down)."""
     done = []
     for revision in _all_active(batch, name):
-        batch.deregister_job_definition(jobDefinition=revision["jobDefinitionArn"])
-        done.append(f"deregistered job definition {revision['jobDefinitionArn']}")
-    if batch.describe_job_queues(jobQueues=[name])["jobQueues"]:
-        batch.update_job_queue(jobQueue=name, state="DISABLED")
-        _settle(
-            lambda: batch.describe_job_queues(jobQueues=[name])["jobQueues"], f"job queue {name}"
-        )
-        batch.delete_job_queue(jobQueue=name)
-        _gone(lambda: batch.describe_job_queues(jobQueues=[name])["jobQueues"], f"job queue {name}")
-        done.append(f"deleted job queue {name}")
-    if batch.describe_compute_environments(computeEnvironments=[name])["computeEnvironments"]:
-        batch.update_compute_environment(computeEnvironment=name, state="DISABLED")
-        _settle(
-            lambda: batch.describe_compute_environments(computeEnvironments=[name])[
-                "computeEnvironments"
-            ],
-            f"compute environment {name}",
-        )
-        batch.delete_compute_environment(computeEnvironment=name)
-        _gone(
-            lambda: batch.describe_compute_environments(computeEnvironments=[name])[
-                "computeEnvironments"
-            ],
-            f"compute environment {name}",
-        )
-        done.append(f"deleted compute environment {name}")
+        # Revisions from before the deployment tag carry only the spec digest.
+        if _ours(revision, name) or SPEC_TAG in (revision.get("tags") or {}):
+            batch.deregister_job_definition(jobDefinition=revision["jobDefinitionArn"])
+            done.append(f"deregistered job definition {revision['jobDefinitionArn']}")
+
+    def queues():
+        return batch.describe_job_queues(jobQueues=[name])["jobQueues"]
+
+    def environments():
+        return batch.describe_compute_environments(computeEnvironments=[name])["computeEnvironments"]
+
+    for what, found, disable, delete in (
+        (f"job queue {name}", queues, lambda: batch.update_job_queue(jobQueue=name, state="DISABLED"),
+         lambda: batch.delete_job_queue(jobQueue=name)),
+        (f"compute environment {name}", environments,
+         lambda: batch.update_compute_environment(computeEnvironment=name, state="DISABLED"),
+         lambda: batch.delete_compute_environment(computeEnvironment=name)),
+    ):
+        resources = found()
+        if not resources:
+            continue
+        if not _ours(resources[0], name):
+            done.append(f"kept {what}: not made by fnmap deploy batch (no tag {TAG}={name})")
+            continue
+        if resources[0].get("state") != "DISABLED":
+            disable()
+        _settle(found, what)
+        delete()
+        _gone(found, what)
+        done.append(f"deleted {what}")
+    if iam is not None:
+        done += batch_iam.destroy_roles(iam, name)
+    if s3 is not None and bucket:
+        done += batch_iam.destroy_bucket(s3, bucket, name)
     return done or [f"nothing named {name} to destroy"]
 
 
