@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import keys, policy
+from . import keys, policy, records
 from .client import get_client
 from .config import resolve
 from .errors import ConfigError
@@ -139,13 +139,15 @@ def _start(
     """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix)."""
     func_key = client.upload_function(func)
     job = client.new_job(config, kind)
+    records.label(job, getattr(func, "map_func", None) or getattr(func, "reduce_func", None) or func)
     index = 0
     states = []
     try:
         for chunk in policy.chunks(make_items(job.id), config.chunksize):
             states.append(job.add_call(func_key, (mode, chunk), index, len(chunk), CallOutcome()))
             index += len(chunk)
-    except BaseException:
+    except BaseException as e:
+        job.setup_error = f"{type(e).__name__}: {e}"  # the record says why nothing ran
         job.cancel()
         job.seal()
         raise

@@ -137,6 +137,8 @@ def plot_record(record: dict, path: str, title: str | None = None) -> str:
 
 def _title(record: dict, summary: dict) -> str:
     parts = [f"job {record['job_id'][:12]}", f"{summary.get('calls', len(record['calls']))} calls"]
+    if record.get("function"):
+        parts.insert(0, str(record["function"]))
     if record.get("backend"):
         parts.append(f"on {record['backend']}")
     if summary.get("wall_seconds") is not None:

@@ -46,6 +46,8 @@ _STATS_FIELDS = (
     "log_tail",
 )
 _TIMEOUT_ERROR = "fnmap.errors.TimeoutError"
+#: Status of a job whose client process is gone before the job finished (killed, crashed).
+ABANDONED = "abandoned"
 
 
 class JobNotFound(FnmapError, LookupError):
@@ -65,6 +67,7 @@ def build(job) -> dict:
         "format": FORMAT,
         "job_id": job.id,
         "kind": job.kind,
+        **_identity(job),
         "backend": cfg.backend,
         "storage": job.client.store.url,
         "created": job.created,
@@ -140,6 +143,76 @@ def call_error(outcomes: list) -> tuple[str, str, str]:
     return "ok", "", ""
 
 
+def label(job, func) -> None:
+    """Name ``job`` after the function it runs, for ``fnmap jobs`` and the plot (issue 14)."""
+    job.function_name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or type(func).__name__
+
+
+def _identity(job) -> dict:
+    """What tells one job from another later: its function, where it was started, by which process,
+    and the error that stopped it before any call ran."""
+    return {
+        "function": getattr(job, "function_name", None),
+        "origin": _origin(),
+        "client": _client_process(),
+        "error": getattr(job, "setup_error", None),
+    }
+
+
+def _origin() -> str | None:
+    """The notebook or script this process runs: Jupyter's session name, else ``__main__``'s file."""
+    import os
+    import sys
+
+    if os.environ.get("JPY_SESSION_NAME"):
+        return os.environ["JPY_SESSION_NAME"]
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file:
+        return os.path.abspath(main_file)
+    return "notebook" if "ipykernel" in sys.modules else "interactive"
+
+
+_CLIENT: dict | None = None
+
+
+def _client_process() -> dict:
+    """This client's host, pid and process start time: a reader on the same host can tell whether
+    the client that started a job is still alive (:func:`client_gone`)."""
+    global _CLIENT
+    import os
+    import socket
+
+    if _CLIENT is None or _CLIENT["pid"] != os.getpid():  # recomputed in a forked child
+        _CLIENT = {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid())}
+    return _CLIENT
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux), so a reused pid is not
+    mistaken for the client; None where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def client_gone(client: dict | None) -> bool:
+    """True when ``client`` (from a record) ran on this host and that process no longer exists."""
+    import os
+    import socket
+
+    if not client or client.get("host") != socket.gethostname() or not client.get("pid"):
+        return False  # another machine's client: nothing to check it against
+    try:
+        os.kill(client["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    return client.get("start") is not None and _process_start(client["pid"]) != client["start"]
+
+
 def write(store, record: dict) -> None:
     """Store the record and its index entry."""
     store.put(
@@ -159,6 +232,7 @@ def started_summary(job) -> dict:
     record = {
         "job_id": job.id,
         "kind": job.kind,
+        **_identity(job),
         "backend": cfg.backend,
         "storage": job.client.store.url,
         "created": job.created,
@@ -221,7 +295,9 @@ def summarize(record: dict) -> dict:
     wall = end - record["created"] if end else None
     items = sum(c["items"] for c in calls)
     items_done = sum(c["items"] for c in done)
-    if len(done) < len(calls):
+    if record.get("error"):  # stopped before any call ran, e.g. an item that does not pickle
+        status = "failed"
+    elif len(done) < len(calls):
         status = "running" if record.get("finished") is None else "incomplete"
     elif any(c["status"] == "cancelled" for c in calls):
         status = "cancelled"
@@ -231,6 +307,10 @@ def summarize(record: dict) -> dict:
     summary = {
         "job_id": record["job_id"],
         "kind": record.get("kind"),
+        "function": record.get("function"),
+        "origin": record.get("origin"),
+        "client": record.get("client"),
+        "error": record.get("error"),
         "backend": record.get("backend"),
         "storage": record.get("storage"),
         "status": status,
@@ -272,13 +352,25 @@ def list_jobs(store, limit: int | None = 20) -> list[dict]:
     out = []
     for key in entries:
         try:
-            out.append(json.loads(store.get(key)))
+            summary = json.loads(store.get(key))
         except (
             FnmapError,
             ValueError,
         ):  # deleted meanwhile (gc) or a partial object from a dead writer
             continue
+        if summary.get("status") == "running":
+            _refresh_running(store, summary)
+        out.append(summary)
     return out
+
+
+def _refresh_running(store, summary: dict) -> None:
+    """A running job's index entry says what it was at the start: count its calls done from the
+    workers' status records (as ``fnmap job`` does), and call it abandoned if its client is gone."""
+    done = {_status_call(k)[0] for k in store.list(keys.status_prefix(summary["job_id"]))}
+    summary["calls_done"] = max(summary.get("calls_done") or 0, len(done))
+    if client_gone(summary.get("client")):
+        summary["status"] = ABANDONED
 
 
 def resolve_id(store, job_id: str) -> str:
@@ -429,9 +521,11 @@ def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -
         "rebuilt": "the job wrote no record (still running, or its client stopped): rebuilt from "
         "the workers' status records; calls that never reported are missing",
     }
+    for field in ("function", "origin", "client"):
+        record[field] = started.get(field)
     summary = record["summary"] = summarize(record)
-    # A job that wrote its start entry is running, unless its client stopped (the note says so).
-    summary["status"] = "running" if started else "unknown"
+    # A job that wrote its start entry is running, unless its client is gone.
+    summary["status"] = (ABANDONED if client_gone(started.get("client")) else "running") if started else "unknown"
     summary["calls"] = max(summary["calls"], started.get("calls") or 0)
     summary["items"] = max(summary["items"], started.get("items") or 0)
     return record

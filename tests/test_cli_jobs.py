@@ -222,3 +222,59 @@ def test_version():
 
 def test_dir_lists_the_lazy_public_names():
     assert {"map", "map_reduce", "Executor"} <= set(dir(fnmap))
+
+
+def test_jobs_name_the_function_and_where_it_was_started(finished_job):
+    listed = fnmap_cli("jobs", "--json")
+    entry = next(j for j in json.loads(listed.stdout) if j["job_id"] == finished_job.id)
+    assert entry["function"].endswith("work") and entry["origin"]
+    assert "work" in fnmap_cli("jobs").stdout
+    shown = fnmap_cli("job", finished_job.id).stdout
+    assert "function finished_job.<locals>.work" in shown, shown
+
+
+def test_a_map_that_failed_before_any_call_is_recorded_as_failed(tmp_path):
+    import threading
+
+    storage = (tmp_path / "store").as_uri()
+    with pytest.raises(fnmap.SerializationError):
+        fnmap.map(str, [threading.Lock()], storage=storage)
+    (entry,) = json.loads(fnmap_cli("jobs", "--json", storage=storage).stdout)
+    assert entry["status"] == "failed" and entry["function"] == "str"
+    assert "cannot be pickled" in entry["error"]
+    shown = fnmap_cli("job", entry["job_id"], storage=storage).stdout
+    assert "error    SerializationError: item 0 cannot be pickled" in shown, shown
+
+
+KILLED_CLIENT = """
+import sys, time, fnmap
+def nap(x):
+    time.sleep(0.2 if x < 2 else 120)
+    return x
+job = fnmap.map(nap, range(4), return_job=True, chunksize=1, workers=4, storage=sys.argv[1])
+print(job.id, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_job_whose_client_was_killed_is_abandoned_and_counts_agree(tmp_path):
+    storage = (tmp_path / "store").as_uri()
+    script = tmp_path / "killed_client.py"
+    script.write_text(KILLED_CLIENT)
+    proc = subprocess.Popen([sys.executable, str(script), storage], stdout=subprocess.PIPE, text=True)
+    try:
+        job_id = proc.stdout.readline().strip()
+        for _ in range(600):  # until the two quick calls have reported
+            record = json.loads(fnmap_cli("job", job_id, "--json", storage=storage).stdout)
+            if record["summary"]["calls_done"] == 2:
+                break
+        listed = json.loads(fnmap_cli("jobs", "--json", storage=storage).stdout)[0]
+        assert (listed["status"], listed["calls_done"], listed["calls"]) == ("running", 2, 4)
+        assert record["summary"]["status"] == "running"
+    finally:
+        proc.kill()
+        proc.wait()
+    listed = json.loads(fnmap_cli("jobs", "--json", storage=storage).stdout)[0]
+    assert listed["status"] == "abandoned"
+    shown = fnmap_cli("job", job_id, storage=storage).stdout
+    assert "abandoned" in shown and "the client that started this job is gone" in shown

@@ -125,12 +125,13 @@ def run_jobs(args) -> int:
     if not jobs:
         print(f"no jobs in {store.url}", file=sys.stderr)
         return 0
-    rows = [("JOB", "CREATED", "KIND", "BACKEND", "STATUS", "CALLS", "FAILED", "RETRIES", "WALL")]
+    rows = [("JOB", "CREATED", "FUNCTION", "KIND", "BACKEND", "STATUS", "CALLS", "FAILED", "RETRIES", "WALL")]
     for s in jobs:
         rows.append(
             (
                 s["job_id"][:12],
                 _time(s["created"]),
+                _short(s.get("function") or "-", 28),
                 s.get("kind") or "-",
                 s.get("backend") or "-",
                 s["status"],
@@ -182,6 +183,7 @@ def format_summary(record: dict) -> str:
     lines = [
         f"job      {s['job_id']}  {s.get('kind') or '?'} on {s.get('backend') or '?'}  "
         f"{s['status']}",
+        f"function {s.get('function') or '-'}   from {s.get('origin') or '-'}",
         f"storage  {s.get('storage')}",
         f"created  {_time(s['created'])}   wall {_seconds(s['wall_seconds'])}",
         f"calls    {s['calls']} ({s['items']} items)   done {s['calls_done']}   "
@@ -199,6 +201,10 @@ def format_summary(record: dict) -> str:
         + (f"{s['peak_memory_mb']:.0f} MB" if s.get("peak_memory_mb") else "-"),
         f"cost     {describe(s['cost'])}",
     ]
+    if s.get("error"):
+        lines.append(f"error    {s['error']} (before any call ran)")
+    if s["status"] == "abandoned":
+        lines.append("note     the client that started this job is gone (killed or crashed) before it finished")
     if record.get("rebuilt"):
         lines.append(f"note     {record['rebuilt']}")
     failed = [
@@ -287,6 +293,10 @@ def run_gc(args) -> int:
 
 
 # -- formatting ------------------------------------------------------------------
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _time(t: float | None) -> str:
