@@ -17,6 +17,7 @@ from .errors import (
     KeyNotFound,
     PlatformError,
     RemoteError,
+    RemoteExit,
     SerializationError,
     SignatureError,
     TimeoutError,
@@ -32,7 +33,7 @@ __all__ = [
     "map", "starmap", "map_reduce", "Executor",
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
     "SerializationError", "VersionMismatch", "SignatureError", "PlatformError", "WorkerCrashed",
-    "CallLost", "TimeoutError", "RemoteError",
+    "CallLost", "TimeoutError", "RemoteError", "RemoteExit",
 ]
 
 

@@ -161,17 +161,14 @@ class Client:
         if state.done:
             return None
         if attempt == 1:
-            if job.cancelled:  # a future must never be left RUNNING without a result
-                state.future.cancel()
-            try:
-                running = state.future.set_running_or_notify_cancel()
-            except RuntimeError:  # already cancelled and notified by Job.cancel
-                running = False
-            if not running:
-                job.cancelled_before_start(state)
+            if not job.start_call(state):  # cancelled (by the caller, or with its job) before it started
                 return None
-        elif job.cancelled:
-            job.fail(state, PlatformFault("cancelled", "the job was cancelled"), attempt - 1)
+        elif job.abandoned:  # nobody waits for the result: no retry, no copy
+            with job._lock:
+                others_out = state.in_flight > 0
+            if not others_out:  # the attempt in flight decides; otherwise the call ends here
+                job.fail(state, PlatformFault("cancelled", "the job was abandoned before this call "
+                                              "could be retried"), attempt - 1)
             return None
         cfg = job.config
         req = CallRequest(
@@ -284,7 +281,7 @@ class Client:
             charged, others_out = state.charged, state.in_flight > 0
         if others_out:
             return
-        if not job.cancelled and policy.retry_fault(fault.retryable, charged, job.config.retries):
+        if not job.abandoned and policy.retry_fault(fault.retryable, charged, job.config.retries):
             if fault.retry_after is not None:
                 delay = fault.retry_after
             else:
@@ -406,11 +403,22 @@ class Client:
                 del state.awaiting[failure.attempt]
             self._spawn(self._on_fault, job, state, failure.attempt, failure.fault)
 
+    def stop_copies(self, job: Job, state: CallState, attempts: list[int]) -> None:
+        """A call's outcome is final while ``attempts`` of it are still out (speculative copies,
+        an attempt declared lost): have the backend stop them where it can (the emulator kills
+        their worker processes, Batch terminates their containers).  Elsewhere they run on and
+        their late results are discarded as duplicates.  Best effort: a copy that is not stopped
+        costs only its own run, so a failure to stop it is not the job's failure."""
+        try:
+            self.backend.stop_attempts(job.id, [(state.call_id, a) for a in attempts], self.secret)
+        except Exception:  # see above: the late result is discarded in any case
+            pass
+
     def _speculate(self, job: Job) -> None:
         # A Dask graph job gets calls as tasks become ready and is sealed only at the end; "most
         # of the job done" then means most of the calls sent so far, i.e. the graph's frontier
         # waits on a few slow tasks, which is when a copy helps most (issue 4).
-        if not (job.sealed or job.kind == "dask") or not job.config.speculation:
+        if not (job.sealed or job.kind == "dask") or not job.config.speculation or job.abandoned:
             return
         with job._lock:
             running = {s.call_id: s.sent_at for s in job.calls

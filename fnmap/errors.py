@@ -54,6 +54,45 @@ class WorkerCrashed(PlatformError):
     """The worker process running the call died (segfault, ``os._exit``, SIGKILL, out of memory)."""
 
 
+class RemoteExit(FnmapError):
+    """The remote function ended its item with ``sys.exit``, ``KeyboardInterrupt`` or another
+    ``BaseException`` that is not an ``Exception`` (``GeneratorExit``, ...).
+
+    That is the item's failure, not the caller's: re-raised as itself it would end the
+    caller's script (``SystemExit``) or look like the user pressed Ctrl-C.  The remote
+    exception is the ``__cause__`` (and ``remote``); ``exit_code`` is the status a
+    ``sys.exit`` asked for (``None`` for other exceptions).
+    """
+
+    def __init__(self, message: str, item: int | None = None, exit_code: int | None = None):
+        super().__init__(message)
+        self.item = item
+        self.exit_code = exit_code
+
+    @classmethod
+    def of(cls, remote: BaseException, item: int) -> RemoteExit:
+        """The error standing for ``remote``, raised by ``item``, with ``remote`` as its cause."""
+        name = type(remote).__name__
+        if isinstance(remote, SystemExit):
+            code = remote.code
+            exit_code = 0 if code is None else code if isinstance(code, int) else 1
+            shown = f"sys.exit({code!r})" if code is not None else "sys.exit()"
+            message = (f"item {item} called {shown} in the remote function: exit code {exit_code}; "
+                       "that ends the item's call, not this process")
+        else:
+            exit_code = None
+            shown = f"{name}: {remote}" if str(remote) else name
+            message = (f"item {item} raised {shown} in the remote function; a {name} there ends "
+                       "the item's call, not this process")
+        exc = cls(message, item, exit_code)
+        exc.remote = remote
+        exc.__cause__ = remote
+        return exc
+
+    def __reduce__(self):
+        return (RemoteExit, (str(self), self.item, self.exit_code))
+
+
 class CallLost(PlatformError):
     """A call never reported a result within its timeout plus a grace period."""
 

@@ -15,6 +15,7 @@ from . import keys, records
 from .errors import (
     CallLost,
     PlatformError,
+    RemoteExit,
     SerializationError,
     SignatureError,
     VersionMismatch,
@@ -31,7 +32,7 @@ class CallState:
     __slots__ = (
         "call_id", "first_index", "n_items", "func_key", "payload", "items_key", "future",
         "unwrap", "attempts", "next_attempt", "sent_at", "in_flight", "done", "speculated",
-        "stats", "awaiting", "charged",
+        "stats", "awaiting", "charged", "claimed",
     )
 
     def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap):
@@ -55,6 +56,9 @@ class CallState:
         self.awaiting: dict[int, float] | None = None
         #: Faults that used up one of ``retries`` (429s and speculative copies use none; issue 3).
         self.charged = 0
+        #: Set, under the job's lock, by whoever settles the first attempt's fate: a dispatch
+        #: thread starting the call, or ``Job.cancel`` cancelling it (never both; issue 12).
+        self.claimed = False
 
     def describe(self) -> str:
         last = self.first_index + self.n_items - 1
@@ -72,8 +76,8 @@ class CallOutcome:
     lists, about 1.3 KB; 100,000 of them were a third of the client's memory for
     a 100,000-call map (issue 9).  Nobody outside the job sees these, so they do
     not block: :meth:`Job.results` waits on the job and reads them when done.
-    A cancel racing a dispatch thread's start may let the call run; its late
-    result is then discarded as a duplicate, as after any cancel.
+    A call is either started by a dispatch thread or cancelled by its job, never
+    both (:meth:`Job.start_call`), so nothing here needs a lock.
     """
 
     __slots__ = ("_status", "_value")
@@ -144,7 +148,10 @@ class Job:
         self.finished: float | None = None
         self.calls: list[CallState] = []
         self.sealed = False
+        #: No call starts any more; calls already started complete with their own results.
         self.cancelled = False
+        #: Nobody waits for the results any more: no retries, no copies, failures are final.
+        self.abandoned = False
         self.done_count = 0
         self.failed_count = 0
         self.retry_count = 0
@@ -230,6 +237,7 @@ class Job:
                 self.call_errors[state.call_id] = records.call_error(outcomes)
             self._mark_attempt(state, attempt, "ok" if not failed else "error")
             state.payload = None
+            others = _attempts_out(state)
             write_record, all_done = self._settle()
         if write_record:  # before the last result is out: a returned map has its record
             self._save_record(final=True)
@@ -246,6 +254,8 @@ class Job:
             self._wake.set()
         if all_done:
             self._after_done()
+        if others:
+            self.client.stop_copies(self, state, others)
         return True
 
     def fail(self, state: CallState, fault, attempt: int) -> None:
@@ -260,6 +270,7 @@ class Job:
             self._mark_attempt(state, attempt, fault.kind)
             state.payload = None
             attempts = len(state.attempts)
+            others = _attempts_out(state)
             write_record, all_done = self._settle()
         cls = _FAULT_ERRORS.get(fault.kind, PlatformError)
         if fault.kind == "rejected" and ("401" in fault.message or "403" in fault.message):
@@ -275,6 +286,8 @@ class Job:
         self._wake.set()
         if all_done:
             self._after_done()
+        if others:
+            self.client.stop_copies(self, state, others)
 
     def _settle(self) -> tuple[bool, bool]:
         """Under ``_lock``, after a call is done: (write the final record now, every call is done)."""
@@ -305,6 +318,40 @@ class Job:
                 record[2], record[3] = time.time(), outcome
                 state.in_flight -= 1
                 break
+
+    def start_call(self, state: CallState) -> bool:
+        """Claim a call for its first attempt; False when it must not run.
+
+        The claim and the job's ``cancelled`` flag are read and set under one lock, so a call
+        is either started here or cancelled by :meth:`cancel`, never both: a call a dispatch
+        thread has taken runs and ends with its own result (``shutdown(cancel_futures=True)``
+        cancels pending futures only, as the standard library's executors do).
+        """
+        with self._lock:
+            if state.claimed or state.done:
+                return False
+            state.claimed = True
+            cancel = self.cancelled
+        if cancel:  # cancelled before any thread took it
+            self._cancel_unstarted(state)
+            return False
+        try:
+            running = state.future.set_running_or_notify_cancel()
+        except RuntimeError:  # notified already (by its owner): treat as cancelled
+            running = False
+        if not running:  # the caller cancelled this future itself
+            self.cancelled_before_start(state)
+        return running
+
+    def _cancel_unstarted(self, state: CallState) -> None:
+        """Cancel the future of a call no thread started, and notify its waiters as an
+        executor's worker would on pickup (``concurrent.futures.wait`` sees it then)."""
+        if state.future.cancel():
+            try:
+                state.future.set_running_or_notify_cancel()
+            except RuntimeError:  # notified already
+                pass
+        self.cancelled_before_start(state)
 
     def cancelled_before_start(self, state: CallState) -> None:
         with self._lock:
@@ -363,7 +410,10 @@ class Job:
     # -- results -------------------------------------------------------------
 
     def item_exception(self, state: CallState, offset: int, outcome: tuple) -> BaseException:
+        """The exception an item raised remotely, ready to raise here (an ``Exception`` always)."""
         exc = unpack_exception(outcome[1], outcome[2])
+        if not isinstance(exc, Exception):  # sys.exit, KeyboardInterrupt: the item's failure only
+            exc = RemoteExit.of(exc, state.first_index + offset)
         exc.add_note(
             f"fnmap: raised remotely by item {state.first_index + offset} "
             f"(job {self.id}, {state.describe()})"
@@ -438,17 +488,22 @@ class Job:
                 self._wake.wait()
 
     def cancel(self, stop_platform: bool = False) -> None:
-        """Stop dispatching this job's calls.  Calls already running finish in the background,
-        unless ``stop_platform`` and the backend can stop them (Batch array jobs are terminated)."""
-        self.cancelled = True
-        for state in self.calls:
-            if state.future.cancel():
-                # Notify as an executor's worker would on pickup, so concurrent.futures.wait sees it.
-                try:
-                    state.future.set_running_or_notify_cancel()
-                except RuntimeError:  # a dispatch thread notified it first
-                    pass
-                self.cancelled_before_start(state)
+        """Stop starting this job's calls: those no dispatch thread took yet are cancelled; those
+        already running go on and end with their own results (retried after platform faults).
+
+        ``stop_platform``: nobody wants the results any more (a map raised its first failure, or
+        was interrupted): no more retries or copies, and the backend stops what it still runs
+        where it can (Batch array jobs are terminated).
+        """
+        with self._lock:
+            self.cancelled = True
+            if stop_platform:
+                self.abandoned = True
+            unstarted = [s for s in self.calls if not s.claimed and not s.done]
+            for state in unstarted:
+                state.claimed = True
+        for state in unstarted:
+            self._cancel_unstarted(state)
         self._wake.set()
         if stop_platform and not self.done:
             try:
@@ -519,6 +574,11 @@ class Job:
 
     def __repr__(self) -> str:
         return f"<fnmap.Job {self.id} {self.done_count}/{len(self.calls)} calls done>"
+
+
+def _attempts_out(state: CallState) -> list[int]:
+    """Under the job's lock: the call's attempts sent and not yet ended (copies still running)."""
+    return [record[0] for record in state.attempts if record[2] is None]
 
 
 def _set(future: Future, result=None, exception=None) -> None:

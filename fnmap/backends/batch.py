@@ -305,6 +305,20 @@ class BatchBackend(BaseBackend):
             self._call("terminate_job", jobId=submission.batch_job_id,
                        reason=f"cancelled by the fnmap client (job {job_id})")
 
+    def stop_attempts(self, job_id: str, attempts: list[tuple[int, int]], secret: bytes) -> None:
+        """Terminate the children running these attempts (``TerminateJob`` on ``arrayJobId:index``,
+        or on the job itself for a one-call submission): their call's outcome is final already."""
+        wanted = set(attempts)
+        with self._lock:
+            targets = [
+                f"{s.batch_job_id}:{index}" if s.array else s.batch_job_id
+                for s in self._submitted.values() if s.job_id == job_id
+                for index, call in enumerate(s.calls) if call in wanted
+            ]
+        for target in targets:
+            self._call("terminate_job", jobId=target,
+                       reason=f"stopped by the fnmap client: another attempt decided its call (job {job_id})")
+
     def _forget(self, batch_job_id: str) -> None:
         with self._lock:
             self._submitted.pop(batch_job_id, None)

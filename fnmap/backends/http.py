@@ -13,13 +13,14 @@ Everything else (``https://``, proxies) goes through ``requests``.
 
 from __future__ import annotations
 
+import json
 import select
 import threading
 import urllib.request
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, PlatformFault
-from ..signing import SIGNATURE_HEADER
+from ..signing import SIGNATURE_HEADER, sign
 from ..wire import ERROR_KIND_HEADER
 from . import rawhttp
 from .base import BaseBackend, Invocation
@@ -27,6 +28,9 @@ from .base import BaseBackend, Invocation
 _CONNECT_TIMEOUT = 10.0
 #: Extra seconds past a call's timeout before the client declares it lost.
 GRACE_SECONDS = 5.0
+#: Where a host that can stop calls (the emulator) takes ``POST`` requests to stop attempts.
+STOP_PATH = "/cancel"
+_STOP_TIMEOUT = 30.0
 
 
 class HttpBackend(BaseBackend):
@@ -43,6 +47,8 @@ class HttpBackend(BaseBackend):
         self.invoke_url = self.url
         self.max_workers = config.workers or 64
         self._local = threading.local()
+        #: Set once the host answered that it has no stop route (a function host, not the emulator).
+        self._cannot_stop = False
 
     def _session(self):
         session = getattr(self._local, "session", None)
@@ -79,6 +85,30 @@ class HttpBackend(BaseBackend):
         if r.status_code == 200:
             return r.content
         raise fault_from_status(r.status_code, r.headers, r.text, self.invoke_url)
+
+    def stop_attempts(self, job_id: str, attempts: list[tuple[int, int]], secret: bytes) -> None:
+        """Ask the host to stop these attempts: ``POST /cancel`` with ``{"job_id", "attempts"}``,
+        signed with the job's secret as an invocation is.  The emulator kills the worker
+        processes running them; a function host without that route answers 404 once and is not
+        asked again (its copies run on and their results are discarded)."""
+        if not attempts or self._cannot_stop:
+            return
+        import requests
+
+        body = json.dumps({"job_id": job_id, "attempts": [list(a) for a in attempts]}).encode()
+        base = self.url.removesuffix("/invoke")  # an emulator's invoke URL given as http_url
+        url = base + STOP_PATH
+        try:
+            r = self._session().post(url, data=body, timeout=(_CONNECT_TIMEOUT, _STOP_TIMEOUT),
+                                     headers={SIGNATURE_HEADER: sign(secret, body),
+                                              "Content-Type": "application/json"})
+        except requests.exceptions.RequestException as e:
+            raise PlatformFault("connection", f"cannot reach {url}: {e}") from e
+        if r.status_code in (404, 405, 501):
+            self._cannot_stop = True
+            return
+        if r.status_code != 200:
+            raise fault_from_status(r.status_code, r.headers, r.text, url)
 
     def _plain_target(self) -> tuple[str, int, str] | None:
         """``(host, port, path)`` when ``invoke_url`` is plain HTTP with no proxy, else None."""

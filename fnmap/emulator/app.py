@@ -1,23 +1,28 @@
 """The emulator's Flask app: the shared invocation app plus the emulator's own routes.
 
 Routes: ``POST /invoke`` (and ``/``), the same as a deployed HTTP handler;
-``GET /health``; ``GET /calls`` (recent calls, newest last).  Invocations run in
-the :class:`~fnmap.emulator.pool.WorkerPool`.
+``POST /cancel`` (stop attempts whose call the client decided by another
+attempt; signed with the secret as an invocation is); ``GET /health``;
+``GET /calls`` (recent calls, newest last).  Invocations run in the
+:class:`~fnmap.emulator.pool.WorkerPool`.
 """
 
 from __future__ import annotations
 
 import collections
 import importlib
+import json
+import os
 import threading
 import time
 
-from flask import jsonify
+from flask import Response, jsonify, request
 
 from ..http_app import create_app
+from ..signing import SECRET_ENV, SIGNATURE_HEADER, verify
 from ..wire import ERROR_KIND_HEADER, decode_header
 from .faults import FaultPlan, RequestKeys
-from .pool import WorkerPool
+from .pool import Stopper, WorkerPool
 
 RECENT_CALLS = 1000
 #: Seconds past a call's timeout that a dropped call (``--drop-rate``) is held without an answer:
@@ -25,22 +30,35 @@ RECENT_CALLS = 1000
 DROP_HOLD_SECONDS = 8.0
 #: Modules adding routes that emulate other platform APIs; each has ``register(app, emulator)``.
 EXTENSIONS: list[str] = ["fnmap.emulator.lambda_api", "fnmap.emulator.batch_api"]
+#: Attempts stopped before their request arrived, remembered so that they do not run when it does.
+STOPPED_EARLY_KEPT = 1000
 
 
 class Emulator:
     """State shared by the routes: the pool and the log of recent calls."""
 
-    def __init__(self, pool: WorkerPool, faults: FaultPlan | None = None):
+    def __init__(self, pool: WorkerPool, faults: FaultPlan | None = None, secret: bytes | None = None):
         self.pool = pool
+        if secret is None:
+            value = (pool.env or os.environ).get(SECRET_ENV)
+            secret = value.encode() if value else None
+        #: The secret requests are signed with (``/cancel`` checks it; workers check invocations).
+        self.secret = secret
         self.faults = faults or FaultPlan()
         self.started = time.time()
         self.recent: collections.deque = collections.deque(maxlen=RECENT_CALLS)
         self.served = 0
         self.in_flight = 0
+        #: Requests stopped on the client's request (``POST /cancel``).
+        self.stopped = 0
         #: Requests answered by each injected fault (fail, kill, drop, straggle, throttled).
         self.injected: collections.Counter = collections.Counter()
         self._keys = RequestKeys()
         self._lock = threading.Lock()
+        #: ``(job id, call id, attempt)`` -> the stopper of that request while it is served.
+        self._running: dict[tuple, Stopper] = {}
+        #: Attempts asked to stop that had not arrived yet (oldest first).
+        self._stopped_early: collections.OrderedDict[tuple, None] = collections.OrderedDict()
         #: Set when the server stops, so requests held back by a fault let go.
         self.stopping = threading.Event()
 
@@ -59,6 +77,11 @@ class Emulator:
         }
         plan = self.faults
         fate = plan.fate(*self._keys.key(header)) if plan.active else None
+        key = (record["job_id"], record["call_id"], record["attempt"])
+        if not all(isinstance(part, int) for part in key[1:]):  # unreadable: nothing can stop it
+            key = None
+        stopper = Stopper()
+        outcome = "error"
         with self._lock:
             if plan.max_concurrency is not None and self.in_flight >= plan.max_concurrency:
                 self.injected["throttled"] += 1
@@ -69,15 +92,22 @@ class Emulator:
                     "(--max-concurrency); slow down and retry"
                 ).encode(), {}
             self.in_flight += 1
+            if key is not None:
+                self._running[key] = stopper
+                if key in self._stopped_early:
+                    stopper.stop()
         try:
             if fate is not None and fate.labels:
                 self.injected.update(fate.labels)
                 record["faults"] = fate.labels
-            outcome, status, out, info = self._run(body, signature, timeout, fate)
+            outcome, status, out, info = self._run(body, signature, timeout, fate, stopper)
         finally:
             with self._lock:
                 self.in_flight -= 1
                 self.served += 1
+                self.stopped += outcome == "stopped"
+                if key is not None and self._running.get(key) is stopper:
+                    del self._running[key]
         record.update(info, outcome=outcome, status=status, duration=time.time() - record["received"])
         self.recent.append(record)
         if outcome == "crashed":
@@ -89,29 +119,79 @@ class Emulator:
                 f"the call ran past its timeout of {timeout} s plus a grace period; its worker "
                 f"process {info['pid']} was killed"
             ).encode(), {ERROR_KIND_HEADER: "timeout"}
+        if outcome == "stopped":
+            return 409, (
+                "the call was stopped on the client's request (POST /cancel): another attempt of "
+                "it decided its outcome" + (f"; its worker process {info['pid']} was killed"
+                                            if info.get("pid") else "")
+            ).encode(), {ERROR_KIND_HEADER: "cancelled"}
         if outcome == "failed":
             return 500, b"injected platform fault (--fail-rate): the call was not run", {}
         if outcome == "dropped":
             return 504, b"injected lost call (--drop-rate): the call was not run", {}
         return status, out, {}
 
-    def _run(self, body: bytes, signature: str | None, timeout: float | None, fate):
+    def _run(self, body: bytes, signature: str | None, timeout: float | None, fate, stopper: Stopper):
         """Apply the planned faults around the pool's execution of one request."""
         plan = self.faults
         if plan.latency_ms:
             self.stopping.wait(plan.latency_ms / 1000.0)
         if fate is None:
-            return self.pool.execute(signature, body, timeout)
+            return self.pool.execute(signature, body, timeout, stopper=stopper)
         if fate.fail:
             return "failed", 500, b"", {}
         if fate.drop:
             # Hold the request past any client's patience; the client declares the call lost.
-            self.stopping.wait((timeout or 0.0) + DROP_HOLD_SECONDS)
+            self._hold((timeout or 0.0) + DROP_HOLD_SECONDS, stopper)
             return "dropped", 504, b"", {}
-        if fate.straggle:
-            self.stopping.wait(plan.straggler_delay(self.pool.typical_seconds))
+        if fate.straggle and self._hold(plan.straggler_delay(self.pool.typical_seconds), stopper):
+            return "stopped", 0, b"", {}
         return self.pool.execute(signature, body, timeout, kill_at=fate.kill_at,
-                                 cold_start=plan.cold_start_ms / 1000.0)
+                                 cold_start=plan.cold_start_ms / 1000.0, stopper=stopper)
+
+    def _hold(self, seconds: float, stopper: Stopper) -> bool:
+        """Hold a request back for ``seconds``, less if the server stops or the request is
+        stopped; True when it was stopped."""
+        end = time.monotonic() + seconds
+        while not self.stopping.is_set():
+            left = end - time.monotonic()
+            if left <= 0 or stopper.stopped.wait(min(left, 0.25)):
+                break
+        return stopper.stopped.is_set()
+
+    def stop_attempts(self, body: bytes, signature: str | None) -> tuple[int, dict]:
+        """``POST /cancel``: stop the attempts ``{"job_id": ..., "attempts": [[call, attempt], ...]}``
+        names, signed with the secret exactly as an invocation is; unsigned requests are refused.
+        An attempt being served is stopped (its worker process killed and replaced); one not
+        arrived yet is stopped when it arrives."""
+        if not self.secret:
+            return 500, {"error": f"the emulator has no secret to check requests with: set {SECRET_ENV}"}
+        if not signature:
+            return 401, {"error": f"unsigned request refused: sign the body into {SIGNATURE_HEADER}"}
+        if not verify(self.secret, body, signature):
+            return 403, {"error": "request signature does not match: refused, nothing was stopped"}
+        try:
+            spec = json.loads(body)
+            job_id, attempts = spec["job_id"], spec["attempts"]
+            keys = [(job_id, int(call), int(attempt)) for call, attempt in attempts]
+            if not isinstance(job_id, str):
+                raise TypeError(f"job_id is a {type(job_id).__name__}")
+        except (ValueError, TypeError, KeyError) as e:
+            return 400, {"error": f"malformed stop request ({e!r}): send JSON "
+                                  '{"job_id": "...", "attempts": [[call_id, attempt], ...]}'}
+        stopping = []
+        with self._lock:
+            for key in keys:
+                stopper = self._running.get(key)
+                if stopper is not None:
+                    stopping.append(stopper)
+                else:
+                    self._stopped_early[key] = None
+                    while len(self._stopped_early) > STOPPED_EARLY_KEPT:
+                        self._stopped_early.popitem(last=False)
+        for stopper in stopping:
+            stopper.stop()
+        return 200, {"stopped": len(stopping), "stopped_on_arrival": len(keys) - len(stopping)}
 
     def health(self) -> dict:
         return {
@@ -123,6 +203,7 @@ class Emulator:
             "crashes": self.pool.crashes,
             "timeouts": self.pool.timeouts,
             "kills": self.pool.kills,
+            "stopped": self.stopped,
             "faults": self.faults.options(),
             "injected": dict(self.injected),
             "uptime": time.time() - self.started,
@@ -133,6 +214,13 @@ def create_emulator_app(emulator: Emulator):
     app = create_app(emulator.execute, name="fnmap-emulator")
     app.add_url_rule("/health", "health", lambda: jsonify(emulator.health()))
     app.add_url_rule("/calls", "calls", lambda: jsonify(list(emulator.recent)))
+
+    def cancel():
+        status, answer = emulator.stop_attempts(request.get_data(cache=False),
+                                                request.headers.get(SIGNATURE_HEADER))
+        return Response(json.dumps(answer), status=status, mimetype="application/json")
+
+    app.add_url_rule("/cancel", "cancel", cancel, methods=["POST"])
     for name in EXTENSIONS:
         importlib.import_module(name).register(app, emulator)
     return app

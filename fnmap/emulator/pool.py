@@ -3,7 +3,9 @@
 Each invocation borrows one idle process, sends it the request over a pipe and
 waits for the answer.  If the process dies (segfault, ``os._exit``, SIGKILL),
 or outlives the call's timeout plus a grace period, only that call fails; the
-process is replaced in the background and the pool keeps serving.
+process is replaced in the background and the pool keeps serving.  A call can
+also be stopped from another thread (:class:`Stopper`): its process is killed
+and replaced the same way.
 """
 
 from __future__ import annotations
@@ -28,6 +30,39 @@ class WorkerDied(Exception):
 
 class WorkerHung(Exception):
     pass
+
+
+class Stopper:
+    """Lets another thread stop one invocation: before it reaches a worker, or by killing the
+    worker process running it (the client decided the call by another attempt)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.stopped = threading.Event()
+        self._worker: WorkerProcess | None = None
+        self._killed = False
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped.set()
+            if self._worker is not None and not self._killed:
+                _sigkill(self._worker.proc)
+                self._killed = True
+
+    def attach(self, worker: WorkerProcess) -> bool:
+        """The invocation is about to run on ``worker``; False when it was stopped already."""
+        with self._lock:
+            if self.stopped.is_set():
+                return False
+            self._worker = worker
+            return True
+
+    def detach(self) -> bool:
+        """The invocation left its worker; True when the worker was killed meanwhile (whatever
+        it answered, it must not serve again)."""
+        with self._lock:
+            self._worker = None
+            return self._killed
 
 
 class WorkerProcess:
@@ -162,16 +197,25 @@ class WorkerPool:
             return sorted(w.pid for w in self._all)
 
     def execute(self, signature: str | None, body: bytes, timeout: float | None, *,
-                kill_at: float | None = None, cold_start: float = 0.0) -> tuple[str, int, bytes, dict]:
+                kill_at: float | None = None, cold_start: float = 0.0,
+                stopper: Stopper | None = None) -> tuple[str, int, bytes, dict]:
         """Run one invocation; return ``(outcome, status, body, info)``.
 
-        ``outcome`` is ``ok``, ``crashed`` or ``timeout``; ``info`` has the worker's pid.
+        ``outcome`` is ``ok``, ``crashed``, ``timeout`` or ``stopped`` (by ``stopper``);
+        ``info`` has the worker's pid.
         Fault injection: ``cold_start`` seconds are spent first on a worker's first call;
         with ``kill_at`` the worker is SIGKILLed that fraction of a typical call's duration
         after it was handed the call, and its answer, if it gave one, dies with it.
         """
         worker = self._idle.get()
         info = {"pid": worker.pid, "cold": worker.calls == 0}
+        if stopper is not None and not stopper.attach(worker):
+            self._idle.put(worker)
+            return "stopped", 0, b"", info
+        return self._execute(worker, info, signature, body, timeout, kill_at, cold_start, stopper)
+
+    def _execute(self, worker: WorkerProcess, info: dict, signature, body, timeout, kill_at,
+                 cold_start, stopper: Stopper | None) -> tuple[str, int, bytes, dict]:
         if info["cold"] and cold_start:
             time.sleep(cold_start)
         hard_timeout = timeout + KILL_GRACE_SECONDS if timeout else None
@@ -187,6 +231,8 @@ class WorkerPool:
                 worker.proc.join()
                 raise WorkerDied()
         except WorkerDied:
+            if stopper is not None and stopper.detach():
+                return self._stopped(worker, killer, info)
             self.crashes += 1
             if killer is not None:
                 killer.join()
@@ -198,13 +244,25 @@ class WorkerPool:
         except WorkerHung:
             if killer is not None:
                 killer.cancel()
+            if stopper is not None and stopper.detach():
+                return self._stopped(worker, killer, info)
             self.timeouts += 1
             worker.kill()
             self._replace(worker)
             return "timeout", 0, b"", info
+        if stopper is not None and stopper.detach():  # killed just after it answered
+            return self._stopped(worker, killer, info)
         self.typical_seconds = 0.8 * self.typical_seconds + 0.2 * (time.monotonic() - started)
         self._idle.put(worker)
         return "ok", status, out, info
+
+    def _stopped(self, worker: WorkerProcess, killer, info: dict) -> tuple[str, int, bytes, dict]:
+        """The call's worker was killed on request: replace it; the call's answer is ``stopped``."""
+        if killer is not None:
+            killer.cancel()
+        worker.kill()
+        self._replace(worker)
+        return "stopped", 0, b"", info
 
     def close(self) -> None:
         self._closed = True
