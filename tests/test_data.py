@@ -1,8 +1,8 @@
 """Data in object storage (issue 7): partitions, listing, map over data, reduce trees, compression.
 
 Partitioning and reading rules are checked as plain functions first (no
-server); then against files and moto's S3 server on loopback, and through
-the emulator.
+server); then against files and S3 servers on loopback (moto's, and SeaweedFS
+for the ranged reads), and through the emulator.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from s3servers import *  # noqa: F403 -- the S3 server fixtures
+from s3servers import point_boto3_at
 
 import fnmap
 from fnmap import compression
@@ -29,10 +31,17 @@ from fnmap.reduce import MapStage, ReduceStage, Stored, plan_level, tree_shape
 EMU = {"workers": 2}  # small pools: the machine is shared
 
 
+@pytest.fixture
+def moto_env(moto_server, monkeypatch):
+    """boto3 pointed at moto's server; returns a bucket maker."""
+    return point_boto3_at(moto_server, monkeypatch, "moto")
+
+
 @pytest.fixture(autouse=True)
-def _one_emulator(s3_env):
-    """Every test runs with the moto S3 environment, so the whole file shares one embedded emulator
-    (emulators are keyed by the AWS_* environment their workers inherit)."""
+def _one_emulator(moto_env):
+    """Every test runs with the moto S3 environment (unless it asks for ``s3_env``), so most of the
+    file shares one embedded emulator (emulators are keyed by the AWS_* environment their workers
+    inherit)."""
 
 
 def _lines(rng: random.Random, n: int, longest: int = 40, tail: bool = True) -> bytes:
@@ -344,7 +353,7 @@ def test_large_results_are_compressed_in_storage(tmp_path):
     )
 
 
-# -- S3 (moto on loopback) ------------------------------------------------------------------
+# -- S3 (moto and SeaweedFS on loopback) ------------------------------------------------------------------
 
 
 def test_s3_partitions_through_ranged_gets(s3_env):
@@ -374,8 +383,8 @@ def test_s3_partitions_through_ranged_gets(s3_env):
         list_objects(f"s3://{bucket}/nothing/")
 
 
-def test_s3_prefix_with_5000_objects(s3_env):
-    bucket = s3_env("data-many")
+def test_s3_prefix_with_5000_objects(moto_env):
+    bucket = moto_env("data-many")
     keys = [f"many/{i:05d}.txt" for i in range(5000)]
     _seed_moto(bucket, {k: k.encode() + b"\n" for k in keys})
     started = time.perf_counter()

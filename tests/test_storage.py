@@ -1,20 +1,25 @@
-"""The two stores behind one interface: file:// on disk and s3:// against moto's server through boto3."""
+"""The two stores behind one interface: file:// on disk, and s3:// through boto3 against moto's server
+and against SeaweedFS (a real object store)."""
 
 from __future__ import annotations
 
 import threading
 
 import pytest
+from s3servers import *  # noqa: F403 -- the S3 server fixtures
+from s3servers import SERVERS, point_boto3_at
 
 import fnmap
 from fnmap.storage import KeyNotFound, open_store
 
 
-@pytest.fixture(params=["file", "s3"])
-def store(request, tmp_path, s3_server, monkeypatch):
+@pytest.fixture(params=["file", *SERVERS])
+def store(request, tmp_path, monkeypatch):
+    """The file store, then an s3:// store on each S3 server."""
     if request.param == "file":
         return open_store((tmp_path / "store").as_uri())
-    request.getfixturevalue("s3_env")("fnmap-store-test")
+    endpoint = request.getfixturevalue(f"{request.param}_server")
+    point_boto3_at(endpoint, monkeypatch, request.param)("fnmap-store-test")
     return open_store(f"s3://fnmap-store-test/t-{tmp_path.name}")
 
 

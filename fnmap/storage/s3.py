@@ -4,18 +4,39 @@ One class serves AWS S3, MinIO, Ceph and moto: the endpoint comes from boto3's
 own settings (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, profiles), or from
 ``FNMAP_S3_ENDPOINT_URL`` as an override.  Throttling (503 SlowDown) is left to
 botocore's ``adaptive`` retry mode rather than a loop of our own.
+
+Large objects go up in parts: one PutObject takes at most 5 GiB, and AWS advises
+multipart uploads from about 100 MB.  ``put_if_absent`` is a conditional write
+(``If-None-Match: *`` on PutObject, or on CompleteMultipartUpload for a large
+object): S3 answers 412 when the key exists, and 409 ConditionalRequestConflict
+when a conflicting operation (a delete, another upload) ran during ours, for
+which AWS's documentation says to upload again; botocore does not retry 409s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 from ..errors import UnknownStorage
 from . import _check_key, _not_found
 
 _MISSING = {"404", "NoSuchKey", "NotFound"}
-_CONFLICT = {"412", "PreconditionFailed", "409", "ConditionalRequestConflict"}
+_EXISTS = {"412", "PreconditionFailed"}
+_RACED = {"409", "ConditionalRequestConflict"}
+
+#: Objects larger than this are uploaded in parts.
+MULTIPART_THRESHOLD = 64 * 1024 * 1024
+#: Size of each part but the last (S3: at least 5 MiB, at most 10,000 parts).
+PART_SIZE = 16 * 1024 * 1024
+_MAX_PARTS = 10_000
+_PART_THREADS = 8
+#: Conditional writes answered 409 are sent again this many times in all.
+_CONFLICT_ATTEMPTS = 6
 
 
 class S3Store:
@@ -37,17 +58,62 @@ class S3Store:
         return self.prefix + key
 
     def put(self, key: str, data: bytes) -> None:
-        self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        self._write(self._key(key), data)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError
 
+        full_key = self._key(key)
+        attempts = 0
+        while True:
+            try:
+                self._write(full_key, data, IfNoneMatch="*")
+                return True
+            except ClientError as e:
+                code = _code(e)
+                if code in _EXISTS:
+                    return False
+                attempts += 1
+                if code not in _RACED or attempts == _CONFLICT_ATTEMPTS:
+                    raise
+            # 409: no write is known to have won (a delete may have raced ours); wait a moment, write again.
+            time.sleep(random.uniform(0, 0.05 * 2**attempts))
+
+    def _write(self, full_key: str, data: bytes, **conditions) -> None:
+        """One PutObject, or a multipart upload for a large object; ``conditions`` go on the request
+        that makes the object visible."""
+        if len(data) <= MULTIPART_THRESHOLD:
+            self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data, **conditions)
+        else:
+            self._write_in_parts(full_key, data, **conditions)
+
+    def _write_in_parts(self, full_key: str, data: bytes, **conditions) -> None:
+        part_size = max(PART_SIZE, -(-len(data) // _MAX_PARTS))
+        starts = range(0, len(data), part_size)
+        upload = self._client.create_multipart_upload(Bucket=self.bucket, Key=full_key)
+        upload_id = upload["UploadId"]
+        completed_part_fields = self._client.meta.service_model.shape_for("CompletedPart").members
+
+        def send(number_and_start: tuple[int, int]) -> dict:
+            number, start = number_and_start
+            resp = self._client.upload_part(
+                Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumber=number,
+                Body=data[start : start + part_size],
+            )  # fmt: skip
+            # A checksum botocore sent with the part must be repeated when completing the upload.
+            return {name: resp[name] for name in completed_part_fields if name in resp} | {"PartNumber": number}
+
         try:
-            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
-            return True
-        except ClientError as e:
-            if _code(e) in _CONFLICT:
-                return False
+            with ThreadPoolExecutor(min(_PART_THREADS, len(starts))) as pool:
+                parts = list(pool.map(send, enumerate(starts, 1)))
+            self._client.complete_multipart_upload(
+                Bucket=self.bucket, Key=full_key, UploadId=upload_id, MultipartUpload={"Parts": parts},
+                **conditions,
+            )  # fmt: skip
+        except BaseException:
+            # Uploaded parts are kept (and billed) until the upload is completed or aborted.
+            with contextlib.suppress(Exception):  # the first error is the one to report
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
             raise
 
     def get(self, key: str) -> bytes:
@@ -118,4 +184,4 @@ def _code(error) -> str:
     err = error.response.get("Error", {})
     code = str(err.get("Code", ""))
     status = str(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-    return code if code in _MISSING | _CONFLICT | {"416", "InvalidRange"} else status
+    return code if code in _MISSING | _EXISTS | _RACED | {"416", "InvalidRange"} else status

@@ -1,0 +1,218 @@
+"""fnmap's s3:// store where a mock and a real object store may differ, run on moto and on SeaweedFS.
+
+Concurrent conditional writes, ranged reads at the edges of an object, listings past one page
+(1,000 keys), objects over 100 MB (uploaded in parts), and the 409 ConditionalRequestConflict that
+AWS S3 answers when a conflicting operation runs during a conditional write (neither server sends
+it, so a small proxy on loopback injects it in front of each).
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlparse
+
+import pytest
+from botocore.exceptions import ClientError
+from s3servers import *  # noqa: F403 -- the S3 server fixtures
+
+from fnmap.storage import s3 as s3_storage
+from fnmap.storage.s3 import S3Store
+
+
+@pytest.fixture
+def store(s3_env, tmp_path) -> S3Store:
+    """A fresh S3Store (its own client, its own prefix) on each S3 server."""
+    bucket = s3_env("fnmap-real")
+    return S3Store(f"s3://{bucket}/{tmp_path.name}")
+
+
+def _race(store: S3Store, key: str, payloads: list[bytes]) -> list[bool]:
+    """Every payload written with put_if_absent at once (threads released together)."""
+    start = threading.Barrier(len(payloads))
+
+    def write(data: bytes) -> bool:
+        start.wait()
+        return store.put_if_absent(key, data)
+
+    with ThreadPoolExecutor(len(payloads)) as pool:
+        return list(pool.map(write, payloads))
+
+
+def test_put_if_absent_under_concurrent_writers(store):
+    payloads = [f"writer {i} ".encode() * 50 for i in range(16)]
+    won = _race(store, "commit/result", payloads)
+    assert won.count(True) == 1, won
+    assert store.get("commit/result") == payloads[won.index(True)]
+    assert store.put_if_absent("commit/result", b"late") is False  # and later writers lose too
+    assert store.get("commit/result") == payloads[won.index(True)]
+
+
+def test_put_if_absent_race_of_multipart_uploads(store, s3_env, monkeypatch, request):
+    if s3_env.server == "moto":
+        # Seen with moto 5.2: every racer's conditional CompleteMultipartUpload succeeded, the last
+        # one's object stays.  AWS: "the first write operation to finish succeeds", the rest get 412.
+        request.applymarker(pytest.mark.xfail(reason="moto checks If-None-Match on CompleteMultipartUpload "
+                                              "without excluding a concurrent complete", strict=False))
+    # Smaller parts (S3's minimum is 5 MiB) so that a race of multipart uploads stays cheap.
+    monkeypatch.setattr(s3_storage, "MULTIPART_THRESHOLD", 6 << 20)
+    monkeypatch.setattr(s3_storage, "PART_SIZE", 5 << 20)
+    body = bytes(range(256)) * (7 << 12)  # 7 MiB: two parts
+    payloads = [bytes([i]) * 16 + body for i in range(4)]
+    won = _race(store, "commit/big", payloads)
+    assert won.count(True) == 1, won
+    assert store.get("commit/big") == payloads[won.index(True)]
+    # The losers' uploads were aborted, not left behind (S3 keeps and bills their parts).
+    client = store._client
+    assert not client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix).get("Uploads")
+
+
+def test_ranged_gets_at_the_edges(store):
+    data = bytes(range(256)) * 4 + b"end"
+    n = len(data)
+    store.put("r/obj", data)
+    cases = [(0, 1), (0, n), (n - 1, n), (n - 3, n + 100), (5, 6), (255, 257), (n, n + 10), (n + 5, n + 9), (7, 7),
+             (9, 3)]  # fmt: skip
+    for start, end in cases:
+        assert store.get_range("r/obj", start, end) == data[start:end], (start, end)
+    store.put("r/empty", b"")
+    assert store.get_range("r/empty", 0, 10) == b""
+    assert store.get("r/empty") == b""
+
+
+def test_listing_past_one_page_of_1000_keys(store):
+    keys = [f"many/{i % 7}/{i:05d}" for i in range(1234)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: store.put(k, b"x"), keys))
+    store.put("many-not/0", b"x")  # shares the string prefix "many", not the folder
+    assert store.list("many/") == sorted(keys)
+    assert store.list("many/3/") == sorted(k for k in keys if k.startswith("many/3/"))
+    store.delete(keys)  # DeleteObjects takes 1,000 keys a request
+    assert store.list("many/") == []
+    assert store.list("many-not/") == ["many-not/0"]
+
+
+def test_object_over_100_mb_goes_up_in_parts(store, s3_env):
+    block = bytes(range(256)) * 4096  # 1 MiB with every offset distinguishable mod 256
+    data = block * 100 + b"+" * 12345
+    store.put("big/obj", data)
+    head = s3_env.client.head_object(Bucket=store.bucket, Key=store.prefix + "big/obj")
+    parts = -(-len(data) // s3_storage.PART_SIZE)
+    assert head["ContentLength"] == len(data)
+    assert head["ETag"].strip('"').endswith(f"-{parts}")  # a multipart upload's ETag
+    assert store.get("big/obj") == data
+    edge = s3_storage.PART_SIZE
+    assert store.get_range("big/obj", edge - 3, edge + 3) == data[edge - 3 : edge + 3]
+    assert store.get_range("big/obj", len(data) - 5, len(data) + 5) == data[-5:]
+    assert store.put_if_absent("big/obj", data) is False
+    assert not s3_env.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads")
+
+
+# -- 409 ConditionalRequestConflict ------------------------------------------------------------------
+
+
+class ConflictInjector:
+    """An HTTP proxy on loopback in front of an S3 server that answers the first ``conflicts``
+    conditional PUTs (``If-None-Match``) with AWS's 409 ConditionalRequestConflict, without passing
+    them on; everything else is passed on unchanged (Host header included, so signatures hold)."""
+
+    ERROR = (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>ConditionalRequestConflict</Code>'
+        b"<Message>A conflicting operation occurred. Retry the request.</Message></Error>"
+    )
+
+    def __init__(self, upstream: str, conflicts: int):
+        self.upstream = urlparse(upstream)
+        self.conflicts = conflicts
+        self.conditional_puts = 0
+        self._lock = threading.Lock()
+        injector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _relay(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.command == "PUT" and "If-None-Match" in self.headers and injector._take_conflict():
+                    self.send_response(409)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(injector.ERROR)))
+                    self.end_headers()
+                    self.wfile.write(injector.ERROR)
+                    return
+                conn = http.client.HTTPConnection(injector.upstream.hostname, injector.upstream.port, timeout=60)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+                    resp = conn.getresponse()
+                    payload = resp.read()
+                finally:
+                    conn.close()
+                self.send_response(resp.status)
+                for name, value in resp.getheaders():
+                    if name.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _relay
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _take_conflict(self) -> bool:
+        with self._lock:
+            self.conditional_puts += 1
+            if self.conflicts > 0:
+                self.conflicts -= 1
+                return True
+            return False
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join()
+
+
+@pytest.fixture
+def conflicting_store(s3_env, s3_server, tmp_path, monkeypatch):
+    """Factory: an S3Store whose first ``conflicts`` conditional PUTs are answered 409."""
+    bucket = s3_env("fnmap-conflicts")
+    injectors: list[ConflictInjector] = []
+
+    def make(conflicts: int) -> tuple[S3Store, ConflictInjector]:
+        injector = ConflictInjector(s3_server, conflicts)
+        injectors.append(injector)
+        monkeypatch.setenv("FNMAP_S3_ENDPOINT_URL", injector.url)
+        return S3Store(f"s3://{bucket}/{tmp_path.name}-{len(injectors)}"), injector
+
+    yield make
+    for injector in injectors:
+        injector.stop()
+
+
+def test_conflict_409_is_written_again_not_taken_as_lost(conflicting_store):
+    # AWS: "If a conflicting operation occurs during the upload S3 returns a 409
+    # ConditionalRequestConflict response. On a 409 failure you should retry the upload."
+    store, injector = conflicting_store(conflicts=2)
+    assert store.put_if_absent("k", b"mine") is True
+    assert store.get("k") == b"mine"
+    assert injector.conditional_puts == 3
+    assert store.put_if_absent("k", b"second") is False  # a 412 is still "someone else wrote it"
+
+
+def test_conflict_409_that_persists_is_an_error(conflicting_store):
+    store, injector = conflicting_store(conflicts=1000)
+    with pytest.raises(ClientError, match="ConditionalRequestConflict"):
+        store.put_if_absent("k", b"mine")
+    assert injector.conditional_puts == s3_storage._CONFLICT_ATTEMPTS
+    assert not store.exists("k")
