@@ -13,6 +13,7 @@ import uuid
 from types import SimpleNamespace
 
 import boto3
+import botocore.handlers
 import pytest
 from botocore.exceptions import ClientError
 
@@ -59,6 +60,20 @@ def account(s3_server, monkeypatch):
 def _trust(service: str) -> dict:
     return {"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]}
+
+
+@pytest.fixture
+def aws_calls(monkeypatch):
+    """The names of the AWS operations every boto3 session makes from now on (a botocore handler
+    that each new session registers; the calls themselves go to moto as usual)."""
+    calls: list[str] = []
+
+    def record(model, **_):
+        calls.append(f"{model.service_model.service_name}:{model.name}")
+
+    monkeypatch.setattr(botocore.handlers, "BUILTIN_HANDLERS", [*botocore.handlers.BUILTIN_HANDLERS,
+                                                                ("before-call", record)])
+    return calls
 
 
 def _service_linked_role(account) -> str:
@@ -140,7 +155,7 @@ def _unrelated(account) -> dict:
 
 
 def test_deploy_on_an_empty_account_makes_its_roles_changes_nothing_again_and_destroys_only_its_own(
-    account, capsys
+    account, aws_calls, capsys
 ):
     slr = _service_linked_role(account)
     theirs = _unrelated(account)
@@ -194,13 +209,22 @@ def test_deploy_on_an_empty_account_makes_its_roles_changes_nothing_again_and_de
 
     # Again: every resource as it was, and no new job definition revision.
     before = _snapshot(account, name)
+    aws_calls.clear()
     assert cli_main(deploy) == 0
+    writes = [c for c in aws_calls if not c.split(":")[1].startswith(("Describe", "Get", "List", "Head"))]
+    assert writes == [] and aws_calls
     assert "(unchanged)" in capsys.readouterr().out
     assert _snapshot(account, name) == before
     assert len(before["definitions"]) == 1
 
+    aws_calls.clear()
     assert cli_main(["deploy", "batch", "destroy", "--name", name]) == 0
     done = capsys.readouterr().out
+    # The queue is disabled and deleted before its compute environment, the roles after both.
+    order = [c for c in aws_calls if c.split(":")[1].startswith(("Update", "Delete", "Deregister", "Remove"))]
+    assert order.index("batch:UpdateJobQueue") < order.index("batch:DeleteJobQueue") < order.index(
+        "batch:UpdateComputeEnvironment") < order.index("batch:DeleteComputeEnvironment") < order.index(
+        "iam:RemoveRoleFromInstanceProfile") < order.index("iam:DeleteRole")
     assert not batch.describe_compute_environments(computeEnvironments=[name])["computeEnvironments"]
     assert not batch.describe_job_queues(jobQueues=[name])["jobQueues"]
     assert not batch.describe_job_definitions(jobDefinitionName=name, status="ACTIVE")["jobDefinitions"]
