@@ -446,6 +446,13 @@ def get_client(config) -> Client:
     key = config.deployment_key()
     with _clients_lock:
         client = _clients.get(key)
+        if client is not None and not client.closed and not _usable(client):
+            client.close()  # its emulator is gone (killed): a new client starts a new one
         if client is None or client.closed:
             client = _clients[key] = Client(config)
         return client
+
+
+def _usable(client: Client) -> bool:
+    usable = getattr(client.backend, "usable", None)
+    return usable is None or usable()

@@ -83,6 +83,11 @@ class Config:
     def source(self, name: str) -> str:
         return self.sources.get(name, "default")
 
+    @property
+    def gpu_chose_backend(self) -> bool:
+        """True when the backend is ``batch`` because ``gpu=`` asked for GPUs, not because it was named."""
+        return self.source("backend").startswith(_GPU_SOURCE)
+
     def describe(self, name: str) -> str:
         """``name=value (from where)`` for error messages."""
         src = self.source(name)
@@ -101,7 +106,7 @@ class Config:
             self.backend, self.storage_url, self.emulator_url, self.http_url, self.secret,
             self.workers, self.emulator_options, self.function_name, self.region,
             self.lambda_invocation, self.lambda_sync_limit, self.lambda_async_limit,
-            self.job_queue, self.job_definition, endpoint_environment(),
+            self.job_queue, self.job_definition, endpoint_environment(), self.gpu_chose_backend,
         )
 
     def replace(self, **changes: Any) -> Config:
@@ -120,6 +125,9 @@ def endpoint_environment() -> tuple:
     return tuple(sorted((k, v) for k, v in os.environ.items()
                         if k.startswith(("AWS_", "FNMAP_S3_"))))
 
+
+#: How the ``backend`` source starts when ``gpu=`` chose it.
+_GPU_SOURCE = "gpu="
 
 OPTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "sources")
 _ENV_SKIP = {"retry_on", "extra_env"}
@@ -152,7 +160,7 @@ def resolve(**kwargs: Any) -> Config:
     gpu = values.get("gpu")
     if "backend" not in values and isinstance(gpu, int) and not isinstance(gpu, bool) and gpu > 0:
         # GPU calls run as container jobs unless a backend is named (issue 6).
-        values["backend"], sources["backend"] = "batch", f"gpu={gpu}: GPU calls run as container jobs"
+        values["backend"], sources["backend"] = "batch", f"{_GPU_SOURCE}{gpu}: GPU calls run as container jobs"
     return Config(sources=sources, **values)
 
 

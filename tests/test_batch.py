@@ -118,7 +118,7 @@ def test_batch_backend_without_aws_settings_says_how_to_run_offline(monkeypatch,
     with pytest.raises(
         fnmap.FnmapError, match="AWS_ENDPOINT_URL_BATCH to a local `fnmap emulator`"
     ):
-        batch_backend.BatchBackend(resolve(gpu=1))
+        batch_backend.BatchBackend(resolve(gpu=1, backend="batch"))  # gpu= alone runs offline (issue 12)
 
 
 def test_batch_backend_on_aws_needs_s3_storage(monkeypatch):

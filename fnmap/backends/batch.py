@@ -26,6 +26,7 @@ import ipaddress
 import math
 import os
 import secrets
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -157,7 +158,10 @@ class BatchBackend(BaseBackend):
     def __init__(self, config):
         self.config = config
         self.store = open_store(config.storage_url)
-        self.client, self.endpoint, local = _batch_client(config)
+        emulator = self._emulator = _offline_emulator(config)
+        if emulator is not None:
+            self.secret = emulator.secret.encode()
+        self.client, self.endpoint, local = _batch_client(config, emulator.url if emulator else None)
         if not local and self.store.url.startswith("file://"):
             raise ConfigError(
                 f"the batch backend runs calls in containers on {self.endpoint}, which cannot "
@@ -167,6 +171,10 @@ class BatchBackend(BaseBackend):
         self._submitted: dict[str, _Submission] = {}
         self._lock = threading.Lock()
         self._last_status = 0.0
+
+    def usable(self) -> bool:
+        """False once the embedded emulator running these jobs offline is gone: the client is replaced."""
+        return self._emulator is None or self._emulator.alive()
 
     # -- submitting ------------------------------------------------------------
 
@@ -370,15 +378,57 @@ def _fault_of(job: dict) -> PlatformFault:
     )
 
 
-def _batch_client(config):
-    """A boto3 Batch client from boto3's settings; returns ``(client, endpoint, is_loopback)``."""
+_offline_noted = False
+
+
+def _offline_emulator(config):
+    """The embedded emulator whose Batch API runs the container jobs, when ``gpu=`` chose this
+    backend and there is no cloud configuration (no region, no Batch endpoint); else None.
+
+    A backend named explicitly (``backend="batch"``) is never run offline: without a region or an
+    endpoint it fails in :func:`_batch_client` with the fix.
+    """
+    global _offline_noted
+    if not config.gpu_chose_backend or _cloud_configured(config):
+        return None
+    from ..config import endpoint_environment
+    from .emulator import embedded_emulator
+
+    emulator = embedded_emulator(config.workers, config.emulator_options, endpoint_environment(),
+                                 secret=config.secret)
+    if not _offline_noted:
+        _offline_noted = True
+        print(
+            f"fnmap: no AWS region or Batch endpoint is configured, so the gpu={config.gpu} container jobs run "
+            "as local processes on fnmap's embedded emulator. To run them on AWS Batch, set region=... "
+            "(FNMAP_REGION or AWS_DEFAULT_REGION) or AWS_ENDPOINT_URL_BATCH, or pass backend='batch'.",
+            file=sys.stderr, flush=True,
+        )
+    return emulator
+
+
+def _cloud_configured(config) -> bool:
+    """A Batch endpoint, or a region from any source boto3 reads (keyword, environment, profile)."""
+    if os.environ.get("AWS_ENDPOINT_URL_BATCH") or os.environ.get("AWS_ENDPOINT_URL"):
+        return True
+    if config.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"):
+        return True
+    import boto3
+
+    return boto3.Session().region_name is not None
+
+
+def _batch_client(config, endpoint: str | None = None):
+    """A boto3 Batch client from boto3's settings, or for ``endpoint`` (an embedded emulator);
+    returns ``(client, endpoint, is_loopback)``."""
     import boto3
     from botocore.config import Config as BotoConfig
 
-    session = boto3.Session(region_name=config.region)
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_BATCH") or os.environ.get("AWS_ENDPOINT_URL")
+    # AWS_REGION is the SDKs' newer name; the botocore here reads only AWS_DEFAULT_REGION.
+    session = boto3.Session(region_name=config.region or os.environ.get("AWS_REGION") or None)
+    extra: dict = {"endpoint_url": endpoint} if endpoint else {}
+    endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_BATCH") or os.environ.get("AWS_ENDPOINT_URL")
     local = bool(endpoint) and _is_loopback(endpoint)
-    extra: dict = {}
     if session.region_name is None:
         if not local:
             raise ConfigError(

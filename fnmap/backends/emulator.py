@@ -2,46 +2,49 @@
 
 With ``FNMAP_EMULATOR_URL`` (or ``emulator_url=``) it uses an emulator that is
 already running.  Otherwise it starts one in the background on a free
-loopback port with a fresh secret, reuses it for every later job of this
-process, and stops it at interpreter exit.  The emulator watches its stdin,
-so it also stops when this process dies without running ``atexit``
-(a notebook kernel killed or restarted).
+loopback port (:class:`fnmap.emulator.launcher.EmulatorLauncher`), signing with
+the configured secret (``secret=`` / ``FNMAP_SECRET``) or else a fresh one,
+reuses it for every later job of this process with the same settings, and
+stops it at interpreter exit.  The emulator runs in a session of its own, so a
+Ctrl-C or a Jupyter interrupt (SIGINT to the whole process group) stops the
+job but not the emulator; it watches its stdin, so it stops when this process
+dies without running ``atexit`` (a notebook kernel killed or restarted).  A
+job whose emulator is gone (killed) gets a new one.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
-import shlex
-import subprocess
-import sys
 import threading
-import time
 
 from ..config import endpoint_environment
-from ..errors import ConfigError, FnmapError
-from ..signing import SECRET_ENV, new_secret
+from ..emulator.launcher import EmulatorLauncher
+from ..errors import ConfigError
 from .http import HttpBackend
-
-_STARTUP_TIMEOUT = 60.0
 
 
 class EmulatorBackend(HttpBackend):
     name = "emulator"
 
     def __init__(self, config):
+        self.embedded: EmbeddedEmulator | None = None
         if config.emulator_url:
             url = config.emulator_url.rstrip("/")
             _check_reachable(url, config)
             workers = config.workers
         else:
-            embedded = embedded_emulator(config.workers, config.emulator_options, endpoint_environment())
-            url, workers = embedded.url, embedded.workers
-            self.secret = embedded.secret
+            self.embedded = embedded_emulator(config.workers, config.emulator_options, endpoint_environment(),
+                                              secret=config.secret)
+            url, workers = self.embedded.url, self.embedded.workers
+            self.secret = self.embedded.secret.encode()
         super().__init__(config, url=url)
         self.invoke_url = self.url + "/invoke"
         # Enough calls in flight to keep every worker busy while responses travel.
         self.max_workers = config.workers or (2 * workers if workers else 16)
+
+    def usable(self) -> bool:
+        """False once the emulator this backend started is gone (killed): its client must be replaced."""
+        return self.embedded is None or self.embedded.alive()
 
 
 def _check_reachable(url: str, config) -> None:
@@ -57,85 +60,45 @@ def _check_reachable(url: str, config) -> None:
         ) from None
 
 
-class EmbeddedEmulator:
-    """An emulator subprocess owned by this process."""
+class EmbeddedEmulator(EmulatorLauncher):
+    """An emulator subprocess owned by this process, on a free loopback port, stopped with it."""
 
-    def __init__(self, workers: int | None, options: str = ""):
+    def __init__(self, workers: int | None, options: str = "", secret: str | None = None):
         from ..emulator import default_workers
 
         self.workers = workers or default_workers()
-        self.secret = new_secret().encode()
-        env = dict(os.environ, **{SECRET_ENV: self.secret.decode()})
-        cmd = [sys.executable, "-m", "fnmap", "emulator", "--host", "127.0.0.1", "--port", "0",
-               "--workers", str(self.workers), "--watch-stdin", *shlex.split(options)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        self.url = self._wait_for_url()
-        atexit.register(self.stop)
-
-    def _wait_for_url(self) -> str:
-        deadline = time.monotonic() + _STARTUP_TIMEOUT
-        lines = []
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline().decode(errors="replace")
-            if not line:
-                code = self.proc.wait()
-                raise FnmapError(
-                    f"the embedded emulator exited with code {code} before it was ready; its output:\n"
-                    + "".join(lines)
-                )
-            lines.append(line)
-            if "listening on " in line:
-                url = line.split("listening on ", 1)[1].split()[0]
-                # Keep draining stdout so the emulator never blocks on a full pipe.
-                threading.Thread(target=self._drain, daemon=True).start()
-                return url
-        self.stop()
-        raise FnmapError(f"the embedded emulator was not ready after {_STARTUP_TIMEOUT} s")
-
-    def _drain(self) -> None:
-        try:
-            while self.proc.stdout.read(1 << 16):
-                pass
-        except (OSError, ValueError):
-            pass
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        """Stop the emulator and reap it (a child never waited for would outlive a kernel)."""
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        else:
-            self.proc.wait()
+        super().__init__(workers=self.workers, secret=secret, options=options, embedded=True)
 
 
 _embedded: dict[tuple, EmbeddedEmulator] = {}
 _lock = threading.Lock()
 
 
-def embedded_emulator(workers: int | None, options: str = "", environment: tuple = ()) -> EmbeddedEmulator:
-    """The process-wide emulator for these settings, started on first use (restarted if it died)."""
-    key = (workers, options, environment)
+def embedded_emulator(workers: int | None, options: str = "", environment: tuple = (),
+                      secret: str | None = None) -> EmbeddedEmulator:
+    """The process-wide emulator for these settings, started on first use (restarted if it died).
+
+    The secret is part of the settings: two jobs with different secrets must not share an emulator.
+    """
+    key = (workers, options, environment, secret)
     with _lock:
         emu = _embedded.get(key)
         if emu is None or not emu.alive():
-            emu = _embedded[key] = EmbeddedEmulator(workers, options)
+            if emu is not None:
+                emu.stop()  # reap the dead one
+            emu = _embedded[key] = EmbeddedEmulator(workers, options, secret)
         return emu
 
 
 def stop_embedded() -> None:
-    """Stop every emulator this process started."""
+    """Stop every emulator this process started, all at once (each gets its stop signal first)."""
     with _lock:
-        for emu in _embedded.values():
-            emu.stop()
+        emulators = list(_embedded.values())
         _embedded.clear()
+    for emu in emulators:
+        emu.request_stop()
+    for emu in emulators:
+        emu.stop()
+
+
+atexit.register(stop_embedded)

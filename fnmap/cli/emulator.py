@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 
 
 def register(sub) -> None:
@@ -21,6 +23,10 @@ def register(sub) -> None:
     p.add_argument("--wsgi-server", choices=("fnmap", "waitress"), default="fnmap",
                    help="HTTP server: fnmap's own, a thread per keep-alive connection (default; about half "
                         "the CPU per call), or waitress")
+    p.add_argument("--lambda-runtime", choices=("ric", "pool"), default=None,
+                   help="how the Lambda API runs events: ric, AWS's runtime interface client (awslambdaric) over "
+                        "the deployment package, in Lambda execution environments (default when installed); or "
+                        "pool, the emulator's worker pool")
     p.add_argument("--watch-stdin", action="store_true",
                    help="stop when standard input closes (used when a client starts the emulator)")
     f = p.add_argument_group(
@@ -49,6 +55,12 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..emulator.server import serve
 
+    if not args.watch_stdin and sys.stderr.isatty():
+        # Someone at a terminal: say when it stopped (an emulator a client started stays quiet).
+        log = logging.getLogger("fnmap.emulator")
+        log.addHandler(logging.StreamHandler())
+        log.setLevel(logging.INFO)
+
     if args.workers is not None and args.workers < 1:
         raise SystemExit(f"fnmap emulator: --workers={args.workers} must be at least 1")
     try:
@@ -56,7 +68,7 @@ def run(args) -> int:
     except ValueError as e:
         raise SystemExit(f"fnmap emulator: {e}") from None
     serve(host=args.host, port=args.port, workers=args.workers, watch_stdin=args.watch_stdin,
-          faults=faults, wsgi_server=args.wsgi_server)
+          faults=faults, wsgi_server=args.wsgi_server, lambda_runtime=args.lambda_runtime)
     return 0
 
 

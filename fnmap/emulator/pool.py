@@ -22,6 +22,8 @@ from .process import serve
 _LEN = struct.Struct(">I")
 #: Seconds past a call's own timeout before its process is killed.
 KILL_GRACE_SECONDS = 2.0
+#: Seconds a closing pool gives busy workers before it kills them.
+CLOSE_GRACE_SECONDS = 0.5
 
 
 class WorkerDied(Exception):
@@ -264,13 +266,22 @@ class WorkerPool:
         self._replace(worker)
         return "stopped", 0, b"", info
 
-    def close(self) -> None:
+    def close(self, grace: float = CLOSE_GRACE_SECONDS) -> None:
+        """Stop every worker: idle ones exit at the end of their pipe at once; busy ones (their calls
+        are abandoned with the emulator) are killed after ``grace`` seconds, all together.  Joined one
+        by one for 3 s each, four busy workers kept a stopping emulator, and the notebook kernel that
+        waited for it at exit, alive for 12 s (issue 12)."""
         self._closed = True
         with self._lock:
             workers = list(self._all)
             self._all.clear()
         for worker in workers:
-            worker.close()
+            worker._conn.close()
+        deadline = time.monotonic() + grace
+        for worker in workers:
+            worker.proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            _sigkill(worker.proc)
+            worker.proc.join()
 
 
 def _sigkill(proc) -> None:

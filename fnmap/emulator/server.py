@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import signal
 import sys
@@ -14,12 +15,16 @@ from .faults import FaultPlan
 from .httpserver import WSGIServer
 from .pool import WorkerPool
 
+log = logging.getLogger(__name__)
+
 
 def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
-          watch_stdin: bool = False, faults: FaultPlan | None = None, wsgi_server: str = "fnmap") -> None:
+          watch_stdin: bool = False, faults: FaultPlan | None = None, wsgi_server: str = "fnmap",
+          lambda_runtime: str | None = None) -> None:
     """Run the emulator in this process until told to stop; ``faults`` makes it unreliable on purpose.
 
-    ``wsgi_server`` is ``"fnmap"`` (:mod:`.httpserver`) or ``"waitress"``.
+    ``wsgi_server`` is ``"fnmap"`` (:mod:`.httpserver`) or ``"waitress"``; ``lambda_runtime`` is ``"ric"``,
+    ``"pool"`` or None (ric when awslambdaric is installed; :mod:`.lambda_api`).
     """
     workers = workers or default_workers()
     env = dict(os.environ)
@@ -33,6 +38,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     from .app import Emulator, create_emulator_app
 
     emulator = Emulator(pool, faults)
+    emulator.lambda_runtime = lambda_runtime
     app = create_emulator_app(emulator)
     # A thread per connection: calls beyond the workers are answered 429, and delayed calls
     # (latency, stragglers, drops) wait, without stopping the pool from serving.
@@ -61,7 +67,9 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         server.close()
         serving.join(timeout=10)
         pool.close()
-        print("fnmap emulator stopped", file=sys.stderr, flush=True)
+        # A log record, not a print: an embedded emulator stops with every script that used it, and
+        # said so on that script's stderr (`fnmap emulator` in a terminal shows INFO records).
+        log.info("fnmap emulator stopped")
 
 
 def _import_app() -> None:
