@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from flask import Flask, Response, request
 
-from .backends.rawhttp import reason_phrase
+from .httpwire import reason_phrase
 from .signing import SIGNATURE_HEADER
 
 Execute = Callable[[bytes, "str | None"], "tuple[int, bytes, dict]"]

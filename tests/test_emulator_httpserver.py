@@ -1,4 +1,5 @@
-"""The emulator's own HTTP server (issue 9): HTTP/1.1 as clients send it, over real sockets."""
+"""The emulator's own HTTP server (issue 9): HTTP/1.1 as clients send it, over real sockets, with
+each parser (httptools, and h11, the fallback; issue 12)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ def echo_app(environ, start_response):
     return [text[:5], text[5:]] if path == "/nolength" else [text]
 
 
-@pytest.fixture
-def server():
-    srv = WSGIServer(echo_app, "127.0.0.1", 0, max_body=1000)
+@pytest.fixture(params=["httptools", "h11"])
+def server(request):
+    srv = WSGIServer(echo_app, "127.0.0.1", 0, max_body=1000, parser=request.param)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
@@ -64,24 +65,29 @@ def test_keep_alive_requests_with_query_headers_and_bodies(server):
 
 
 def test_http10_head_expect_continue_and_pipelining(server):
-    out = _raw(server, b"HEAD /h HTTP/1.0\r\n\r\n")
+    out = _raw(server, b"HEAD /h HTTP/1.0\r\n\r\n")  # HTTP/1.0 needs no Host
     assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close" in out
     assert out.endswith(b"\r\n\r\n")  # headers only
-    out = _raw(server, b"POST /e HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n"
+    out = _raw(server, b"POST /e HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 2\r\n"
                        b"Connection: close\r\n\r\nhi")
     assert out.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
     assert out.endswith(b"len=2|hi")
-    out = _raw(server, b"GET /1 HTTP/1.1\r\n\r\nGET /2 HTTP/1.1\r\nConnection: close\r\n\r\n")
+    out = _raw(server, b"GET /1 HTTP/1.1\r\nHost: h\r\n\r\nGET /2 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
     assert out.count(b"HTTP/1.1 200 OK") == 2 and out.endswith(b"GET /2 q= x=- type=- len=0|")
 
 
 @pytest.mark.parametrize("request_bytes, status", [
     (b"NONSENSE\r\n\r\n", b"400"),
-    (b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n", b"400"),
-    ("POST / HTTP/1.1\r\nContent-Length: \u00b2\r\n\r\n".encode("latin-1"), b"400"),
-    (b"POST / HTTP/1.1\r\nbad header\r\n\r\n", b"400"),
-    (b"POST / HTTP/1.1\r\nContent-Length: 5000\r\n\r\n", b"413"),
-    (b"GET /fail HTTP/1.1\r\n\r\n", b"500"),
+    (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: x\r\n\r\n", b"400"),
+    ("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: \u00b2\r\n\r\n".encode("latin-1"), b"400"),
+    (b"POST / HTTP/1.1\r\nHost: h\r\nbad header\r\n\r\n", b"400"),
+    (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5000\r\n\r\n", b"413"),
+    (b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n" + b"3e8\r\n" + b"x" * 1000
+     + b"\r\n1\r\nx\r\n0\r\n\r\n", b"413"),  # a chunked body over max_body
+    (b"GET / HTTP/1.1\r\nHost: h\r\n" + b"X-Many: 1\r\n" * 201 + b"\r\n", b"431"),
+    (b"GET / HTTP/1.1\r\nHost: h\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n", b"431"),
+    (b"GET / HTTP/2.0\r\nHost: h\r\n\r\n", b"505"),
+    (b"GET /fail HTTP/1.1\r\nHost: h\r\n\r\n", b"500"),
 ])
 def test_bad_requests_and_app_errors_get_an_answer_and_the_server_keeps_serving(
         server, request_bytes, status, capsys):
@@ -89,6 +95,20 @@ def test_bad_requests_and_app_errors_get_an_answer_and_the_server_keeps_serving(
     assert out.split(b" ")[1] == status and b"Connection: close" in out
     r = requests.get(f"http://{server.host}:{server.port}/still", timeout=10)
     assert r.status_code == 200
+
+
+def test_a_malformed_request_after_a_pipelined_one_is_answered_after_it(server):
+    out = _raw(server, b"GET /first HTTP/1.1\r\nHost: h\r\n\r\nGET /second HTTP/1.1\r\nHost: h\r\n"
+                       b"Transfer-Encoding : chunked\r\n\r\n0\r\n\r\n")
+    first, second = out.split(b"HTTP/1.1 ")[1:]
+    assert first.startswith(b"200 OK") and first.endswith(b"GET /first q= x=- type=- len=0|")
+    assert second.startswith(b"400 Bad Request") and b"Connection: close" in second
+
+
+def test_header_names_with_underscores_are_dropped(server):
+    # WSGI spells X-Thing and X_Thing alike (HTTP_X_THING): only the dashed name may reach the app.
+    out = _raw(server, b"GET / HTTP/1.1\r\nHost: h\r\nX_Thing: forged\r\nConnection: close\r\n\r\n")
+    assert out.endswith(b"x=- type=- len=0|")
 
 
 def test_close_hangs_up_idle_keep_alive_connections():

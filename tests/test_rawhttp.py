@@ -1,8 +1,10 @@
 """The minimal HTTP/1.1 client of the http backend's per-call path (issue 9), against a real
-socket server on loopback that answers each request with canned bytes."""
+socket server on loopback that answers each request with canned bytes; each test runs with both
+parsers (httptools, and h11, the fallback), and malformed answers are refused (issue 12)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -61,8 +63,15 @@ class CannedServer:
     def close(self):
         self.closing.set()
         self.answers.clear()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept()
         self.sock.close()
         self.thread.join(5)
+
+
+@pytest.fixture(params=["httptools", "h11"])
+def parser(request):
+    return request.param
 
 
 @pytest.fixture
@@ -79,8 +88,8 @@ def serve():
         server.close()
 
 
-def _post(server, body=b"payload", timeout=10):
-    conn = rawhttp.Connection("127.0.0.1", server.port, 5)
+def _post(server, parser, body=b"payload", timeout=10):
+    conn = rawhttp.Connection("127.0.0.1", server.port, 5, parser)
     try:
         return conn, conn.post("/invoke?x=1", body, {"X-Test": "yes"}, timeout)
     except BaseException:
@@ -88,10 +97,10 @@ def _post(server, body=b"payload", timeout=10):
         raise
 
 
-def test_keep_alive_content_length_and_request_format(serve):
+def test_keep_alive_content_length_and_request_format(serve, parser):
     ok = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nServer: canned\r\n\r\nhello"
     server = serve((ok, False), (ok, False))
-    conn, r = _post(server)
+    conn, r = _post(server, parser)
     assert (r.status, r.body, r.will_close) == (200, b"hello", False)
     assert r.headers.get("SERVER") == "canned"
     # No read timeout without a call timeout: keep-alive probes find a vanished host instead.
@@ -106,42 +115,42 @@ def test_keep_alive_content_length_and_request_format(serve):
     assert server.requests[1].endswith(b"x" * 100_000)
 
 
-def test_chunked_body_continue_and_repeated_headers(serve):
+def test_chunked_body_continue_and_repeated_headers(serve, parser):
     answer = (b"HTTP/1.1 100 Continue\r\n\r\n"
               b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\nRetry-After: 2\r\n"
               b"X-A: 1\r\nX-A: 2\r\n\r\n4;ext=1\r\nslow\r\n5\r\n down\r\n0\r\n\r\n")
     server = serve((answer, False))
-    conn, r = _post(server)
+    conn, r = _post(server, parser)
     conn.close()
     assert (r.status, r.body) == (429, b"slow down")
     assert r.headers.get("retry-after") == "2" and r.headers.get("x-a") == "1, 2"
 
 
-def test_close_and_body_to_the_end_of_the_connection(serve):
+def test_close_and_body_to_the_end_of_the_connection(serve, parser):
     server = serve((b"HTTP/1.0 500 Oops\r\nContent-Type: text/plain\r\n\r\nbroken worker", True))
-    conn, r = _post(server)
+    conn, r = _post(server, parser)
     conn.close()
     assert (r.status, r.body, r.will_close) == (500, b"broken worker", True)
     server2 = serve((b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", True))
-    conn, r = _post(server2)
+    conn, r = _post(server2, parser)
     conn.close()
     assert r.will_close and r.body == b"ok"
 
 
 @pytest.mark.parametrize("answer, match", [
     (b"", "closed the connection without answering"),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "after 5 of 10 body bytes"),
-    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
-    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "after 5 of 10 body bytes|received 5 bytes, expected 10"),
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "malformed HTTP answer"),
+    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed HTTP answer"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "malformed HTTP answer"),
 ])
-def test_broken_answers_raise_protocol_errors(serve, answer, match):
+def test_broken_answers_raise_protocol_errors(serve, parser, answer, match):
     server = serve((answer, True))
     with pytest.raises(rawhttp.ProtocolError, match=match):
-        _post(server)
+        _post(server, parser)
 
 
-def test_no_answer_times_out(serve):
+def test_no_answer_times_out(serve, parser):
     server = serve((None, False))  # reads the request, answers nothing
     conn = rawhttp.Connection("127.0.0.1", server.port, 5)
     try:
@@ -149,3 +158,45 @@ def test_no_answer_times_out(serve):
             conn.post("/", b"x", {}, 0.3)
     finally:
         conn.close()
+
+
+def _chunked_answer(*lines: str, size: str = "5") -> bytes:
+    head = "\r\n".join(["HTTP/1.1 200 OK", *lines]) + "\r\n\r\n"
+    return head.encode("latin-1") + size.encode() + b"\r\nhello\r\n0\r\n\r\n"
+
+
+#: Answers RFC 9112 forbids; the connection stays open after each, so a reader that waits for
+#: more (a chunk size of -1 read "to the end") fails with a timeout instead of a ProtocolError.
+HOSTILE_ANSWERS = {
+    "chunk size +5": _chunked_answer("Transfer-Encoding: chunked", size="+5"),
+    "chunk size 0x5": _chunked_answer("Transfer-Encoding: chunked", size="0x5"),
+    "chunk size 0_5": _chunked_answer("Transfer-Encoding: chunked", size="0_5"),
+    "chunk size with a leading space": _chunked_answer("Transfer-Encoding: chunked", size=" 5"),
+    "chunk size -1": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\nhello",
+    "space before the colon": _chunked_answer("Transfer-Encoding : chunked"),
+    "space before the colon of Content-Length": b"HTTP/1.1 200 OK\r\nContent-Length : 5\r\n\r\nhello",
+    "Transfer-Encoding xchunked": _chunked_answer("Transfer-Encoding: xchunked"),
+    "Content-Length and Transfer-Encoding": _chunked_answer("Content-Length: 3", "Transfer-Encoding: chunked"),
+    "obs-fold continuation line": _chunked_answer("X-Note: 1", " Transfer-Encoding: chunked"),
+    "header line over 64 KiB": _chunked_answer("X-Pad: " + "a" * (65537 - 7) + "Transfer-Encoding: chunked"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_ANSWERS))
+def test_hostile_answers_raise_protocol_errors(serve, parser, case):
+    server = serve((HOSTILE_ANSWERS[case], False), (None, False))
+    with pytest.raises(rawhttp.ProtocolError):
+        _post(server, parser, timeout=30)
+
+
+def test_h11_fallback_is_selected_by_name(serve):
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    server = serve((ok, False))
+    conn = rawhttp.Connection("127.0.0.1", server.port, 5, "h11")
+    try:
+        assert type(conn._wire).__name__ == "_H11ResponseReader"
+        assert conn.post("/", b"x", {}, 10).body == b"ok"
+    finally:
+        conn.close()
+    with pytest.raises(ValueError, match="unknown HTTP parser 'llhttp'.*httptools, h11"):
+        rawhttp.Connection("127.0.0.1", server.port, 5, "llhttp")

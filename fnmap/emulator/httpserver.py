@@ -7,8 +7,9 @@ dispatch thread; boto3 pools ten), so a thread per connection that reads a
 request, calls the app and writes the answer is all the emulator needs.  It
 speaks HTTP/1.1 with keep-alive, ``Content-Length`` and chunked request bodies,
 ``Expect: 100-continue`` and HEAD; an answer without a length is gathered and
-sent with one.  It binds where it is told (the CLI warns when that is not
-loopback).
+sent with one.  Requests are parsed by :mod:`fnmap.httpwire` (httptools, or h11):
+a malformed one is answered 400 (413, 431, 501, 505) and its connection closed
+(issue 12).  It binds where it is told (the CLI warns when that is not loopback).
 """
 
 from __future__ import annotations
@@ -20,23 +21,21 @@ import threading
 import traceback
 from io import BytesIO
 
-from ..backends.rawhttp import ProtocolError, read_chunked, read_headers, reason_phrase
+from .. import httpwire
+from ..httpwire import BadRequest, reason_phrase
 
-_MAX_LINE = 65536
 #: Connections served at once; more are answered 503 and closed.
 MAX_CONNECTIONS = 1000
 
 
-class BadRequest(Exception):
-    pass
-
-
 class WSGIServer:
-    """Serve ``app`` on ``host:port`` (0: any free port) until :meth:`close`."""
+    """Serve ``app`` on ``host:port`` (0: any free port) until :meth:`close`.  ``parser`` is
+    ``httptools`` or ``h11`` (default: :data:`fnmap.httpwire.PARSER`)."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, idle_timeout: float = 600.0,
-                 max_body: int = 64 << 20):
+                 max_body: int = 64 << 20, parser: str | None = None):
         self.app = app
+        self.parser = httpwire.check_parser(parser or httpwire.PARSER)
         self.idle_timeout = idle_timeout
         self.max_body = max_body
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -82,16 +81,16 @@ class WSGIServer:
 
     def _serve_connection(self, sock: socket.socket, peer) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        rfile = sock.makefile("rb", buffering=1 << 18)
         try:
+            reader = httpwire.request_reader(sock, self.max_body, self.parser)
             while not self._closed:
                 sock.settimeout(self.idle_timeout)
                 try:
-                    keep_alive = self._serve_request(sock, rfile, peer)
+                    request = reader.read()
                 except BadRequest as e:
-                    self._send_simple(sock, 400, str(e))
+                    self._send_simple(sock, e.status, str(e))
                     return
-                if not keep_alive:
+                if request is None or not self._serve_request(sock, request, peer):
                     return
         except (OSError, ValueError):
             return  # the client hung up, timed out, or the server is closing
@@ -99,47 +98,10 @@ class WSGIServer:
             with self._lock:
                 self._connections.discard(sock)
             with contextlib.suppress(OSError):
-                rfile.close()
                 sock.close()
 
-    def _serve_request(self, sock: socket.socket, rfile, peer) -> bool:
-        line = rfile.readline(_MAX_LINE + 1)
-        while line in (b"\r\n", b"\n"):  # stray blank lines between requests are allowed
-            line = rfile.readline(_MAX_LINE + 1)
-        if not line:
-            return False
-        parts = line.split()
-        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-            raise BadRequest(f"not an HTTP/1.x request line: {line[:100]!r}")
-        method, target, version = (p.decode("latin-1") for p in parts)
-        try:  # WSGI's names: CONTENT_TYPE, HTTP_X_THING
-            headers = {name.upper().replace("-", "_"): value
-                       for name, value in read_headers(rfile).items()}
-        except ProtocolError as e:
-            raise BadRequest(str(e)) from None
-        connection = headers.get("CONNECTION", "").lower()
-        keep_alive = ("close" not in connection) and (version == "HTTP/1.1" or "keep-alive" in connection)
-
-        if "chunked" in headers.get("TRANSFER_ENCODING", "").lower():
-            self._continue(sock, headers)
-            try:
-                body = read_chunked(rfile, self.max_body)
-            except ProtocolError as e:
-                raise BadRequest(str(e)) from None
-        else:
-            length_text = headers.get("CONTENT_LENGTH", "0") or "0"
-            if not (length_text.isascii() and length_text.isdigit()):
-                raise BadRequest(f"bad Content-Length {length_text!r}")
-            length = int(length_text)
-            if length > self.max_body:
-                self._send_simple(sock, 413, f"request body of {length} bytes exceeds "
-                                  f"{self.max_body}; large arguments travel through storage")
-                return False
-            if length:
-                self._continue(sock, headers)
-            body = rfile.read(length) if length else b""
-            if len(body) != length:
-                return False
+    def _serve_request(self, sock: socket.socket, request: httpwire.Request, peer) -> bool:
+        method, target, version, body = request.method, request.target, request.version, request.body
         path, _, query = target.partition("?")
         if path.startswith(("http://", "https://")):  # absolute form
             path = "/" + path.split("/", 3)[3] if path.count("/") >= 3 else "/"
@@ -151,16 +113,15 @@ class WSGIServer:
             "wsgi.input": BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
             "wsgi.multiprocess": False, "wsgi.run_once": False, "RAW_URI": target,
         }
-        if "CONTENT_TYPE" in headers:
-            environ["CONTENT_TYPE"] = headers.pop("CONTENT_TYPE")
-        headers.pop("CONTENT_LENGTH", None)
-        for key, value in headers.items():
-            environ["HTTP_" + key] = value
-        return self._respond(sock, environ, method, version, keep_alive)
-
-    def _continue(self, sock: socket.socket, headers: dict) -> None:
-        if headers.get("EXPECT", "").lower() == "100-continue":
-            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        for name, value in request.headers.items():
+            if "_" in name:
+                continue  # X_Fnmap_Signature would pass for X-Fnmap-Signature in WSGI's names
+            key = name.upper().replace("-", "_")
+            if key == "CONTENT_TYPE":
+                environ[key] = value
+            elif key not in ("CONTENT_LENGTH", "TRANSFER_ENCODING"):
+                environ["HTTP_" + key] = value
+        return self._respond(sock, environ, method, version, request.keep_alive)
 
     def _respond(self, sock: socket.socket, environ: dict, method: str, version: str,
                  keep_alive: bool) -> bool:
