@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -31,49 +30,14 @@ def work(x, seconds):
     return x * x
 
 
-class Emulator:
-    def __init__(self, workers: int, options: list[str]):
-        from fnmap.signing import new_secret
+def start_emulator(workers: int, options: list[str]):
+    """An ``fnmap emulator`` subprocess with a fresh secret (its stderr, the injected faults' noise, dropped)."""
+    from fnmap.emulator.launcher import EmulatorLauncher
 
-        self.secret = new_secret()
-        cmd = [
-            sys.executable,
-            "-m",
-            "fnmap",
-            "emulator",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--workers",
-            str(workers),
-            *options,
-        ]
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=dict(os.environ, FNMAP_SECRET=self.secret),
-        )
-        self.url = None
-        for raw in self.proc.stdout:
-            line = raw.decode()
-            if "listening on " in line:
-                self.url = line.split("listening on ", 1)[1].split()[0]
-                break
-        if self.url is None:
-            raise SystemExit(f"emulator {' '.join(cmd)} did not start (exit {self.proc.wait()})")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    return EmulatorLauncher(workers, options=options, stderr=subprocess.DEVNULL)
 
 
-def run_job(emulator: Emulator, calls: int, seconds: float, retries: int, client_workers: int):
+def run_job(emulator, calls: int, seconds: float, retries: int, client_workers: int):
     import fnmap
 
     start = time.perf_counter()
@@ -117,7 +81,7 @@ def main(argv=None) -> int:
         ALL_FAULTS.format(half=max(1, args.workers // 2)) if args.faults == "all" else args.faults
     )
     fault_options = [*shlex.split(faults), "--seed", str(args.seed)]
-    clean, faulty = Emulator(args.workers, []), Emulator(args.workers, fault_options)
+    clean, faulty = start_emulator(args.workers, []), start_emulator(args.workers, fault_options)
     client_workers = 2 * args.workers  # calls in flight, the same for both
     seconds = args.work_ms / 1000.0
     times = {"clean": [], "faulty": []}

@@ -11,12 +11,11 @@ unchanged (real boto3 Lambda client; results in a local folder).
 """
 
 import os
-import subprocess
 import sys
 import time
 
 import fnmap
-from fnmap.signing import new_secret
+from fnmap.emulator.launcher import EmulatorLauncher
 
 
 def primes_below(n: int) -> int:
@@ -24,26 +23,16 @@ def primes_below(n: int) -> int:
     return sum(all(k % d for d in range(2, int(k**0.5) + 1)) for k in range(2, n))
 
 
-def start_emulator() -> subprocess.Popen:
+def start_emulator() -> EmulatorLauncher:
     """`fnmap emulator` on a free loopback port; sets the environment the aws backend reads."""
-    secret = new_secret()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fnmap", "emulator", "--port", "0", "--watch-stdin"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ, FNMAP_SECRET=secret),
-    )
-    for line in proc.stdout:
-        if "listening on " in line:
-            url = line.split("listening on ", 1)[1].split()[0]
-            break
-    else:
-        raise SystemExit("the emulator did not start")
+    emulator = EmulatorLauncher(embedded=True)
     os.environ.update(
-        AWS_ENDPOINT_URL_LAMBDA=url, FNMAP_SECRET=secret, AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL_LAMBDA=emulator.url, FNMAP_SECRET=emulator.secret, AWS_DEFAULT_REGION="us-east-1",
         # boto3 signs every request; the emulator accepts any key.
         AWS_ACCESS_KEY_ID="emulator", AWS_SECRET_ACCESS_KEY="emulator",
     )
-    print(f"no AWS account in use: emulator's Lambda API at {url}")
-    return proc
+    print(f"no AWS account in use: emulator's Lambda API at {emulator.url}")
+    return emulator
 
 
 def has_aws_credentials() -> bool:
@@ -71,8 +60,7 @@ def main() -> None:
               f"retries {summary['retries']}, job {summary['job_id']}")
     finally:
         if emulator is not None:
-            emulator.stdin.close()  # --watch-stdin: the emulator stops when its stdin closes
-            emulator.wait(timeout=30)
+            emulator.stop()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
     python examples/gpu_batch.py --cloud    # real AWS Batch (after `fnmap deploy batch deploy`)
 
 ``gpu=1`` sends the calls to the ``batch`` backend.  Offline, the example
-starts ``fnmap emulator``, whose Batch API runs each child of the array job
+starts ``fnmap emulator`` (as fnmap itself does for ``gpu=`` when no AWS region
+or Batch endpoint is configured), whose Batch API runs each child of the array job
 as a local process with ``CUDA_VISIBLE_DEVICES`` set round-robin over the
 GPUs ``nvidia-smi -L`` lists.  Each call multiplies a batch of random
 matrices with torch on the GPU when one is visible, and with NumPy on the CPU
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 
@@ -69,35 +69,14 @@ def batched_matmul(seed: int) -> dict:
     }
 
 
-def start_emulator() -> subprocess.Popen:
+def start_emulator():
     """``fnmap emulator`` on a free loopback port; points boto3's Batch client and fnmap at it."""
-    from fnmap.signing import new_secret
+    from fnmap.emulator.launcher import EmulatorLauncher
 
-    secret = os.environ.get("FNMAP_SECRET") or new_secret()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fnmap",
-            "emulator",
-            "--port",
-            "0",
-            "--workers",
-            "1",
-            "--watch-stdin",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "FNMAP_SECRET": secret},
-    )
-    for line in proc.stdout:
-        if "listening on " in line:
-            url = line.split("listening on ", 1)[1].split()[0]
-            os.environ.update(AWS_ENDPOINT_URL_BATCH=url, FNMAP_SECRET=secret)
-            print(f"emulator with the Batch API at {url}")
-            return proc
-    raise SystemExit(f"the emulator did not start (exit code {proc.wait()})")
+    emulator = EmulatorLauncher(1, secret=os.environ.get("FNMAP_SECRET"), embedded=True)
+    os.environ.update(AWS_ENDPOINT_URL_BATCH=emulator.url, FNMAP_SECRET=emulator.secret)
+    print(f"emulator with the Batch API at {emulator.url}")
+    return emulator
 
 
 def main() -> int:
@@ -122,9 +101,7 @@ def main() -> int:
         wall = time.perf_counter() - started
     finally:
         if emulator is not None:
-            # --watch-stdin: the emulator stops by itself; it finishes once this process (and its
-            # open connections) is gone, so there is nothing to wait for here.
-            emulator.stdin.close()
+            emulator.stop()
     for r in results:
         print(
             f"call {r['seed']}: index {r['array_index']}, "

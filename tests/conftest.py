@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
-import time
 
 import pytest
 import requests
 
-from fnmap.signing import new_secret
+from fnmap.emulator.launcher import EmulatorLauncher
+from fnmap.errors import FnmapError
 
 _SCRUB = re.compile(r"^(FNMAP_|AWS_ENDPOINT_URL)")
 
@@ -45,36 +41,17 @@ def _stop_embedded_emulators():
     stop_embedded()
 
 
-class EmulatorProcess:
-    """``fnmap emulator`` run as a subprocess on a free loopback port."""
+class EmulatorProcess(EmulatorLauncher):
+    """``fnmap emulator`` run as a subprocess on a free loopback port, with a fresh secret."""
 
     def __init__(self, *args: str, workers: int = 2, env: dict | None = None):
-        self.secret = new_secret()
-        full_env = dict(os.environ, FNMAP_SECRET=self.secret, **(env or {}))
-        cmd = [sys.executable, "-m", "fnmap", "emulator", "--host", "127.0.0.1", "--port", "0",
-               "--workers", str(workers), *args]
         # stderr (the emulator's and its workers' output) goes to a file: an unread pipe would fill
         # up and block a worker that prints a lot.
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, env=full_env)
-        self.url = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline().decode()
-            if not line:
-                raise RuntimeError("emulator exited: " + self.output())
-            if "listening on " in line:
-                self.url = line.split("listening on ", 1)[1].split()[0]
-                break
-        assert self.url, "emulator did not start"
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
         try:
-            while self.proc.stdout.read(1 << 16):
-                pass
-        except (OSError, ValueError):
-            pass
+            super().__init__(workers, options=list(args), env=env, stderr=self.log)
+        except FnmapError as e:
+            raise RuntimeError(f"{e}\n{self.output()}") from None
 
     def output(self) -> str:
         """What the emulator and its workers wrote to stderr so far."""
@@ -85,16 +62,9 @@ class EmulatorProcess:
         return requests.get(self.url + "/health", timeout=5).json()
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
+        code = super().stop(timeout=20)
         self.log.close()
-        return self.proc.returncode
+        return code
 
 
 @pytest.fixture
