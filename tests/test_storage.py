@@ -116,3 +116,13 @@ def test_map_with_s3_storage(s3_env):
     assert any("/out/" in k["Key"] for k in keys)
     assert any(k["Key"].startswith("runs/functions/") for k in
                s3_env.client.list_objects_v2(Bucket=bucket, Prefix="runs/functions/")["Contents"])
+
+
+def test_same_s3_url_under_another_endpoint_is_another_store(moto_server, seaweedfs_server, monkeypatch):
+    servers = {"moto": moto_server, "seaweedfs": seaweedfs_server}
+    for name, endpoint in servers.items():
+        point_boto3_at(endpoint, monkeypatch, name)("fnmap-two-endpoints")
+        open_store("s3://fnmap-two-endpoints/p").put("who", name.encode())
+    for name, endpoint in servers.items():
+        point_boto3_at(endpoint, monkeypatch, name)
+        assert open_store("s3://fnmap-two-endpoints/p").get("who") == name.encode()

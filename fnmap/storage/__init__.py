@@ -3,7 +3,9 @@
 ``file:///path`` is the default (a per-user cache folder); ``s3://bucket/prefix``
 works with AWS and any S3-compatible server through boto3's own endpoint
 settings.  Stores are cached per URL per process, so their clients and
-connection pools are reused.
+connection pools are reused; an ``s3://`` store also per the ``AWS_*`` and
+``FNMAP_S3_ENDPOINT_URL`` settings it was made with, so the same URL under
+another endpoint or account is another store.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class Store(Protocol):
         """Delete keys; missing keys are ignored."""
 
 
-_cache: dict[str, Store] = {}
+_cache: dict[tuple, Store] = {}
 _lock = threading.Lock()
 
 
@@ -62,11 +64,19 @@ def default_storage_url() -> str:
 
 def open_store(url: str) -> Store:
     """Return the (cached) store for a storage URL."""
+    key = (url, _client_settings(url))
     with _lock:
-        store = _cache.get(url)
+        store = _cache.get(key)
         if store is None:
-            store = _cache[url] = _create(url)
+            store = _cache[key] = _create(url)
         return store
+
+
+def _client_settings(url: str) -> tuple:
+    """The environment an ``s3://`` store's boto3 client is made from (endpoint, credentials, region)."""
+    if not isinstance(url, str) or not url.startswith("s3://"):
+        return ()
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_") or k == "FNMAP_S3_ENDPOINT_URL"))
 
 
 def _create(url: str) -> Store:
