@@ -44,6 +44,16 @@ def build_zip(path: str) -> str:
     return path
 
 
+def build_folder(dest: str) -> str:
+    """Unpack the function's zip (:func:`build_zip`, the bytes ``fnmap deploy aws`` uploads) into ``dest``,
+    as Lambda unpacks it into ``/var/task``; returns ``dest``."""
+    os.makedirs(dest, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(build_zip(os.path.join(tmp, "function.zip"))) as zf:
+            zf.extractall(dest)
+    return dest
+
+
 def _handlers_dir() -> str:
     import handlers
 

@@ -18,13 +18,25 @@ any S3 server with ``AWS_ENDPOINT_URL_S3``).  Routes, with botocore's paths:
 * Any other Lambda API path: 501 ``NotImplemented``, naming what is served.
 * ``GET /lambda/stats``: invocations by type, throttles, events queued (emulator only).
 
-Every function name is served by the emulator's one pool of workers.  The event
-is decoded exactly as ``handlers/aws_lambda.py`` decodes it
-(:mod:`fnmap.lambda_event`), and nothing is unpickled in the emulator itself.
+Two ways to run the events (``fnmap emulator --lambda-runtime``):
+
+* ``ric`` (the default when ``awslambdaric`` is installed): Lambda's own path.  Each
+  event goes through Lambda's Runtime API to an execution environment running AWS's
+  runtime interface client over the unpacked deployment package
+  (:mod:`.lambda_runtime`): warm reuse, cold starts, the function's timeout, init
+  errors and Lambda's error payloads come from the real client.  The functions can
+  be configured with boto3 as on Lambda: ``CreateFunction`` and ``UpdateFunctionCode``
+  (a zip), ``UpdateFunctionConfiguration`` (``Timeout``, ``MemorySize``,
+  ``Environment``, ``Layers``) and ``PublishLayerVersion``; a name never created
+  runs the package ``fnmap deploy aws`` would upload, built from this fnmap.
+* ``pool``: every function name is served by the emulator's one pool of workers.
+  The event is decoded exactly as ``handlers/aws_lambda.py`` decodes it
+  (:mod:`fnmap.lambda_event`), and nothing is unpickled in the emulator itself.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import json
 import queue
@@ -37,6 +49,7 @@ from flask import Response, jsonify, request
 from ..lambda_event import decode_event, encode_result
 from ..serialization import runtime_info
 from ..wire import ERROR_KIND_HEADER
+from . import lambda_runtime
 
 ACCOUNT = "000000000000"
 #: The date prefix of Lambda's REST paths (2015-03-31, 2017-10-31, ...).
@@ -53,8 +66,10 @@ ASYNC_PAYLOAD_LIMIT = 1024 * 1024
 class LambdaApi:
     """Reserved concurrency, the event queue and counters, shared by the routes."""
 
-    def __init__(self, emulator):
+    def __init__(self, emulator, runtime: lambda_runtime.LambdaRuntime | None = None):
         self.emulator = emulator
+        #: The execution environments under awslambdaric (``--lambda-runtime ric``), or None for the pool.
+        self.runtime = runtime
         self.reserved: dict[str, int] = {}
         self.running: collections.Counter = collections.Counter()
         self.stats: collections.Counter = collections.Counter()
@@ -76,7 +91,16 @@ class LambdaApi:
             self.running[name] -= 1
             self._cond.notify_all()
 
-    def run(self, name: str, payload: bytes) -> tuple[dict | None, dict]:
+    def run(self, name: str, payload: bytes, client_context: str | None = None) -> tuple[bytes, bool]:
+        """Run one event; return ``(the Invoke's answer payload, function error?)``."""
+        if self.runtime is None:
+            result, function_error = self.run_in_pool(name, payload)
+            return json.dumps(function_error or result).encode(), bool(function_error)
+        if len(payload) < 65536 and "key" in (_json_object(payload) or {}):
+            self.stats["by_reference"] += 1
+        return self.runtime.invoke(name, payload, client_context)
+
+    def run_in_pool(self, name: str, payload: bytes) -> tuple[dict | None, dict]:
         """Run one event through the pool; return ``(result, function error or {})``."""
         try:
             event = json.loads(payload)
@@ -111,14 +135,24 @@ class LambdaApi:
             self._acquire(name, wait=True)
             try:
                 # Lambda retries a throttled event itself (the emulator's --max-concurrency answers 429).
-                while (self.run(name, payload)[0] or {}).get("status") == 429:
+                while self.runtime is None and (self.run_in_pool(name, payload)[0] or {}).get("status") == 429:
                     self.stats["events_throttled"] += 1
                     time.sleep(0.2)
+                if self.runtime is not None:
+                    self.run(name, payload)
             except Exception:  # an event has nobody to answer; the client declares it lost
                 self.stats["event_errors"] += 1
             finally:
                 self._release(name)
                 self.stats["events_done"] += 1
+
+
+def _json_object(data: bytes) -> dict | None:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _function_name(name: str) -> str:
@@ -133,8 +167,23 @@ def _error(status: int, code: str, message: str, **extra) -> Response:
     return Response(body, status=status, mimetype="application/json", headers={"x-amzn-ErrorType": code})
 
 
+def runtime_mode(asked: str | None) -> str:
+    """``ric`` or ``pool``: what was asked, else ``ric`` when awslambdaric is installed."""
+    if asked is None:
+        return "ric" if lambda_runtime.available() else "pool"
+    if asked not in ("ric", "pool"):
+        raise ValueError(f"--lambda-runtime {asked!r} is not one of: ric, pool")
+    if asked == "ric" and not lambda_runtime.available():
+        raise ValueError("--lambda-runtime ric needs AWS's runtime interface client: pip install awslambdaric, "
+                         "or pass --lambda-runtime pool")
+    return asked
+
+
 def register(app, emulator) -> None:
-    api = LambdaApi(emulator)
+    runtime = None
+    if runtime_mode(getattr(emulator, "lambda_runtime", None)) == "ric":
+        runtime = lambda_runtime.LambdaRuntime(emulator.pool.env or {}, emulator.pool.size)
+    api = LambdaApi(emulator, runtime)
     app.extensions["fnmap_lambda"] = api
 
     @app.post("/2015-03-31/functions/<name>/invocations")
@@ -155,43 +204,36 @@ def register(app, emulator) -> None:
         if kind != "RequestResponse":
             return _error(400, "InvalidParameterValueException",
                           f"X-Amz-Invocation-Type {kind!r} is not one of Event, RequestResponse, DryRun")
+        try:
+            client_context = lambda_runtime.decode_client_context(request.headers.get("X-Amz-Client-Context"))
+        except ValueError as e:
+            return _error(400, "InvalidRequestContentException", str(e))
         if not api._acquire(name, wait=False):
             api.stats["throttled"] += 1
             return _error(429, "TooManyRequestsException", "Rate Exceeded.",
                           Reason="ReservedFunctionConcurrentInvocationLimitExceeded")
         api.stats["RequestResponse"] += 1
         try:
-            result, function_error = api.run(name, payload)
+            body, function_error = api.run(name, payload, client_context)
         finally:
             api._release(name)
         headers = {"X-Amz-Executed-Version": "$LATEST"}
-        body = json.dumps(function_error or result)
         if not function_error and len(body) > SYNC_PAYLOAD_LIMIT:
-            api.stats["response_too_large"] += 1
-            function_error = {"errorType": "Function.ResponseSizeTooLarge", "errorMessage": (
+            function_error, body = True, lambda_runtime.lambda_error("Function.ResponseSizeTooLarge", (
                 f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload size "
-                f"({SYNC_PAYLOAD_LIMIT} bytes).")}
-            body = json.dumps(function_error)
+                f"({SYNC_PAYLOAD_LIMIT} bytes)."))
+        if function_error and b"Function.ResponseSizeTooLarge" in body[:200]:
+            api.stats["response_too_large"] += 1
         if function_error:
             headers["X-Amz-Function-Error"] = "Unhandled"
         return Response(body, status=200, mimetype="application/json", headers=headers)
 
     @app.get("/2015-03-31/functions/<name>/configuration")
     def lambda_configuration(name):
-        name = _function_name(name)
-        info = runtime_info()
-        return jsonify({
-            "FunctionName": name,
-            "FunctionArn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}",
-            "Runtime": f"python{info['python']}",
-            "Handler": "handlers.aws_lambda.handler",
-            "Timeout": TIMEOUT_SECONDS,
-            "MemorySize": 1024,
-            "PackageType": "Zip",
-            "State": "Active",
-            "LastUpdateStatus": "Successful",
-            "Environment": {"Variables": {"FNMAP_RUNTIME": json.dumps(info)}},
-        })
+        return jsonify(_configuration(api, _function_name(name)))
+
+    if runtime is not None:
+        _register_function_management(app, api, runtime)
 
     @app.route("/2017-10-31/functions/<name>/concurrency", methods=["PUT", "DELETE"])
     def lambda_put_concurrency(name):
@@ -230,4 +272,82 @@ def register(app, emulator) -> None:
 
     @app.get("/lambda/stats")
     def lambda_stats():
-        return jsonify({**api.stats, "events_queued": api._events.qsize(), "running": dict(api.running)})
+        stats = {**api.stats, "events_queued": api._events.qsize(), "running": dict(api.running),
+                 "lambda_runtime": "pool" if runtime is None else "ric"}
+        if runtime is not None:
+            stats.update(runtime.stats, environments=runtime.environments())
+        return jsonify(stats)
+
+
+def _configuration(api: LambdaApi, name: str) -> dict:
+    """GetFunctionConfiguration's answer; the pool serves every name alike."""
+    info = runtime_info()
+    variables = {"FNMAP_RUNTIME": json.dumps(info)}
+    timeout, memory, layers = TIMEOUT_SECONDS, 1024, []
+    if api.runtime is not None:
+        function = api.runtime.function(name)
+        timeout, memory, layers = function.timeout, function.memory, [arn for arn, _ in function.layers]
+        variables.update(function.variables)
+    return {
+        "FunctionName": name,
+        "FunctionArn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}",
+        "Runtime": f"python{info['python']}",
+        "Handler": lambda_runtime.HANDLER,
+        "Timeout": timeout,
+        "MemorySize": memory,
+        "PackageType": "Zip",
+        "State": "Active",
+        "LastUpdateStatus": "Successful",
+        "Environment": {"Variables": variables},
+        "Layers": [{"Arn": arn} for arn in layers],
+    }
+
+
+def _register_function_management(app, api: LambdaApi, runtime: lambda_runtime.LambdaRuntime) -> None:
+    """CreateFunction, UpdateFunctionCode, UpdateFunctionConfiguration, PublishLayerVersion (``ric`` only)."""
+
+    def configure(name: str, spec: dict, zip_file: str | None):
+        try:
+            code = base64.b64decode(zip_file, validate=True) if zip_file is not None else None
+            variables = (spec.get("Environment") or {}).get("Variables") if "Environment" in spec else None
+            runtime.configure(name, zip_file=code, timeout=spec.get("Timeout"), memory=spec.get("MemorySize"),
+                              variables=variables, layers=spec.get("Layers"))
+        except ValueError as e:
+            return _error(400, "InvalidParameterValueException", str(e))
+        return jsonify(_configuration(api, name))
+
+    @app.post("/2015-03-31/functions")
+    def lambda_create_function():
+        spec = request.get_json(force=True, silent=True) or {}
+        name = spec.get("FunctionName")
+        if not isinstance(name, str) or not name:
+            return _error(400, "InvalidParameterValueException", f"FunctionName={name!r} must be a name")
+        handler = spec.get("Handler", lambda_runtime.HANDLER)
+        if handler != lambda_runtime.HANDLER:
+            return _error(400, "InvalidParameterValueException",
+                          f"Handler={handler!r}: the emulator runs fnmap's handler, {lambda_runtime.HANDLER}")
+        zip_file = (spec.get("Code") or {}).get("ZipFile")
+        if zip_file is None:
+            return _error(400, "InvalidParameterValueException", "Code.ZipFile is required (the package's zip)")
+        name = _function_name(name)
+        return configure(name, spec, zip_file)
+
+    @app.put("/2015-03-31/functions/<name>/code")
+    def lambda_update_function_code(name):
+        zip_file = (request.get_json(force=True, silent=True) or {}).get("ZipFile")
+        if zip_file is None:
+            return _error(400, "InvalidParameterValueException", "ZipFile is required (the package's zip)")
+        return configure(_function_name(name), {}, zip_file)
+
+    @app.put("/2015-03-31/functions/<name>/configuration")
+    def lambda_update_function_configuration(name):
+        return configure(_function_name(name), request.get_json(force=True, silent=True) or {}, None)
+
+    @app.post("/2018-10-31/layers/<name>/versions")
+    def lambda_publish_layer_version(name):
+        zip_file = ((request.get_json(force=True, silent=True) or {}).get("Content") or {}).get("ZipFile")
+        try:
+            arn, version = runtime.publish_layer(name, base64.b64decode(zip_file or "", validate=True))
+        except ValueError as e:
+            return _error(400, "InvalidParameterValueException", f"Content.ZipFile: {e}")
+        return jsonify({"LayerArn": arn.rsplit(":", 1)[0], "LayerVersionArn": arn, "Version": version}), 201
