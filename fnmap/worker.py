@@ -94,7 +94,9 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
         func, items, mode = _load(store, req, payload)
         loaded = None
         loaded_at = time.time()
-    except Exception as e:  # an unpicklable/unimportable function or chunk fails every item alike
+    # An unpicklable/unimportable function or chunk fails every item alike; a sys.exit or
+    # KeyboardInterrupt while it loads (module code, __setstate__) is the user's code too.
+    except BaseException as e:  # noqa: B036
         if _is_storage_error(e):
             return _platform_error(resp, "server", f"storage read failed: {e!r}"), b""
         func = items = mode = None

@@ -165,6 +165,24 @@ def test_the_emulator_stops_a_copy_once_its_call_is_decided(use_emulator, tmp_pa
     assert stopped and stopped[0]["attempt"] == 1
 
 
+def test_a_straggler_held_back_by_the_emulator_is_stopped_once_its_copy_decided(use_emulator):
+    """The emulator's straggler injection holds call 0's first attempt back for 200 s (seed 33:
+    no other call of the 30 straggles, nor call 0's copy); once the copy has decided the call,
+    the held attempt is let go without running."""
+    emu = use_emulator("--straggler-rate", "0.05", "--straggler-factor", "10000", "--latency-ms", "20",
+                       "--seed", "33", workers=2)
+    assert fnmap.map(abs, range(0, -30, -1), chunksize=1) == list(range(30))
+
+    def first_attempt():
+        calls = requests.get(emu.url + "/calls", timeout=10).json()
+        return next((c for c in calls if c["call_id"] == 0 and c["attempt"] == 1), None)
+
+    _wait_for(lambda: first_attempt() is not None, "call 0's first attempt was answered")
+    assert first_attempt()["faults"] == ["straggle"]
+    assert first_attempt()["outcome"] == "stopped"
+    assert emu.health()["stopped"] == 1
+
+
 def _always_slow(x, folder):
     if x == 0:
         Path(folder, f"start-{os.getpid()}-{time.time()}").write_text("")
@@ -310,6 +328,22 @@ def test_a_remote_exit_is_the_items_failure_not_the_callers(backend, kind, tmp_p
     assert lines["FUTURE"] == "FUTURE RemoteExit"
     assert lines["RETRY_ON"] == "RETRY_ON ATTEMPTS 2"  # unless retry_on says so
     assert "DONE" in lines
+
+
+class _ExitsWhenLoaded:
+    """A callable whose unpickling, in the worker, calls ``sys.exit(4)``."""
+
+    def __call__(self, x):
+        return x
+
+    def __reduce__(self):
+        return (sys.exit, (4,))
+
+
+@pytest.mark.parametrize("backend", ["local", "emulator"])
+def test_a_sys_exit_while_the_function_loads_is_the_items_failure(backend):
+    out = fnmap.map(_ExitsWhenLoaded(), [7], backend=backend, return_exceptions=True)
+    assert isinstance(out[0], fnmap.RemoteExit) and out[0].exit_code == 4, repr(out[0])
 
 
 def test_remote_exit_messages_and_pickling():
