@@ -148,9 +148,12 @@ def _slow_first_run(x, folder):
     return "first"
 
 
-def test_the_emulator_stops_a_copy_once_its_call_is_decided(use_emulator, tmp_path):
+@pytest.mark.parametrize("backend", ["emulator", "http"])
+def test_the_emulator_stops_a_copy_once_its_call_is_decided(backend, use_emulator, tmp_path):
     emu = use_emulator(workers=2)
-    out = fnmap.map(lambda x: _slow_first_run(x, str(tmp_path)), range(30), timeout=150)
+    options = {"http_url": emu.url} if backend == "http" else {}
+    out = fnmap.map(lambda x: _slow_first_run(x, str(tmp_path)), range(30), timeout=150, backend=backend,
+                    **options)
     assert out == ["copy", *range(1, 30)]  # the speculative copy decided item 0
     pid = int((tmp_path / "slow.pid").read_text())
     _wait_for(lambda: not _alive(pid), f"the first run's worker process {pid} ended")
@@ -160,7 +163,7 @@ def test_the_emulator_stops_a_copy_once_its_call_is_decided(use_emulator, tmp_pa
     health = emu.health()
     assert pid not in health["worker_pids"]
     assert health["stopped"] >= 1
-    assert fnmap.map(abs, [-1, -2, -3]) == [1, 2, 3]
+    assert fnmap.map(abs, [-1, -2, -3], backend=backend, **options) == [1, 2, 3]
     stopped = [c for c in requests.get(emu.url + "/calls", timeout=10).json() if c["outcome"] == "stopped"]
     assert stopped and stopped[0]["attempt"] == 1
 
@@ -203,6 +206,21 @@ def test_a_copy_is_stopped_when_its_call_times_out_for_good(use_emulator, tmp_pa
     # The first attempt's worker ended its call itself and keeps serving; the copy's was killed.
     _wait_for(lambda: any(not _alive(pid) for pid in pids), "the copy's worker process ended")
     _wait_for(lambda: len(emu.health()["worker_pids"]) == 2, "the pool is back to 2 workers")
+
+
+def test_a_function_host_without_a_stop_route_is_asked_once():
+    """A deployed HTTP function (here ``python -m handlers.web``) cannot stop a call: the http
+    backend's stop request gets a 404, which it takes as "cannot stop" and does not send again."""
+    from test_backend_http import _free_port, _host
+
+    secret = signing.new_secret()
+    port = _free_port()
+    with _host([sys.executable, "-m", "handlers.web"], secret, port) as url:
+        backend = get_client(resolve(backend="http", http_url=url, secret=secret)).backend
+        backend.stop_attempts("j", [(0, 1)], secret.encode())
+        assert backend._cannot_stop
+        backend.stop_attempts("j", [(0, 1)], secret.encode())  # not sent: nothing to fail on
+        assert fnmap.map(abs, [-4], backend="http", http_url=url, secret=secret) == [4]
 
 
 def _signed_post(emu, payload: dict, secret: str | None, raw: bytes | None = None):
