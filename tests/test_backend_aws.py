@@ -167,6 +167,67 @@ def test_throttled_calls_back_off_and_finish(aws):
         lam.delete_function_concurrency(FunctionName="fnmap")
 
 
+def where_it_runs(_):
+    """The command lines of this process and its parents, and where fnmap was imported from."""
+    import fnmap as worker_fnmap
+
+    chain, pid = [], os.getpid()
+    while pid > 1 and len(chain) < 6:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            chain.append([a.decode() for a in f.read().split(b"\0") if a])
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    return {"chain": chain, "fnmap": worker_fnmap.__file__, "task_root": os.environ.get("LAMBDA_TASK_ROOT"),
+            "path": list(sys.path)}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_calls_run_under_awslambdaric_from_the_deployment_package(aws):
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(fnmap.__file__)))
+    for seen in fnmap.map(where_it_runs, range(4), lambda_invocation="RequestResponse"):
+        assert any(cmd[-3:] == ["-m", "awslambdaric", "handlers.aws_lambda.handler"] for cmd in seen["chain"]), seen
+        assert seen["fnmap"].startswith(seen["task_root"] + os.sep)  # the unpacked package, not the checkout
+        assert not any(p == checkout or p.startswith(checkout + os.sep) for p in seen["path"]), seen["path"]
+
+
+def test_a_broken_package_fails_the_job_with_lambdas_init_error(aws):
+    """A package without fnmap (only handlers/): awslambdaric reports Runtime.ImportModuleError at init."""
+    import io
+    import zipfile
+
+    import handlers
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for name in ("__init__.py", "aws_lambda.py"):
+            zf.write(os.path.join(os.path.dirname(handlers.__file__), name), f"handlers/{name}")
+    lam = boto3.client("lambda", endpoint_url=aws.url)
+    lam.create_function(FunctionName="no-fnmap", Role="arn:aws:iam::000000000000:role/x", Runtime="python3.11",
+                        Handler="handlers.aws_lambda.handler", Code={"ZipFile": buffer.getvalue()})
+    with pytest.raises(fnmap.PlatformError, match=(
+            r"failed after 1 attempt.*Runtime.ImportModuleError: Unable to import module 'handlers.aws_lambda': "
+            r"No module named 'fnmap'")):
+        fnmap.map(square, [1], function_name="no-fnmap", lambda_invocation="RequestResponse")
+    assert aws.stats()["init_errors"] == 1
+
+
+def sleep_through_alarms(seconds):
+    import signal
+
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)  # the handler's own stop comes by SIGALRM: ignore it
+    time.sleep(seconds)
+
+
+def test_lambdas_own_timeout_is_a_timeout_error(aws):
+    """The function's timeout (2 s) passes: the emulator stops the environment, as Lambda does."""
+    lam = boto3.client("lambda", endpoint_url=aws.url)
+    lam.update_function_configuration(FunctionName="short", Timeout=2)
+    with pytest.raises(fnmap.TimeoutError, match=r"Sandbox.Timedout: .*Task timed out after 2.00 seconds"):
+        fnmap.map(sleep_through_alarms, [30], function_name="short", lambda_invocation="RequestResponse",
+                  retries=0)
+    assert aws.stats()["timeouts"] == 1
+
+
 def test_unknown_invocation_type_is_named():
     with pytest.raises(fnmap.ConfigError, match="lambda_invocation='event'.*Event, RequestResponse"):
         fnmap.map(square, [1], backend="aws", lambda_invocation="event", secret="s" * 64)
