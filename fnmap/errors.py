@@ -68,6 +68,7 @@ class RemoteExit(FnmapError):
         super().__init__(message)
         self.item = item
         self.exit_code = exit_code
+        self.remote: BaseException | None = None
 
     @classmethod
     def of(cls, remote: BaseException, item: int) -> RemoteExit:
