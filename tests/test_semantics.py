@@ -198,7 +198,7 @@ def test_a_copy_is_stopped_when_its_call_times_out_for_good(use_emulator, tmp_pa
     its first attempt ends with TimeoutError; the copy, still running, is stopped at once instead
     of running to its own timeout."""
     emu = use_emulator(workers=2)
-    out = fnmap.map(lambda x: _always_slow(x, str(tmp_path)), range(30), timeout=5, retries=0,
+    out = fnmap.map(lambda x: _always_slow(x, str(tmp_path)), range(30), timeout=8, retries=0,
                     return_exceptions=True)
     assert isinstance(out[0], fnmap.TimeoutError) and out[1:] == list(range(1, 30))
     pids = [int(p.name.split("-")[1]) for p in tmp_path.iterdir()]
