@@ -18,6 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 from s3servers import *  # noqa: F403 -- the S3 server fixtures
 
+from fnmap.errors import UnknownStorage
 from fnmap.storage import s3 as s3_storage
 from fnmap.storage.s3 import S3Store
 
@@ -50,23 +51,22 @@ def test_put_if_absent_under_concurrent_writers(store):
     assert store.get("commit/result") == payloads[won.index(True)]
 
 
-def test_put_if_absent_race_of_multipart_uploads(store, s3_env, monkeypatch, request):
-    if s3_env.server == "moto":
-        # Seen with moto 5.2: every racer's conditional CompleteMultipartUpload succeeded, the last
-        # one's object stays.  AWS: "the first write operation to finish succeeds", the rest get 412.
-        request.applymarker(pytest.mark.xfail(reason="moto checks If-None-Match on CompleteMultipartUpload "
-                                              "without excluding a concurrent complete", strict=False))
+def test_put_if_absent_race_of_multipart_uploads(store, s3_env, monkeypatch):
     # Smaller parts (S3's minimum is 5 MiB) so that a race of multipart uploads stays cheap.
     monkeypatch.setattr(s3_storage, "MULTIPART_THRESHOLD", 6 << 20)
     monkeypatch.setattr(s3_storage, "PART_SIZE", 5 << 20)
     body = bytes(range(256)) * (7 << 12)  # 7 MiB: two parts
     payloads = [bytes([i]) * 16 + body for i in range(4)]
     won = _race(store, "commit/big", payloads)
-    assert won.count(True) == 1, won
-    assert store.get("commit/big") == payloads[won.index(True)]
-    # The losers' uploads were aborted, not left behind (S3 keeps and bills their parts).
-    client = store._client
-    assert not client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix).get("Uploads")
+    assert True in won
+    assert store.get("commit/big") in [p for p, w in zip(payloads, won, strict=True) if w]  # one upload whole
+    # Every upload was completed or aborted, none left behind (S3 keeps and bills their parts).
+    assert not s3_env.client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix).get("Uploads")
+    if won.count(True) > 1:
+        # Seen with moto 5.2 (nearly always) and SeaweedFS 4.48 (about a third of races): concurrent
+        # conditional CompleteMultipartUploads all succeed.  AWS: "If multiple conditional writes occur
+        # for the same object name, the first write operation to finish succeeds", the rest get 412.
+        pytest.xfail(f"{s3_env.server}: {won.count(True)} of 4 concurrent conditional multipart uploads won")
 
 
 def test_ranged_gets_at_the_edges(store):
@@ -108,6 +108,20 @@ def test_object_over_100_mb_goes_up_in_parts(store, s3_env):
     assert store.get_range("big/obj", len(data) - 5, len(data) + 5) == data[-5:]
     assert store.put_if_absent("big/obj", data) is False
     assert not s3_env.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads")
+
+
+def test_missing_bucket_is_named_not_taken_for_a_missing_key(s3_env):
+    store = S3Store("s3://fnmap-never-made/p")
+    reads = [lambda: store.get("k"), lambda: store.get_range("k", 0, 5), lambda: store.list("x/"),
+             lambda: store.delete(["k"])]  # fmt: skip
+    if s3_env.server == "moto":
+        # AWS and moto answer a write to a missing bucket with NoSuchBucket; SeaweedFS (4.48), with
+        # no identities configured, answers AccessDenied, which says nothing about the bucket.
+        reads.append(lambda: store.put("k", b"x"))
+    for operation in reads:
+        with pytest.raises(UnknownStorage, match=r"bucket 'fnmap-never-made' does not exist .*aws s3 mb"):
+            operation()
+    assert store.exists("k") is False  # HEAD's 404 has no body to tell a missing bucket from a missing key
 
 
 # -- 409 ConditionalRequestConflict ------------------------------------------------------------------

@@ -16,6 +16,7 @@ which AWS's documentation says to upload again; botocore does not retry 409s.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import time
@@ -39,6 +40,27 @@ _PART_THREADS = 8
 _CONFLICT_ATTEMPTS = 6
 
 
+def _bucket_must_exist(method):
+    """A missing bucket is reported as such (with the fix), never taken for a missing key."""
+
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        from botocore.exceptions import ClientError
+
+        try:
+            return method(self, *args, **kwargs)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "NoSuchBucket":
+                raise
+            raise UnknownStorage(
+                f"storage URL {self.url!r}: bucket {self.bucket!r} does not exist at "
+                f"{self._client.meta.endpoint_url}; create it first (aws s3 mb s3://{self.bucket}) "
+                "or name a bucket that exists"
+            ) from None
+
+    return checked
+
+
 class S3Store:
     """Objects under ``s3://bucket/prefix/``."""
 
@@ -57,9 +79,11 @@ class S3Store:
         _check_key(key)
         return self.prefix + key
 
+    @_bucket_must_exist
     def put(self, key: str, data: bytes) -> None:
         self._write(self._key(key), data)
 
+    @_bucket_must_exist
     def put_if_absent(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError
 
@@ -116,6 +140,7 @@ class S3Store:
                 self._client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
             raise
 
+    @_bucket_must_exist
     def get(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
 
@@ -126,6 +151,7 @@ class S3Store:
                 raise _not_found(self.url, key) from None
             raise
 
+    @_bucket_must_exist
     def get_range(self, key: str, start: int, end: int) -> bytes:
         from botocore.exceptions import ClientError
 
@@ -154,6 +180,7 @@ class S3Store:
                 return False
             raise
 
+    @_bucket_must_exist
     def list(self, prefix: str) -> list[str]:
         paginator = self._client.get_paginator("list_objects_v2")
         keys = []
@@ -163,6 +190,7 @@ class S3Store:
         keys.sort()
         return keys
 
+    @_bucket_must_exist
     def delete(self, keys: list[str]) -> None:
         keys = list(keys)
         for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
@@ -184,4 +212,5 @@ def _code(error) -> str:
     err = error.response.get("Error", {})
     code = str(err.get("Code", ""))
     status = str(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-    return code if code in _MISSING | _EXISTS | _RACED | {"416", "InvalidRange"} else status
+    known = _MISSING | _EXISTS | _RACED | {"416", "InvalidRange", "NoSuchBucket"}
+    return code if code in known else status
