@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import textwrap
+import time
 import zipfile
 
 import boto3
@@ -34,6 +36,9 @@ _PROBE = textwrap.dedent("""
         if action == "raise":
             raise ValueError(f"probe failure {event['n']}")
         if action == "sleep":
+            if event.get("pid_file"):
+                with open(event["pid_file"], "w") as f:
+                    f.write(str(os.getpid()))
             time.sleep(event["seconds"])
         if action == "exit":
             os._exit(event["code"])
@@ -137,14 +142,29 @@ def test_an_unhandled_exception_is_lambdas_error_payload(probe):
     assert again["calls"] == 2  # the runtime reported the error and took the next event: still warm
 
 
-def test_the_functions_timeout_ends_the_environment(probe, lam, emulator):
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_the_functions_timeout_ends_the_environment(probe, lam, emulator, tmp_path):
     lam.update_function_configuration(FunctionName=probe.name, Timeout=1)
     before = _stats(emulator)
-    answer, error = probe({"action": "sleep", "seconds": 30})
+    pid_file = tmp_path / "pid"
+    answer, error = probe({"action": "sleep", "seconds": 600, "pid_file": str(pid_file)})
     assert error == "Unhandled"
     assert answer["errorType"] == "Sandbox.Timedout"
     assert answer["errorMessage"].endswith("Error: Task timed out after 1.00 seconds")
     assert _stats(emulator)["timeouts"] - before["timeouts"] == 1
+    pid = int(pid_file.read_text())
+    for _ in range(100):  # the emulator killed and reaped it; allow it a moment
+        if _gone(pid):
+            break
+        time.sleep(0.1)
+    assert _gone(pid), f"the timed-out environment (pid {pid}) is still running"
     fresh, _ = probe({})
     assert fresh["calls"] == 1  # the timed-out environment was stopped: a cold start
 
@@ -158,7 +178,8 @@ def test_a_runtime_that_exits_is_a_runtime_exit_error(probe):
 def test_a_response_over_6_mib_is_function_response_size_too_large(probe):
     answer, error = probe({"action": "big", "n": 7 * 2**20})
     assert error == "Unhandled" and answer["errorType"] == "Function.ResponseSizeTooLarge"
-    assert probe({})[1] is None  # awslambdaric exits on the runtime API's 413; the next call gets a new one
+    after, error = probe({})
+    assert error is None and after["calls"] == 1  # awslambdaric exits on the Runtime API's 413: a new environment
 
 
 def test_an_import_error_in_the_package_is_lambdas_init_error(lam, emulator):
