@@ -199,7 +199,7 @@ def test_commands_read_s3_storage(s3_env):
     assert shown.returncode == 0 and json.loads(shown.stdout)["summary"]["calls_done"] == 3
     missing = fnmap_cli("jobs", "--storage", "s3://no-such-bucket-here/x")
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
-    assert "cannot read s3://no-such-bucket-here/x" in missing.stderr
+    assert "'s3://no-such-bucket-here/x': bucket 'no-such-bucket-here' does not exist" in missing.stderr
 
 
 def test_logs_into_a_closed_pipe_says_nothing(finished_job):
