@@ -7,7 +7,11 @@ printed `export FNMAP_...` lines) it runs on your account:
 
 Without credentials, or with --emulator, it starts `fnmap emulator` on loopback
 and points boto3 at it with AWS_ENDPOINT_URL_LAMBDA, so the aws backend runs
-unchanged (real boto3 Lambda client; results in a local folder).
+unchanged (real boto3 Lambda client; results in a local folder).  Each call then
+runs as on Lambda: the emulator unpacks the package `fnmap deploy aws` uploads
+and runs it under AWS's runtime interface client (`python -m awslambdaric
+handlers.aws_lambda.handler`) through Lambda's Runtime API, in warm-reused
+execution environments.
 """
 
 import os
@@ -31,7 +35,8 @@ def start_emulator() -> EmulatorLauncher:
         # boto3 signs every request; the emulator accepts any key.
         AWS_ACCESS_KEY_ID="emulator", AWS_SECRET_ACCESS_KEY="emulator",
     )
-    print(f"no AWS account in use: emulator's Lambda API at {emulator.url}")
+    print(f"no AWS account in use: emulator's Lambda API at {emulator.url} (calls run under awslambdaric "
+          "when it is installed)")
     return emulator
 
 

@@ -272,6 +272,10 @@ class _RuntimeApiServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     environment: Environment
 
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a stopped environment's connection: no news
+            super().handle_error(request, client_address)
+
 
 class _RuntimeApiHandler(http.server.BaseHTTPRequestHandler):
     """Lambda's Runtime API for the one environment its server belongs to."""
