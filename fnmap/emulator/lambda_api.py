@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import importlib.util
 import json
 import queue
 import re
@@ -49,12 +50,13 @@ from flask import Response, jsonify, request
 from ..lambda_event import decode_event, encode_result
 from ..serialization import runtime_info
 from ..wire import ERROR_KIND_HEADER
-from . import lambda_runtime
 
 ACCOUNT = "000000000000"
 #: The date prefix of Lambda's REST paths (2015-03-31, 2017-10-31, ...).
 _API_VERSION = re.compile(r"20\d\d-\d\d-\d\d")
 REGION = "us-east-1"
+#: The handler every function runs (what ``fnmap deploy aws`` configures).
+HANDLER = "handlers.aws_lambda.handler"
 #: What GetFunctionConfiguration reports as the function's timeout (Lambda's maximum).
 TIMEOUT_SECONDS = 900
 #: Lambda's payload limits, enforced as Lambda does: requests (synchronous, asynchronous) answer
@@ -66,10 +68,12 @@ ASYNC_PAYLOAD_LIMIT = 1024 * 1024
 class LambdaApi:
     """Reserved concurrency, the event queue and counters, shared by the routes."""
 
-    def __init__(self, emulator, runtime: lambda_runtime.LambdaRuntime | None = None):
+    def __init__(self, emulator, make_runtime=None):
         self.emulator = emulator
-        #: The execution environments under awslambdaric (``--lambda-runtime ric``), or None for the pool.
-        self.runtime = runtime
+        #: Makes the execution environments under awslambdaric (``--lambda-runtime ric``); None: the pool.
+        self._make_runtime = make_runtime
+        self._runtime = None
+        self._runtime_lock = threading.Lock()
         self.reserved: dict[str, int] = {}
         self.running: collections.Counter = collections.Counter()
         self.stats: collections.Counter = collections.Counter()
@@ -90,6 +94,16 @@ class LambdaApi:
         with self._cond:
             self.running[name] -= 1
             self._cond.notify_all()
+
+    @property
+    def runtime(self):
+        """The :class:`.lambda_runtime.LambdaRuntime`, made on the first Lambda request (an emulator
+        serving only ``/invoke`` does not pay for it), or None when events run in the pool."""
+        if self._make_runtime is not None and self._runtime is None:
+            with self._runtime_lock:
+                if self._runtime is None:
+                    self._runtime = self._make_runtime()
+        return self._runtime
 
     def run(self, name: str, payload: bytes, client_context: str | None = None) -> tuple[bytes, bool]:
         """Run one event; return ``(the Invoke's answer payload, function error?)``."""
@@ -147,6 +161,21 @@ class LambdaApi:
                 self.stats["events_done"] += 1
 
 
+def lambda_error(error_type: str, message: str) -> bytes:
+    """Lambda's error payload (what an Invoke with ``X-Amz-Function-Error: Unhandled`` carries)."""
+    return json.dumps({"errorType": error_type, "errorMessage": message}).encode()
+
+
+def _client_context(header: str | None) -> str | None:
+    """The Invoke's ``X-Amz-Client-Context`` (base64 JSON) as the runtime receives it (the JSON)."""
+    if not header:
+        return None
+    try:
+        return base64.b64decode(header, validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("X-Amz-Client-Context must be base64-encoded JSON") from None
+
+
 def _json_object(data: bytes) -> dict | None:
     try:
         value = json.loads(data)
@@ -167,23 +196,32 @@ def _error(status: int, code: str, message: str, **extra) -> Response:
     return Response(body, status=status, mimetype="application/json", headers={"x-amzn-ErrorType": code})
 
 
+def _ric_installed() -> bool:
+    return importlib.util.find_spec("awslambdaric") is not None
+
+
 def runtime_mode(asked: str | None) -> str:
     """``ric`` or ``pool``: what was asked, else ``ric`` when awslambdaric is installed."""
     if asked is None:
-        return "ric" if lambda_runtime.available() else "pool"
+        return "ric" if _ric_installed() else "pool"
     if asked not in ("ric", "pool"):
         raise ValueError(f"--lambda-runtime {asked!r} is not one of: ric, pool")
-    if asked == "ric" and not lambda_runtime.available():
+    if asked == "ric" and not _ric_installed():
         raise ValueError("--lambda-runtime ric needs AWS's runtime interface client: pip install awslambdaric, "
                          "or pass --lambda-runtime pool")
     return asked
 
 
 def register(app, emulator) -> None:
-    runtime = None
-    if runtime_mode(getattr(emulator, "lambda_runtime", None)) == "ric":
-        runtime = lambda_runtime.LambdaRuntime(emulator.pool.env or {}, emulator.pool.size)
-    api = LambdaApi(emulator, runtime)
+    make_runtime = None
+    ric = runtime_mode(getattr(emulator, "lambda_runtime", None)) == "ric"
+    if ric:
+        def make_runtime():
+            from .lambda_runtime import LambdaRuntime
+
+            return LambdaRuntime(emulator.pool.env or {}, emulator.pool.size)
+
+    api = LambdaApi(emulator, make_runtime)
     app.extensions["fnmap_lambda"] = api
 
     @app.post("/2015-03-31/functions/<name>/invocations")
@@ -205,7 +243,7 @@ def register(app, emulator) -> None:
             return _error(400, "InvalidParameterValueException",
                           f"X-Amz-Invocation-Type {kind!r} is not one of Event, RequestResponse, DryRun")
         try:
-            client_context = lambda_runtime.decode_client_context(request.headers.get("X-Amz-Client-Context"))
+            client_context = _client_context(request.headers.get("X-Amz-Client-Context"))
         except ValueError as e:
             return _error(400, "InvalidRequestContentException", str(e))
         if not api._acquire(name, wait=False):
@@ -219,7 +257,7 @@ def register(app, emulator) -> None:
             api._release(name)
         headers = {"X-Amz-Executed-Version": "$LATEST"}
         if not function_error and len(body) > SYNC_PAYLOAD_LIMIT:
-            function_error, body = True, lambda_runtime.lambda_error("Function.ResponseSizeTooLarge", (
+            function_error, body = True, lambda_error("Function.ResponseSizeTooLarge", (
                 f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload size "
                 f"({SYNC_PAYLOAD_LIMIT} bytes)."))
         if function_error and b"Function.ResponseSizeTooLarge" in body[:200]:
@@ -232,8 +270,8 @@ def register(app, emulator) -> None:
     def lambda_configuration(name):
         return jsonify(_configuration(api, _function_name(name)))
 
-    if runtime is not None:
-        _register_function_management(app, api, runtime)
+    if ric:
+        _register_function_management(app, api)
 
     @app.route("/2017-10-31/functions/<name>/concurrency", methods=["PUT", "DELETE"])
     def lambda_put_concurrency(name):
@@ -273,9 +311,9 @@ def register(app, emulator) -> None:
     @app.get("/lambda/stats")
     def lambda_stats():
         stats = {**api.stats, "events_queued": api._events.qsize(), "running": dict(api.running),
-                 "lambda_runtime": "pool" if runtime is None else "ric"}
-        if runtime is not None:
-            stats.update(runtime.stats, environments=runtime.environments())
+                 "lambda_runtime": "ric" if ric else "pool"}
+        if ric:
+            stats.update(api.runtime.stats, environments=api.runtime.environments())
         return jsonify(stats)
 
 
@@ -284,15 +322,16 @@ def _configuration(api: LambdaApi, name: str) -> dict:
     info = runtime_info()
     variables = {"FNMAP_RUNTIME": json.dumps(info)}
     timeout, memory, layers = TIMEOUT_SECONDS, 1024, []
-    if api.runtime is not None:
-        function = api.runtime.function(name)
+    runtime = api.runtime
+    if runtime is not None:
+        function = runtime.function(name)
         timeout, memory, layers = function.timeout, function.memory, [arn for arn, _ in function.layers]
         variables.update(function.variables)
     return {
         "FunctionName": name,
         "FunctionArn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}",
         "Runtime": f"python{info['python']}",
-        "Handler": lambda_runtime.HANDLER,
+        "Handler": HANDLER,
         "Timeout": timeout,
         "MemorySize": memory,
         "PackageType": "Zip",
@@ -303,14 +342,14 @@ def _configuration(api: LambdaApi, name: str) -> dict:
     }
 
 
-def _register_function_management(app, api: LambdaApi, runtime: lambda_runtime.LambdaRuntime) -> None:
+def _register_function_management(app, api: LambdaApi) -> None:
     """CreateFunction, UpdateFunctionCode, UpdateFunctionConfiguration, PublishLayerVersion (``ric`` only)."""
 
     def configure(name: str, spec: dict, zip_file: str | None):
         try:
             code = base64.b64decode(zip_file, validate=True) if zip_file is not None else None
             variables = (spec.get("Environment") or {}).get("Variables") if "Environment" in spec else None
-            runtime.configure(name, zip_file=code, timeout=spec.get("Timeout"), memory=spec.get("MemorySize"),
+            api.runtime.configure(name, zip_file=code, timeout=spec.get("Timeout"), memory=spec.get("MemorySize"),
                               variables=variables, layers=spec.get("Layers"))
         except ValueError as e:
             return _error(400, "InvalidParameterValueException", str(e))
@@ -322,10 +361,10 @@ def _register_function_management(app, api: LambdaApi, runtime: lambda_runtime.L
         name = spec.get("FunctionName")
         if not isinstance(name, str) or not name:
             return _error(400, "InvalidParameterValueException", f"FunctionName={name!r} must be a name")
-        handler = spec.get("Handler", lambda_runtime.HANDLER)
-        if handler != lambda_runtime.HANDLER:
+        handler = spec.get("Handler", HANDLER)
+        if handler != HANDLER:
             return _error(400, "InvalidParameterValueException",
-                          f"Handler={handler!r}: the emulator runs fnmap's handler, {lambda_runtime.HANDLER}")
+                          f"Handler={handler!r}: the emulator runs fnmap's handler, {HANDLER}")
         zip_file = (spec.get("Code") or {}).get("ZipFile")
         if zip_file is None:
             return _error(400, "InvalidParameterValueException", "Code.ZipFile is required (the package's zip)")
@@ -347,7 +386,7 @@ def _register_function_management(app, api: LambdaApi, runtime: lambda_runtime.L
     def lambda_publish_layer_version(name):
         zip_file = ((request.get_json(force=True, silent=True) or {}).get("Content") or {}).get("ZipFile")
         try:
-            arn, version = runtime.publish_layer(name, base64.b64decode(zip_file or "", validate=True))
+            arn, version = api.runtime.publish_layer(name, base64.b64decode(zip_file or "", validate=True))
         except ValueError as e:
             return _error(400, "InvalidParameterValueException", f"Content.ZipFile: {e}")
         return jsonify({"LayerArn": arn.rsplit(":", 1)[0], "LayerVersionArn": arn, "Version": version}), 201

@@ -44,12 +44,10 @@ make room.
 from __future__ import annotations
 
 import atexit
-import base64
 import concurrent.futures
 import http.server
 import importlib.metadata
 import itertools
-import json
 import os
 import re
 import shutil
@@ -63,9 +61,8 @@ import uuid
 import zipfile
 from dataclasses import dataclass, field
 
-ACCOUNT = "000000000000"
-REGION = "us-east-1"
-HANDLER = "handlers.aws_lambda.handler"
+from .lambda_api import ACCOUNT, HANDLER, REGION, lambda_error
+
 #: Lambda's limit on a synchronous response, enforced by its Runtime API.
 RESPONSE_LIMIT = 6 * 1024 * 1024
 #: Seconds a new environment may take to ask for its first invocation (awslambdaric's start plus the
@@ -78,15 +75,6 @@ REUSE_GRACE_SECONDS = 1.0
 RUNTIME_DISTRIBUTIONS = ("awslambdaric", "boto3")
 _API = "/2018-06-01/runtime"
 _POST_PATH = re.compile(rf"^{_API}/invocation/([^/]+)/(response|error)$")
-
-
-def available() -> bool:
-    """True when AWS's runtime interface client is installed, so environments can run it."""
-    try:
-        importlib.metadata.distribution("awslambdaric")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 @dataclass
@@ -116,11 +104,6 @@ class Invocation:
     #: ``(body, function error?)`` once answered.
     answer: tuple[bytes, bool] | None = None
     handed_over: float | None = None  # monotonic time the runtime received it
-
-
-def lambda_error(error_type: str, message: str) -> bytes:
-    """Lambda's error payload (what an Invoke with ``X-Amz-Function-Error: Unhandled`` carries)."""
-    return json.dumps({"errorType": error_type, "errorMessage": message}).encode()
 
 
 class Environment:
@@ -355,8 +338,6 @@ class LambdaRuntime:
     """The functions the emulator serves and their execution environments."""
 
     def __init__(self, base_env: dict, max_environments: int):
-        if not available():
-            raise RuntimeError("the Lambda runtime needs AWS's runtime interface client: pip install awslambdaric")
         self.base_env = base_env
         self.max_environments = max(1, max_environments)
         self.workdir = tempfile.mkdtemp(prefix="fnmap-lambda-")
@@ -597,13 +578,3 @@ def _top_level_entries(dist) -> set[str]:
         if len(path.parts) > 1 or first.endswith((".py", ".so", ".pyd")):
             entries.add(first)
     return entries
-
-
-def decode_client_context(header: str | None) -> str | None:
-    """The Invoke's ``X-Amz-Client-Context`` (base64 JSON) as the runtime receives it (the JSON)."""
-    if not header:
-        return None
-    try:
-        return base64.b64decode(header, validate=True).decode()
-    except (ValueError, UnicodeDecodeError):
-        raise ValueError("X-Amz-Client-Context must be base64-encoded JSON") from None
