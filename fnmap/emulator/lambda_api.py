@@ -6,17 +6,22 @@ any S3 server with ``AWS_ENDPOINT_URL_S3``).  Routes, with botocore's paths:
 * ``POST /2015-03-31/functions/<name>/invocations`` (Invoke), by
   ``X-Amz-Invocation-Type``: ``RequestResponse`` answers 200 with the handler's
   result, or with ``X-Amz-Function-Error: Unhandled`` and Lambda's error payload
-  when the worker process died (``Runtime.ExitError``) or ran past its timeout
-  (``Sandbox.Timedout``); ``Event`` answers 202 at once and queues the call
+  when the runtime exited (``Runtime.ExitError``), ran past its timeout
+  (``Sandbox.Timedout``) or could not load the package (``Runtime.ImportModuleError``
+  and the other init errors); ``Event`` answers 202 at once and queues the call
   (a result reaches storage only); ``DryRun`` answers 204.  Lambda's payload limits
   hold: 413 ``RequestTooLargeException`` for a request over 6 MiB (1 MiB for
   ``Event``), ``Function.ResponseSizeTooLarge`` for a response over 6 MiB.
 * ``GET /2015-03-31/functions/<name>/configuration`` (GetFunctionConfiguration).
+* With ``ric`` only: ``POST /2015-03-31/functions`` (CreateFunction), ``PUT .../<name>/code``
+  (UpdateFunctionCode), ``PUT .../<name>/configuration`` (UpdateFunctionConfiguration)
+  and ``POST /2018-10-31/layers/<name>/versions`` (PublishLayerVersion).
 * ``PUT``/``DELETE /2017-10-31/...`` and ``GET /2019-09-30/functions/<name>/concurrency``
   (reserved concurrency): a synchronous invocation beyond it answers 429
   ``TooManyRequestsException`` as Lambda does; queued events wait for a slot.
 * Any other Lambda API path: 501 ``NotImplemented``, naming what is served.
-* ``GET /lambda/stats``: invocations by type, throttles, events queued (emulator only).
+* ``GET /lambda/stats``: invocations by type, throttles, events queued; with ``ric``, cold and
+  warm starts, environments, init errors, timeouts and runtime exits (emulator only).
 
 Two ways to run the events (``fnmap emulator --lambda-runtime``):
 
@@ -28,7 +33,8 @@ Two ways to run the events (``fnmap emulator --lambda-runtime``):
   be configured with boto3 as on Lambda: ``CreateFunction`` and ``UpdateFunctionCode``
   (a zip), ``UpdateFunctionConfiguration`` (``Timeout``, ``MemorySize``,
   ``Environment``, ``Layers``) and ``PublishLayerVersion``; a name never created
-  runs the package ``fnmap deploy aws`` would upload, built from this fnmap.
+  runs the package ``fnmap deploy aws`` would upload, built from this fnmap.  The
+  emulator's injected faults (``--fail-rate`` and the rest) are not applied here.
 * ``pool``: every function name is served by the emulator's one pool of workers.
   The event is decoded exactly as ``handlers/aws_lambda.py`` decodes it
   (:mod:`fnmap.lambda_event`), and nothing is unpickled in the emulator itself.
@@ -304,7 +310,8 @@ def register(app, emulator) -> None:
         return _error(
             501, "NotImplemented",
             f"the fnmap emulator speaks only Lambda's Invoke, GetFunctionConfiguration and "
-            f"concurrency APIs, not {request.method} {request.path}; deploy to AWS "
+            f"concurrency APIs (and, with --lambda-runtime ric, CreateFunction, UpdateFunctionCode, "
+            f"UpdateFunctionConfiguration and PublishLayerVersion), not {request.method} {request.path}; deploy to AWS "
             "(`fnmap deploy aws deploy`) for the rest",
         )
 
