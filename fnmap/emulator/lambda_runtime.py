@@ -31,9 +31,15 @@ provides (awslambdaric and boto3 with their dependencies, like ``/var/runtime``)
 ``-S`` keeps ``site`` from running, so neither the emulator's site-packages nor
 an editable install of fnmap (a ``.pth`` file there) is seen: what runs is the
 package, not the checkout.  ``PYTHON*`` variables of the emulator are dropped.
+So, as on Lambda, what a function imports beyond the standard library and boto3
+comes from a layer: publish one with boto3's ``publish_layer_version`` (a zip
+with ``python/`` inside, e.g. from :func:`fnmap.deploy.package.build_layer`, as
+``fnmap deploy aws --requirements`` makes) and name it in the function's ``Layers``.
 
 Lambda's behaviour: an environment runs one invocation at a time and is reused
-warm; a new one is a cold start; the function's timeout kills the environment
+warm (an event is handed only to an environment whose runtime waits in ``/next``);
+a new one is a cold start, given the function's timeout plus :data:`INIT_SECONDS`
+to load the package; the function's timeout kills the environment
 and answers ``Sandbox.Timedout`` (``Task timed out after N.NN seconds``); an
 environment that exits mid-invocation answers ``Runtime.ExitError``.  At most
 ``max_environments`` run at once (the emulator's ``--workers``); invocations
@@ -68,9 +74,10 @@ RESPONSE_LIMIT = 6 * 1024 * 1024
 #: Seconds a new environment may take to ask for its first invocation (awslambdaric's start plus the
 #: package's imports), on top of the function's timeout: Lambda's init phase has 10 s of its own.
 INIT_SECONDS = 10.0
-#: Seconds an invocation waits for an environment of its function that is finishing its last one
-#: before it starts a new one.
-REUSE_GRACE_SECONDS = 1.0
+#: Seconds an invocation waits for an environment of its function that has answered its last event
+#: but not yet asked for the next (it does within milliseconds, unless the machine is busy; one that
+#: exits instead stops the wait) before it starts a new one.
+REUSE_GRACE_SECONDS = 5.0
 #: Distributions Lambda's Python runtime provides besides the standard library (``/var/runtime``).
 RUNTIME_DISTRIBUTIONS = ("awslambdaric", "boto3")
 _API = "/2018-06-01/runtime"
