@@ -4,6 +4,21 @@ Concurrent conditional writes, ranged reads at the edges of an object, listings 
 (1,000 keys), objects over 100 MB (uploaded in parts), and the 409 ConditionalRequestConflict that
 AWS S3 answers when a conflicting operation runs during a conditional write (neither server sends
 it, so a small proxy on loopback injects it in front of each).
+
+Where the servers differ (moto 5.2, SeaweedFS 4.48), and what AWS's documentation says:
+
+* DeleteObjects with more than 1,000 keys: moto deletes them all; SeaweedFS refuses
+  (InvalidArgument), as AWS does ("up to 1,000 keys").  fnmap sends 1,000 a request.
+* Concurrent conditional CompleteMultipartUploads of one key: moto lets nearly all succeed,
+  SeaweedFS sometimes two; AWS lets the first to finish succeed and answers 412 to the rest.
+  Single conditional PUTs were exclusive on both (30 races of 16 writers each).
+* A PUT to a missing bucket: moto answers NoSuchBucket (404), as AWS does; SeaweedFS, with no
+  identities configured, answers AccessDenied (403).  Reads and listings say NoSuchBucket on all.
+* A key with ``//`` in it: moto keeps it, as AWS does (any UTF-8 key); SeaweedFS, a file system
+  underneath, stores and lists ``a//b`` as ``a/b``.  The keys fnmap lays out (fnmap/keys.py) hold
+  no ``//``; a storage URL with ``//`` in its prefix would, and is left as AWS reads it.
+* Concurrent conditional PUTs on SeaweedFS are answered in steps of about 1 s (measured: 412s at
+  0, 1, 2, 3, 4 s), so a race of 16 writers can take seconds there; the answers are right.
 """
 
 from __future__ import annotations
@@ -18,6 +33,7 @@ import pytest
 from botocore.exceptions import ClientError
 from s3servers import *  # noqa: F403 -- the S3 server fixtures
 
+from fnmap.data import list_objects
 from fnmap.errors import UnknownStorage
 from fnmap.storage import s3 as s3_storage
 from fnmap.storage.s3 import S3Store
@@ -89,6 +105,9 @@ def test_listing_past_one_page_of_1000_keys(store):
     store.put("many-not/0", b"x")  # shares the string prefix "many", not the folder
     assert store.list("many/") == sorted(keys)
     assert store.list("many/3/") == sorted(k for k in keys if k.startswith("many/3/"))
+    # Data inputs are listed the same way: every object once, with its size.
+    listed = list_objects(f"s3://{store.bucket}/{store.prefix}many/")
+    assert listed == [(f"s3://{store.bucket}/{store.prefix}{k}", 1) for k in sorted(keys)]
     store.delete(keys)  # DeleteObjects takes 1,000 keys a request
     assert store.list("many/") == []
     assert store.list("many-not/") == ["many-not/0"]
