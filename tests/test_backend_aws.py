@@ -6,6 +6,7 @@ at the emulator's Lambda API, ``AWS_ENDPOINT_URL_S3`` at moto's S3 server.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +23,8 @@ from botocore.exceptions import ClientError
 import fnmap
 
 pytestmark = pytest.mark.timeout(120)
+#: The emulator runs Lambda calls under AWS's runtime interface client when it is installed.
+needs_ric = pytest.mark.skipif(importlib.util.find_spec("awslambdaric") is None, reason="awslambdaric is not installed")
 
 
 def square(x):
@@ -181,6 +184,7 @@ def where_it_runs(_):
             "path": list(sys.path)}
 
 
+@needs_ric
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 def test_calls_run_under_awslambdaric_from_the_deployment_package(aws):
     checkout = os.path.dirname(os.path.dirname(os.path.abspath(fnmap.__file__)))
@@ -190,6 +194,7 @@ def test_calls_run_under_awslambdaric_from_the_deployment_package(aws):
         assert not any(p == checkout or p.startswith(checkout + os.sep) for p in seen["path"]), seen["path"]
 
 
+@needs_ric
 def test_a_broken_package_fails_the_job_with_lambdas_init_error(aws):
     """A package without fnmap (only handlers/): awslambdaric reports Runtime.ImportModuleError at init."""
     import io
@@ -218,6 +223,7 @@ def sleep_through_alarms(seconds):
     time.sleep(seconds)
 
 
+@needs_ric
 def test_lambdas_own_timeout_is_a_timeout_error(aws):
     """The function's timeout (2 s) passes: the emulator stops the environment, as Lambda does."""
     lam = boto3.client("lambda", endpoint_url=aws.url)

@@ -22,6 +22,7 @@ import requests
 
 import fnmap
 
+pytest.importorskip("awslambdaric", reason="the emulator's Lambda environments run AWS's awslambdaric")
 pytestmark = pytest.mark.timeout(120)
 
 _PROBE = textwrap.dedent("""
