@@ -154,12 +154,14 @@ class LambdaApi:
             name, payload = self._events.get()
             self._acquire(name, wait=True)
             try:
-                # Lambda retries a throttled event itself (the emulator's --max-concurrency answers 429).
-                while self.runtime is None and (self.run_in_pool(name, payload)[0] or {}).get("status") == 429:
-                    self.stats["events_throttled"] += 1
-                    time.sleep(0.2)
                 if self.runtime is not None:
-                    self.run(name, payload)
+                    if self.run(name, payload)[1]:  # the answer of an event is dropped, as on Lambda
+                        self.stats["event_function_errors"] += 1
+                else:
+                    # Lambda retries a throttled event itself (the emulator's --max-concurrency answers 429).
+                    while (self.run_in_pool(name, payload)[0] or {}).get("status") == 429:
+                        self.stats["events_throttled"] += 1
+                        time.sleep(0.2)
             except Exception:  # an event has nobody to answer; the client declares it lost
                 self.stats["event_errors"] += 1
             finally:
