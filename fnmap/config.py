@@ -153,15 +153,51 @@ def resolve(**kwargs: Any) -> Config:
             continue
         if name in file_values:
             values[name], sources[name] = file_values[name], f"config file {file_path}"
-    if isinstance(values.get("retry_on"), type):
-        values["retry_on"] = (values["retry_on"],)
-    if "retry_on" in values:
-        values["retry_on"] = tuple(values["retry_on"])
+    _warn_unknown_variables()
+    retry_on = values.get("retry_on")
+    if isinstance(retry_on, type):
+        values["retry_on"] = (retry_on,)
+    elif isinstance(retry_on, (str, bytes)):  # tuple() would make ('V', 'a', 'l', ...) of it
+        example = retry_on if isinstance(retry_on, str) and retry_on.isidentifier() else "ValueError"
+        raise ConfigError(
+            f"retry_on={retry_on!r} (from {sources['retry_on']}) is a string; pass exception classes, "
+            f"e.g. retry_on=({example},)"
+        )
+    elif "retry_on" in values:
+        try:
+            values["retry_on"] = tuple(retry_on)
+        except TypeError:
+            raise ConfigError(
+                f"retry_on={retry_on!r} (from {sources['retry_on']}) is not an exception class or a tuple "
+                "of them; e.g. retry_on=(ConnectionError, TimeoutError)"
+            ) from None
     gpu = values.get("gpu")
     if "backend" not in values and isinstance(gpu, int) and not isinstance(gpu, bool) and gpu > 0:
         # GPU calls run as container jobs unless a backend is named (issue 6).
         values["backend"], sources["backend"] = "batch", f"{_GPU_SOURCE}{gpu}: GPU calls run as container jobs"
     return Config(sources=sources, **values)
+
+
+#: FNMAP_* variables read outside :class:`Config` (storage, the runtime, the emulator).
+OTHER_VARIABLES = ("FNMAP_S3_ENDPOINT_URL", "FNMAP_RUNTIME", "FNMAP_HTTP_PARSER", "FNMAP_BATCH_CONCURRENCY")
+_warned_variables: set[str] = set()
+
+
+def _warn_unknown_variables() -> None:
+    """Warn once per variable about an ``FNMAP_*`` variable fnmap does not read (a typo such as
+    ``FNMAP_CHUNK_SIZE`` would otherwise be ignored silently), naming the closest known one."""
+    known = [f"FNMAP_{name.upper()}" for name in OPTIONS if name not in _ENV_SKIP] + list(OTHER_VARIABLES)
+    for name in os.environ:
+        if not name.startswith("FNMAP_") or name in known or name in _warned_variables:
+            continue
+        _warned_variables.add(name)
+        import difflib
+        import warnings
+
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        warnings.warn(f"{name} is not a setting fnmap reads, so it is ignored; {hint}"
+                      "the settings are listed in fnmap.config.Config", UserWarning, stacklevel=3)
 
 
 def _read_config_file() -> tuple[dict, str | None]:
@@ -235,6 +271,11 @@ def _validate(c: Config) -> None:
     if c.timeout is not None:
         if isinstance(c.timeout, bool) or not isinstance(c.timeout, (int, float)) or not c.timeout > 0:
             raise ConfigError(f"{c.describe('timeout')} must be a positive number of seconds, or None")
+    for name in _BOOLS:
+        value = getattr(c, name)
+        if not isinstance(value, bool) and not (name == "progress" and value is None):
+            choices = "True, False or None (automatic)" if name == "progress" else "True or False"
+            raise ConfigError(f"{c.describe(name)} must be {choices}, not {type(value).__name__}")
     for exc in c.retry_on:
         if not (isinstance(exc, type) and issubclass(exc, BaseException)):
             raise ConfigError(

@@ -73,3 +73,37 @@ def test_bad_environment_number(monkeypatch):
 def test_bad_retry_on():
     with pytest.raises(fnmap.ConfigError, match="retry_on"):
         resolve(retry_on=("ValueError",))
+
+
+@pytest.mark.parametrize("value, message", [
+    ("ValueError", r"retry_on='ValueError' \(from keyword\) is a string; pass exception classes, "
+                   r"e.g. retry_on=\(ValueError,\)"),
+    (5, r"retry_on=5 \(from keyword\) is not an exception class or a tuple of them"),
+])
+def test_retry_on_that_is_not_exception_classes(value, message):
+    with pytest.raises(fnmap.ConfigError, match=message):
+        resolve(retry_on=value)
+
+
+@pytest.mark.parametrize("name, value", [("progress", "yes"), ("progress", 1), ("speculation", "no")])
+def test_switches_take_booleans_only(name, value):
+    with pytest.raises(fnmap.ConfigError, match=rf"{name}={value!r} \(from keyword\) must be True"):
+        resolve(**{name: value})
+    assert resolve(progress=True).progress is True
+
+
+def test_an_unknown_fnmap_variable_is_named_with_the_close_match(monkeypatch):
+    import warnings
+
+    monkeypatch.setenv("FNMAP_CHUNK_SIZE", "10")
+    monkeypatch.setattr("fnmap.config._warned_variables", set())
+    with pytest.warns(UserWarning, match="FNMAP_CHUNK_SIZE is not a setting fnmap reads.*did you mean FNMAP_CHUNKSIZE"):
+        resolve()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process, not once per job
+        resolve()
+    monkeypatch.delenv("FNMAP_CHUNK_SIZE")
+    monkeypatch.setenv("FNMAP_S3_ENDPOINT_URL", "http://127.0.0.1:9000")  # read by the s3 store
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve()
