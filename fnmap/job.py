@@ -594,7 +594,16 @@ def _set(future: Future, result=None, exception=None) -> None:
 
 
 def _raise_unpicklable(chunk: tuple, first_index: int) -> None:
-    _mode, items = chunk
+    from .worker import MODE_ARGS
+
+    mode, items = chunk
     for offset, item in enumerate(items):
-        dumps_checked(item, f"item {first_index + offset}")
+        where = f"item {first_index + offset}"
+        if mode == MODE_ARGS:  # (args, kwargs) of Executor.submit / starmap: name the argument
+            args, kwargs = item
+            for position, arg in enumerate(args):
+                dumps_checked(arg, f"argument {position} of {where}")
+            for name, arg in kwargs.items():
+                dumps_checked(arg, f"keyword argument {name!r} of {where}")
+        dumps_checked(item, where)
     raise SerializationError(f"the chunk starting at item {first_index} cannot be pickled")

@@ -262,8 +262,8 @@ def prints_a_lot(x):
     [
         (exits, fnmap.WorkerCrashed, r"item 0\).* died .*exit code 3"),
         (segfaults, fnmap.WorkerCrashed, r"item 0\).*killed by signal SIGSEGV"),
-        (raises_system_exit, SystemExit, r"bye"),
-        (raises_keyboard_interrupt, KeyboardInterrupt, r""),
+        (raises_system_exit, fnmap.RemoteExit, r"item 0 called sys.exit\('bye'\)"),
+        (raises_keyboard_interrupt, fnmap.RemoteExit, r"item 0 raised KeyboardInterrupt"),
         (returns_a_lock, fnmap.SerializationError, r"result of item 0 .*lock.* cannot be pickled"),
         (raises_unpicklable, Exception, r"broken"),
         (recurses, RecursionError, r"recursion"),
@@ -283,3 +283,15 @@ def test_hostile_functions_are_reported_and_the_emulator_keeps_serving(
     assert emu.health()["status"] == "ok"
     assert fnmap.map(identity, range(4)) == list(range(4))
     assert fnmap.map(prints_a_lot, [1]) == [1]
+
+
+def test_an_unpicklable_submit_argument_is_named_by_position_or_keyword():
+    import threading
+
+    with fnmap.Executor(backend="local") as ex:
+        with pytest.raises(fnmap.SerializationError, match=r"^argument 1 of item 0 cannot be pickled \(lock"):
+            ex.submit(str, 1, threading.Lock())
+        with pytest.raises(fnmap.SerializationError, match=r"^keyword argument 'x' of item 1 cannot be pickled"):
+            ex.submit(str, 1, x=threading.Lock())
+    with pytest.raises(fnmap.SerializationError, match=r"^argument 0 of item 1 cannot be pickled"):
+        fnmap.starmap(max, [(1, 2), (threading.Lock(), 3)], backend="local")
