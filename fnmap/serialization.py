@@ -266,7 +266,39 @@ def unpack_exception(data: bytes, tb: str) -> BaseException:
     if not isinstance(exc, BaseException):
         exc = RemoteError(type(exc).__name__, repr(exc))
     exc.__cause__ = RemoteTraceback(add_local_source_lines(tb))
+    if isinstance(exc, ModuleNotFoundError):
+        note = explain_missing_module(exc.name)
+        if note:
+            exc.add_note(note)
     return exc
+
+
+def explain_missing_module(name: str | None) -> str | None:
+    """Why a module the worker could not import exists here, and the fix; None if it does not.
+
+    A local module (a file beside the script, a package that is not installed) that the function
+    imports *inside* its body is not shipped: only modules the function refers to as globals
+    travel by value.
+    """
+    if not name:
+        return None
+    import importlib.util
+
+    top = name.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        return None
+    if os.path.realpath(spec.origin).startswith(_install_roots()) or top in _installed_top_level():
+        return (f"fnmap: module {top!r} is installed here ({spec.origin}) but not where the function ran: "
+                "install it there too (a requirements file or layer for `fnmap deploy aws`, the image "
+                "for Batch)")
+    return (f"fnmap: module {top!r} is a local module here ({spec.origin}), imported inside the function, "
+            f"so it was not shipped with it. Import it at module level (`import {top}` at the top of "
+            "the script or notebook): local modules the function uses as globals travel by value. Or "
+            "make it a package installed on the workers.")
 
 
 _FRAME_LINE = re.compile(r'^(\s*)File "([^"]+)", line (\d+), in .*$')

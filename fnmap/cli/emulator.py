@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -67,9 +68,21 @@ def run(args) -> int:
         faults = fault_plan(args)
     except ValueError as e:
         raise SystemExit(f"fnmap emulator: {e}") from None
+    hide_working_folder()
     serve(host=args.host, port=args.port, workers=args.workers, watch_stdin=args.watch_stdin,
           faults=faults, wsgi_server=args.wsgi_server, lambda_runtime=args.lambda_runtime)
     return 0
+
+
+def hide_working_folder() -> None:
+    """Take the folder the emulator was started in off the import path of its workers.
+
+    ``python -m`` puts it first, so a function could import a script's neighbour modules that
+    a cloud worker never has: the emulator would hide the error the cloud will give.  fnmap
+    itself is already imported (an install, or the checkout through ``PYTHONPATH``).
+    """
+    here = {"", os.getcwd(), os.path.realpath(os.getcwd())}
+    sys.path[:] = [p for p in sys.path if p not in here or p in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
 
 
 def fault_plan(args):
