@@ -30,7 +30,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "map", "starmap", "map_reduce", "Executor",
+    "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor",
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
     "SerializationError", "VersionMismatch", "SignatureError", "PlatformError", "WorkerCrashed",
     "CallLost", "TimeoutError", "RemoteError", "RemoteExit",
@@ -39,7 +39,7 @@ __all__ = [
 
 def __getattr__(name: str):
     # Keep `import fnmap` light: the client machinery loads on first use.
-    if name in ("map", "starmap", "map_reduce"):
+    if name in ("map", "starmap", "imap", "imap_unordered", "map_reduce"):
         from . import api
 
         return getattr(api, name)

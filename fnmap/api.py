@@ -1,4 +1,4 @@
-"""``fnmap.map``, ``starmap`` and ``map_reduce``: thin wrappers over the process-wide client.
+"""``fnmap.map``, ``starmap``, ``imap`` and ``map_reduce``: thin wrappers over the process-wide client.
 
 Data in object storage (issue 7): a storage URL, glob or list of URLs as
 ``items`` is listed and split into partitions by :mod:`fnmap.data`;
@@ -8,6 +8,7 @@ Data in object storage (issue 7): a storage URL, glob or list of URLs as
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -94,6 +95,52 @@ def starmap(
     return job.results(return_exceptions=return_exceptions)
 
 
+def imap(func: Callable, items: Iterable, *, return_exceptions: bool = False, **options: Any):
+    """Like :func:`map`, but an iterator that yields each result, in input order, as soon as it
+    and those before it are in (``multiprocessing.Pool.imap``).
+
+    Errors are raised when the failing item's turn comes (or put in place with
+    ``return_exceptions=True``); closing the iterator early cancels what has not run.
+    """
+    return _stream(func, items, options, ordered=True, return_exceptions=return_exceptions)
+
+
+def imap_unordered(func: Callable, items: Iterable, *, return_exceptions: bool = False, **options: Any):
+    """Like :func:`imap`, but yields results as their calls finish, in any order
+    (``multiprocessing.Pool.imap_unordered``; pair them with their items by returning both)."""
+    return _stream(func, items, options, ordered=False, return_exceptions=return_exceptions)
+
+
+def _stream(func: Callable, items: Iterable, options: dict, ordered: bool, return_exceptions: bool):
+    # The job starts here, not at the first next(): a bad option or item fails at the call.
+    config = resolve(**options)
+    job = _start(get_client(config), config, func, "map", lambda _job_id: _input_items(items, None, None),
+                 stream=True)
+    return _results_as_they_come(job, ordered, return_exceptions)
+
+
+def _results_as_they_come(job, ordered: bool, return_exceptions: bool):
+    finished = True
+    try:
+        states = _in_order(job) if ordered else (job.completed.get() for _ in range(len(job.calls)))
+        for state in states:
+            yield from job.call_results(state, return_exceptions)
+    except BaseException:
+        finished = False
+        raise
+    finally:
+        if not finished or not job.done:  # an error, or the reader stopped early (close(), break)
+            job.cancel(stop_platform=True)
+
+
+def _in_order(job):
+    """The job's calls in input order, each as soon as it and those before it are done."""
+    for state in job.calls:
+        while not state.future.done():
+            job.completed.get()  # some call finished: look again
+        yield state
+
+
 def _star_args(index: int, args) -> tuple:
     if isinstance(args, (str, bytes)) or not isinstance(args, Iterable):
         raise TypeError(
@@ -135,6 +182,7 @@ def _start(
     make_items: Callable[[str], Iterable],
     mode: str = MODE_ONE,
     label: str | None = None,
+    stream: bool = False,
 ):
     """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix)."""
     func_key = client.upload_function(func)
@@ -153,6 +201,8 @@ def _start(
         raise
     label = label or f"fnmap {getattr(func, '__name__', 'map')}"
     job.progress = make_progress(config.progress, index, label)
+    if stream:  # imap reads each call as it is done
+        job.completed = queue.SimpleQueue()
     job.seal()
     client.dispatch_many(job, states)
     return job

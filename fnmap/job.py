@@ -171,6 +171,9 @@ class Job:
         self._all_done = threading.Event()
         #: Set when every call is done or a call failed: what ``results`` waits on (fail fast).
         self._wake = threading.Event()
+        #: A queue that receives each call's state when it is done, for ``fnmap.imap``;
+        #: None (no cost) unless a reader set one before the calls were dispatched.
+        self.completed = None
 
     # -- building ------------------------------------------------------------
 
@@ -249,6 +252,8 @@ class Job:
                 _set(state.future, exception=self.item_exception(state, 0, outcome))
         else:
             _set(state.future, result=outcomes)
+        if self.completed is not None:
+            self.completed.put(state)
         self._progress_update(state.n_items, failed, state.call_id)
         if failed:
             self._wake.set()
@@ -282,6 +287,8 @@ class Job:
         if write_record:
             self._save_record(final=True)
         _set(state.future, exception=exc)
+        if self.completed is not None:
+            self.completed.put(state)
         self._progress_update(state.n_items, state.n_items, state.call_id)
         self._wake.set()
         if all_done:
@@ -355,13 +362,16 @@ class Job:
 
     def cancelled_before_start(self, state: CallState) -> None:
         with self._lock:
-            if not state.done:
+            newly_done = not state.done
+            if newly_done:
                 state.done = True
                 self.done_count += 1
                 state.payload = None
             write_record, all_done = self._settle()
         if write_record:
             self._save_record(final=True)
+        if newly_done and self.completed is not None:
+            self.completed.put(state)
         if all_done:
             self._after_done()
 
@@ -453,26 +463,32 @@ class Job:
         try:
             for state in self.calls:
                 self._wait_call(state)
-                try:
-                    outcomes = state.future.result()
-                except CancelledError:
-                    raise
-                except BaseException as exc:  # the call failed at platform level
-                    if not return_exceptions:
-                        raise
-                    out.extend([exc] * state.n_items)
-                    continue
-                for offset, outcome in enumerate(outcomes):
-                    if outcome[0] == "ok":
-                        out.append(outcome[1])
-                        continue
-                    exc = self.item_exception(state, offset, outcome)
-                    if not return_exceptions:
-                        raise exc
-                    out.append(exc)
+                out.extend(self.call_results(state, return_exceptions))
         except BaseException:
             self.cancel(stop_platform=True)
             raise
+        return out
+
+    def call_results(self, state: CallState, return_exceptions: bool) -> list:
+        """The results of a finished call's items, in order; raises the first failure unless
+        ``return_exceptions`` (then exceptions take the failed items' places)."""
+        try:
+            outcomes = state.future.result()
+        except CancelledError:
+            raise
+        except BaseException as exc:  # the call failed at platform level
+            if not return_exceptions:
+                raise
+            return [exc] * state.n_items
+        out = []
+        for offset, outcome in enumerate(outcomes):
+            if outcome[0] == "ok":
+                out.append(outcome[1])
+                continue
+            exc = self.item_exception(state, offset, outcome)
+            if not return_exceptions:
+                raise exc
+            out.append(exc)
         return out
 
     def _wait_call(self, state: CallState) -> None:
