@@ -20,6 +20,7 @@ from .errors import (
     RemoteExit,
     SerializationError,
     SignatureError,
+    StorageError,
     TimeoutError,
     UnknownBackend,
     UnknownStorage,
@@ -32,7 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor",
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
-    "SerializationError", "VersionMismatch", "SignatureError", "PlatformError", "WorkerCrashed",
+    "SerializationError", "VersionMismatch", "SignatureError", "StorageError", "PlatformError", "WorkerCrashed",
     "CallLost", "TimeoutError", "RemoteError", "RemoteExit",
 ]
 

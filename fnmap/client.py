@@ -11,6 +11,7 @@ calls lost, and launches speculative copies of stragglers.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -19,7 +20,7 @@ import traceback
 from . import compression, keys, policy, signing
 from .backends import create_backend
 from .backends.base import Invocation
-from .errors import ConfigError, PlatformFault
+from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, PlatformFault, StorageError, storage_fix
 from .job import CallState, Job
 from .serialization import loads, pickle_function, runtime_info
 from .storage import open_store
@@ -77,10 +78,29 @@ class Client:
         digest, data = pickle_function(func)
         key = keys.function_key(digest)
         if key not in self._uploaded:
-            if not self.store.exists(key):
-                self.store.put(key, data)
+            with self.storage_errors("store the function"):
+                if not self.store.exists(key):
+                    self.store.put(key, data)
             self._uploaded.add(key)
         return key
+
+    @contextlib.contextmanager
+    def storage_errors(self, doing: str):
+        """Turn a refused write into a :class:`StorageError` naming the storage, the setting it came
+        from and the fix (a raw ``OSError: Read-only file system: '.../functions'`` named none)."""
+        try:
+            yield
+        except OSError as e:
+            if isinstance(e, KeyNotFound):
+                raise
+            cfg = self.config
+            where = (cfg.describe("storage") if cfg.source("storage") != "default"
+                     else "the default storage (no storage= or FNMAP_STORAGE set)")
+            fix = storage_fix(e) if e.errno in STORAGE_REFUSED_ERRNOS else "check that the storage is reachable"
+            err = StorageError(f"cannot {doing} in {self.store.url}, {where}: "
+                               f"{e.strerror or e} ({getattr(e, 'filename', None) or ''}); {fix}")
+            err.errno = e.errno
+            raise err from e
 
     # -- jobs ----------------------------------------------------------------
 

@@ -27,6 +27,23 @@ class UnknownStorage(ConfigError):
     """The storage URL has a scheme fnmap does not know, or is malformed."""
 
 
+class StorageError(FnmapError, OSError):
+    """The job's storage refused a write that retrying will not fix (read-only, full, no access)."""
+
+
+#: errno values of a storage that is full or refuses writes: no retry will help.
+STORAGE_REFUSED_ERRNOS = frozenset({28, 122, 30, 13, 1})  # ENOSPC, EDQUOT, EROFS, EACCES, EPERM
+
+
+def storage_fix(e: OSError) -> str:
+    """What to do about a refused storage write, by its errno."""
+    if e.errno in (28, 122):
+        return ("the storage is full: free space (`fnmap gc --older-than 1d` deletes old jobs), or point "
+                "storage= / FNMAP_STORAGE at a folder or bucket with room")
+    return ("the storage is not writable: point storage= / FNMAP_STORAGE at a writable folder or bucket, "
+            "e.g. storage='file:///tmp/fnmap'")
+
+
 class KeyNotFound(FnmapError, KeyError):
     """A storage key does not exist."""
 
@@ -129,7 +146,7 @@ class PlatformFault(FnmapError):
     """Internal: one attempt of a call failed for a platform reason; the client decides whether to retry.
 
     ``kind`` is one of ``throttled``, ``server``, ``connection``, ``crashed``, ``lost``, ``rejected``,
-    ``timeout``, ``version``.  ``retry_after`` is the platform's hint in seconds, if any.
+    ``timeout``, ``version``, ``storage``.  ``retry_after`` is the platform's hint in seconds, if any.
     """
 
     RETRYABLE = frozenset({"throttled", "server", "connection", "crashed", "lost"})

@@ -18,6 +18,7 @@ from .errors import (
     RemoteExit,
     SerializationError,
     SignatureError,
+    StorageError,
     VersionMismatch,
     WorkerCrashed,
 )
@@ -133,6 +134,7 @@ _FAULT_ERRORS = {
     "lost": CallLost,
     "timeout": CallTimeout,
     "version": VersionMismatch,
+    "storage": StorageError,
 }
 
 
@@ -187,7 +189,8 @@ class Job:
         items_key = None
         if len(payload) > self.config.inline_limit:
             items_key = keys.input_key(self.id, len(self.calls))
-            self.client.store.put(items_key, payload)
+            with self.client.storage_errors("store the input of the call"):
+                self.client.store.put(items_key, payload)
             payload = b""
         state = CallState(len(self.calls), first_index, n_items, func_key, payload, items_key,
                           future or Future(), unwrap)

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from typing import Any
 
 from . import compression, keys, policy, signing
-from .errors import SerializationError
+from .errors import STORAGE_REFUSED_ERRNOS, SerializationError, storage_fix
 from .errors import TimeoutError as CallTimeout
 from .peakmem import PeakMemory
 from .serialization import dumps, loads, pack_exception, runtime_mismatch
@@ -125,6 +125,9 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
         resp.stats.update(_observed(loaded_at, logs, outcomes))
         store.put(keys.status_key(req.job_id, req.call_id, req.attempt), json.dumps(resp.stats).encode())
     except Exception as e:
+        if isinstance(e, OSError) and e.errno in STORAGE_REFUSED_ERRNOS:  # full or read-only: not retried
+            return _platform_error(resp, "storage", f"cannot write to storage {req.store_url}: "
+                                   f"{e.strerror} ({e.filename}); {storage_fix(e)}"), b""
         return _platform_error(resp, "server", f"storage write failed: {e!r}"), b""
     resp.committed = committed
     resp.result_key = keys.result_key(req.job_id, req.call_id)
