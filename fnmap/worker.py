@@ -97,6 +97,8 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
     # An unpicklable/unimportable function or chunk fails every item alike; a sys.exit or
     # KeyboardInterrupt while it loads (module code, __setstate__) is the user's code too.
     except BaseException as e:  # noqa: B036
+        if _is_unreachable_storage(e):  # botocore has retried already; more attempts only wait longer
+            return _platform_error(resp, "storage", _unreachable_message(req.store_url, e)), b""
         if _is_storage_error(e):
             return _platform_error(resp, "server", f"storage read failed: {e!r}"), b""
         func = items = mode = None
@@ -125,6 +127,8 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
         resp.stats.update(_observed(loaded_at, logs, outcomes))
         store.put(keys.status_key(req.job_id, req.call_id, req.attempt), json.dumps(resp.stats).encode())
     except Exception as e:
+        if _is_unreachable_storage(e):
+            return _platform_error(resp, "storage", _unreachable_message(req.store_url, e)), b""
         if isinstance(e, OSError) and e.errno in STORAGE_REFUSED_ERRNOS:  # full or read-only: not retried
             return _platform_error(resp, "storage", f"cannot write to storage {req.store_url}: "
                                    f"{e.strerror} ({e.filename}); {storage_fix(e)}"), b""
@@ -138,6 +142,18 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
 def _platform_error(resp: CallResponse, kind: str, message: str) -> CallResponse:
     resp.ok, resp.error_kind, resp.error = False, kind, message
     return resp
+
+
+def _is_unreachable_storage(e: BaseException) -> bool:
+    """botocore could not connect to the storage endpoint at all (after its own retries)."""
+    return type(e).__name__ in ("EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError")
+
+
+def _unreachable_message(store_url: str, e: BaseException) -> str:
+    return (f"the worker cannot reach storage {store_url} ({e}): the storage endpoint must be reachable from "
+            "where the function runs. Offline, point the worker at a local S3 server by setting "
+            "AWS_ENDPOINT_URL_S3 (or FNMAP_S3_ENDPOINT_URL) in the environment that starts `fnmap emulator`; "
+            "in the cloud, check the function's network access to S3")
 
 
 def _is_storage_error(e: BaseException) -> bool:

@@ -60,3 +60,21 @@ def test_a_full_storage_fails_the_call_once_with_the_fix(tmp_path):
     assert "No space left on device" in done.stdout
     assert "the storage is full" in done.stdout and "fnmap gc" in done.stdout
     assert "failed after 1 attempt(s)" in done.stdout  # not retried
+
+
+def test_a_worker_that_cannot_reach_storage_fails_the_job_at_once_with_the_fix(s3_env):
+    """The offline rehearsal's classic slip: the emulator was started without the S3 endpoint."""
+    import fnmap
+    from conftest import EmulatorProcess
+
+    bucket = s3_env("unreachable")
+    emulator = EmulatorProcess(env={"FNMAP_S3_ENDPOINT_URL": "http://127.0.0.1:9"})  # nothing listens there
+    try:
+        with pytest.raises(fnmap.StorageError) as info:
+            fnmap.map(abs, [-1, -2], storage=f"s3://{bucket}/p", emulator_url=emulator.url,
+                      secret=emulator.secret, retries=2)
+    finally:
+        emulator.stop()
+    message = str(info.value)
+    assert f"the worker cannot reach storage s3://{bucket}/p" in message
+    assert "AWS_ENDPOINT_URL_S3" in message and "failed after 1 attempt(s)" in message

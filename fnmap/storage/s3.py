@@ -205,7 +205,22 @@ def make_s3_client():
 
     config = Config(retries={"mode": "adaptive", "max_attempts": 10}, max_pool_connections=64)
     endpoint = os.environ.get("FNMAP_S3_ENDPOINT_URL") or None
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
+    client = boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
+    client.meta.events.register_first("needs-retry.s3", _give_up_on_an_unreachable_endpoint)
+    return client
+
+
+#: Attempts at an endpoint that refuses connections (or has no address) before giving up; the ten
+#: attempts kept for throttling would wait over a minute for a storage that is not there.
+UNREACHABLE_ATTEMPTS = 3
+
+
+def _give_up_on_an_unreachable_endpoint(attempts, caught_exception=None, **_kwargs):
+    """botocore's retry hook: re-raise a connection failure after a few attempts; otherwise no opinion
+    (None), so botocore's own retry mode decides."""
+    if type(caught_exception).__name__ == "EndpointConnectionError" and attempts >= UNREACHABLE_ATTEMPTS:
+        raise caught_exception
+    return None
 
 
 def _code(error) -> str:
