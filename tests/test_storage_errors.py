@@ -64,8 +64,9 @@ def test_a_full_storage_fails_the_call_once_with_the_fix(tmp_path):
 
 def test_a_worker_that_cannot_reach_storage_fails_the_job_at_once_with_the_fix(s3_env):
     """The offline rehearsal's classic slip: the emulator was started without the S3 endpoint."""
-    import fnmap
     from conftest import EmulatorProcess
+
+    import fnmap
 
     bucket = s3_env("unreachable")
     emulator = EmulatorProcess(env={"FNMAP_S3_ENDPOINT_URL": "http://127.0.0.1:9"})  # nothing listens there
