@@ -148,7 +148,8 @@ def test_missing_bucket_is_named_not_taken_for_a_missing_key(s3_env):
 
 class ConflictInjector:
     """An HTTP proxy on loopback in front of an S3 server that answers the first ``conflicts``
-    conditional PUTs (``If-None-Match``) with AWS's 409 ConditionalRequestConflict, without passing
+    conditional writes (``If-None-Match`` on a PUT, or on the POST that completes a multipart upload)
+    with AWS's 409 ConditionalRequestConflict, without passing
     them on; everything else is passed on unchanged (Host header included, so signatures hold)."""
 
     ERROR = (
@@ -159,7 +160,7 @@ class ConflictInjector:
     def __init__(self, upstream: str, conflicts: int):
         self.upstream = urlparse(upstream)
         self.conflicts = conflicts
-        self.conditional_puts = 0
+        self.conditional_writes = 0
         self._lock = threading.Lock()
         injector = self
 
@@ -172,7 +173,7 @@ class ConflictInjector:
             def _relay(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                if self.command == "PUT" and "If-None-Match" in self.headers and injector._take_conflict():
+                if "If-None-Match" in self.headers and injector._take_conflict():
                     self.send_response(409)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(injector.ERROR)))
@@ -204,7 +205,7 @@ class ConflictInjector:
 
     def _take_conflict(self) -> bool:
         with self._lock:
-            self.conditional_puts += 1
+            self.conditional_writes += 1
             if self.conflicts > 0:
                 self.conflicts -= 1
                 return True
@@ -218,7 +219,7 @@ class ConflictInjector:
 
 @pytest.fixture
 def conflicting_store(s3_env, s3_server, tmp_path, monkeypatch):
-    """Factory: an S3Store whose first ``conflicts`` conditional PUTs are answered 409."""
+    """Factory: an S3Store whose first ``conflicts`` conditional writes are answered 409."""
     bucket = s3_env("fnmap-conflicts")
     injectors: list[ConflictInjector] = []
 
@@ -239,7 +240,7 @@ def test_conflict_409_is_written_again_not_taken_as_lost(conflicting_store):
     store, injector = conflicting_store(conflicts=2)
     assert store.put_if_absent("k", b"mine") is True
     assert store.get("k") == b"mine"
-    assert injector.conditional_puts == 3
+    assert injector.conditional_writes == 3
     assert store.put_if_absent("k", b"second") is False  # a 412 is still "someone else wrote it"
 
 
@@ -247,5 +248,19 @@ def test_conflict_409_that_persists_is_an_error(conflicting_store):
     store, injector = conflicting_store(conflicts=1000)
     with pytest.raises(ClientError, match="ConditionalRequestConflict"):
         store.put_if_absent("k", b"mine")
-    assert injector.conditional_puts == s3_storage._CONFLICT_ATTEMPTS
+    assert injector.conditional_writes == s3_storage._CONFLICT_ATTEMPTS
     assert not store.exists("k")
+
+
+def test_conflict_409_on_completing_a_multipart_upload_uploads_again(conflicting_store, s3_env, monkeypatch):
+    # AWS: "On a 409 failure you should re-initiate the multipart upload with CreateMultipartUpload
+    # and re-upload each part."
+    monkeypatch.setattr(s3_storage, "MULTIPART_THRESHOLD", 6 << 20)
+    monkeypatch.setattr(s3_storage, "PART_SIZE", 5 << 20)
+    store, injector = conflicting_store(conflicts=1)
+    data = bytes(range(256)) * (7 << 12)
+    assert store.put_if_absent("big", data) is True
+    assert store.get("big") == data
+    assert injector.conditional_writes == 2
+    # The upload answered 409 was aborted, not left with its parts.
+    assert not s3_env.client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix).get("Uploads")
