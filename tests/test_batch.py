@@ -473,3 +473,31 @@ def test_deploy_batch_is_idempotent_and_destroys(s3_server, monkeypatch, capsys)
     ]
     assert cli(["deploy", "batch", "destroy", "--name", "gpu-test"]) == 0
     assert "nothing named gpu-test" in capsys.readouterr().out
+
+
+def _definition_view(x):
+    return x + 1, os.environ.get("FNMAP_SECRET") is not None, os.environ.get("AWS_BATCH_JOB_ID")
+
+
+def test_children_run_the_job_definition_that_deploy_registers(batch_emulator):
+    """The emulated Batch API runs each child with the command and environment of the registered job
+    definition: the spec `fnmap deploy batch` builds, registered by its own code, not a fixed entrypoint."""
+    from fnmap.deploy.batch import ensure_job_definition, job_definition_spec
+
+    spec = job_definition_spec("fnmap-gpu:test", batch_emulator.secret, vcpus=1, memory=2048, gpu=0)
+    ensure_job_definition(batch_emulator.batch, "deployed", spec)
+    out = fnmap.map(_definition_view, range(3), backend="batch", job_definition="deployed")
+    assert [value for value, _, _ in out] == [1, 2, 3]
+    assert all(has_secret and job_id for _, has_secret, job_id in out)
+
+    # The same definition without the secret: the children cannot verify a call, as on AWS.
+    broken = dict(spec, containerProperties=dict(spec["containerProperties"], environment=[]))
+    batch_emulator.batch.register_job_definition(jobDefinitionName="no-secret", **broken)
+    with pytest.raises(fnmap.FnmapError):
+        fnmap.map(_definition_view, range(2), backend="batch", job_definition="no-secret", retries=0)
+    # A wrong command fails too.
+    wrong = dict(spec, containerProperties=dict(spec["containerProperties"],
+                                                command=["python", "-m", "handlers.no_such_entrypoint"]))
+    batch_emulator.batch.register_job_definition(jobDefinitionName="wrong-command", **wrong)
+    with pytest.raises(fnmap.FnmapError):
+        fnmap.map(_definition_view, range(2), backend="batch", job_definition="wrong-command", retries=0)

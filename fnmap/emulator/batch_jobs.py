@@ -29,6 +29,7 @@ import time
 import uuid
 
 from ..container import COMMAND, MAX_ARRAY_SIZE
+from ..signing import SECRET_ENV
 
 ARN = "arn:aws:batch:us-east-1:000000000000"
 TERMINAL = ("SUCCEEDED", "FAILED")
@@ -167,7 +168,12 @@ class BatchEmulator:
     """The jobs, job definitions and runner threads behind the routes."""
 
     def __init__(self, env: dict, concurrency: int, gpus: list[str]):
-        self.env, self.gpus, self.concurrency = env, gpus, concurrency
+        # A child sees the machine's environment and what its job definition sets, not the emulator's
+        # secret: a job definition that `fnmap deploy batch` registered without it must fail here as it
+        # would on AWS.  The emulator's own definition ("fnmap") carries the secret in its environment.
+        self.env = {k: v for k, v in env.items() if k != SECRET_ENV}
+        self.gpus, self.concurrency = gpus, concurrency
+        secret = env.get(SECRET_ENV)
         self.jobs: dict[str, Job] = {}
         self.definitions: dict[str, list[dict]] = {}
         self.logs = tempfile.mkdtemp(prefix="fnmap-batch-logs-")
@@ -182,6 +188,7 @@ class BatchEmulator:
                 "containerProperties": {
                     "image": "fnmap-gpu (emulated: this machine's Python)",
                     "command": COMMAND,
+                    "environment": [{"name": SECRET_ENV, "value": secret}] if secret else [],
                     "resourceRequirements": [
                         {"type": "VCPU", "value": "1"},
                         {"type": "MEMORY", "value": "2048"},
