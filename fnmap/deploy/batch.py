@@ -38,8 +38,6 @@ from ..signing import SECRET_ENV, new_secret
 from . import batch_iam
 from .batch_iam import TAG, DeployError
 
-__all__ = ["DeployError", "TAG", "destroy", "ensure_compute_environment", "ensure_job_queue", "run_deploy"]
-
 SPEC_TAG = "fnmap:spec"
 #: Seconds to wait for a compute environment or job queue to settle.
 SETTLE_SECONDS = 600.0
@@ -297,10 +295,14 @@ def ensure_compute_environment(
     Without ``service_role`` the request names none, and Batch uses (or makes) its service-linked
     role.  ``profile_wait`` is how long to keep retrying when Batch does not know the instance
     profile yet (one made moments ago); ``sleep`` waits between tries."""
-    found = batch.describe_compute_environments(computeEnvironments=[name])["computeEnvironments"]
+    found = _environments(batch, name)()
     if found:
         env = found[0]
         _check_ours(env, f"compute environment {name}", name)
+        if env.get("status") == "INVALID":  # e.g. a deploy that stopped on an unseen instance profile
+            _remove_compute_environment(batch, name)
+            found = []
+    if found:
         if (
             env.get("state") != "ENABLED"
             or env.get("computeResources", {}).get("maxvCpus") != max_vcpus
@@ -328,37 +330,68 @@ def ensure_compute_environment(
     }
     if service_role:
         request["serviceRole"] = service_role
-    arn = _create_compute_environment(batch, request, instance_role, profile_wait, sleep)
-    _settle(
-        lambda: batch.describe_compute_environments(computeEnvironments=[name])[
-            "computeEnvironments"
-        ],
-        f"compute environment {name}",
-    )
-    return arn
+    return _create_compute_environment(batch, request, instance_role, profile_wait, sleep)
+
+
+def _environments(batch, name: str):
+    return lambda: batch.describe_compute_environments(computeEnvironments=[name])["computeEnvironments"]
 
 
 def _create_compute_environment(batch, request: dict, instance_role: str, wait: float, sleep) -> str:
+    """Create and settle; while ``wait`` lasts, try again when Batch does not know the instance
+    profile yet, whether it says so at once (an error) or later (the environment goes INVALID)."""
     from botocore.exceptions import ClientError
 
+    name = request["computeEnvironmentName"]
     deadline = time.monotonic() + wait
     delay = 2.0
     while True:
         try:
-            return batch.create_compute_environment(**request, tags={TAG: request["computeEnvironmentName"]})[
-                "computeEnvironmentArn"
-            ]
+            arn = batch.create_compute_environment(**request, tags={TAG: name})["computeEnvironmentArn"]
+            _settle(_environments(batch, name), f"compute environment {name}")
+            return arn
         except ClientError as e:
-            if not _BAD_PROFILE.search(str(e)):
+            reason = e.response.get("Error", {}).get("Message") or str(e)
+            if not _BAD_PROFILE.search(reason):
                 raise
-            if time.monotonic() + delay > deadline:
-                raise DeployError(
-                    f"compute environment {request['computeEnvironmentName']}: Batch does not accept the instance "
-                    f"profile {instance_role} ({e.response.get('Error', {}).get('Message', e)}): pass an existing "
-                    "instance profile's name or ARN with --instance-role, or leave it out to have one made"
-                ) from e
+        except Invalid as e:
+            reason = e.reason
+            if not _BAD_PROFILE.search(reason):
+                raise
+            _remove_compute_environment(batch, name)
+        if time.monotonic() + delay > deadline:
+            raise DeployError(
+                f"compute environment {name}: Batch does not accept the instance profile {instance_role} "
+                f"({reason}): pass an existing instance profile's name or ARN with --instance-role, or leave "
+                "it out to have one made"
+            )
         sleep(delay)
         delay = min(15.0, delay * 2)
+
+
+def _queues(batch, name: str):
+    return lambda: batch.describe_job_queues(jobQueues=[name])["jobQueues"]
+
+
+def _remove_job_queue(batch, name: str) -> None:
+    """Disable, delete and wait until it is gone (an INVALID one too)."""
+    found = _queues(batch, name)
+    if found()[0].get("state") != "DISABLED":
+        batch.update_job_queue(jobQueue=name, state="DISABLED")
+    _settle(found, f"job queue {name}", invalid_ok=True)
+    batch.delete_job_queue(jobQueue=name)
+    _gone(found, f"job queue {name}")
+
+
+def _remove_compute_environment(batch, name: str) -> None:
+    """Disable, delete and wait until it is gone (an INVALID one too)."""
+    found = _environments(batch, name)
+    what = f"compute environment {name}"
+    if found()[0].get("state") != "DISABLED":
+        batch.update_compute_environment(computeEnvironment=name, state="DISABLED")
+    _settle(found, what, invalid_ok=True)
+    batch.delete_compute_environment(computeEnvironment=name)
+    _gone(found, what)
 
 
 def _check_ours(resource: dict, what: str, name: str) -> None:
@@ -375,7 +408,7 @@ def _ours(resource: dict, name: str) -> bool:
 
 def ensure_job_queue(batch, name: str, environment_arn: str) -> str:
     order = [{"order": 1, "computeEnvironment": environment_arn}]
-    found = batch.describe_job_queues(jobQueues=[name])["jobQueues"]
+    found = _queues(batch, name)()
     if found:
         queue = found[0]
         _check_ours(queue, f"job queue {name}", name)
@@ -385,7 +418,7 @@ def ensure_job_queue(batch, name: str, environment_arn: str) -> str:
     arn = batch.create_job_queue(
         jobQueueName=name, state="ENABLED", priority=1, computeEnvironmentOrder=order, tags={TAG: name}
     )["jobQueueArn"]
-    _settle(lambda: batch.describe_job_queues(jobQueues=[name])["jobQueues"], f"job queue {name}")
+    _settle(_queues(batch, name), f"job queue {name}")
     return arn
 
 
@@ -455,18 +488,9 @@ def destroy(batch, name: str, *, iam=None, s3=None, bucket: str | None = None) -
             batch.deregister_job_definition(jobDefinition=revision["jobDefinitionArn"])
             done.append(f"deregistered job definition {revision['jobDefinitionArn']}")
 
-    def queues():
-        return batch.describe_job_queues(jobQueues=[name])["jobQueues"]
-
-    def environments():
-        return batch.describe_compute_environments(computeEnvironments=[name])["computeEnvironments"]
-
-    for what, found, disable, delete in (
-        (f"job queue {name}", queues, lambda: batch.update_job_queue(jobQueue=name, state="DISABLED"),
-         lambda: batch.delete_job_queue(jobQueue=name)),
-        (f"compute environment {name}", environments,
-         lambda: batch.update_compute_environment(computeEnvironment=name, state="DISABLED"),
-         lambda: batch.delete_compute_environment(computeEnvironment=name)),
+    for what, found, remove in (
+        (f"job queue {name}", _queues(batch, name), _remove_job_queue),
+        (f"compute environment {name}", _environments(batch, name), _remove_compute_environment),
     ):
         resources = found()
         if not resources:
@@ -474,11 +498,7 @@ def destroy(batch, name: str, *, iam=None, s3=None, bucket: str | None = None) -
         if not _ours(resources[0], name):
             done.append(f"kept {what}: not made by fnmap deploy batch (no tag {TAG}={name})")
             continue
-        if resources[0].get("state") != "DISABLED":
-            disable()
-        _settle(found, what)
-        delete()
-        _gone(found, what)
+        remove(batch, name)
         done.append(f"deleted {what}")
     if iam is not None:
         done += batch_iam.destroy_roles(iam, name)
@@ -499,17 +519,26 @@ def _all_active(batch, name: str) -> list[dict]:
             return out
 
 
-def _settle(describe, what: str) -> None:
-    """Wait until the resource's status is VALID (INVALID is an error with Batch's reason)."""
+class Invalid(DeployError):
+    """A compute environment or job queue went INVALID; ``reason`` is Batch's."""
+
+    def __init__(self, what: str, reason: str):
+        super().__init__(f"{what} is INVALID: {reason}")
+        self.reason = reason
+
+
+def _settle(describe, what: str, invalid_ok: bool = False) -> None:
+    """Wait until the resource's status is VALID (or INVALID when ``invalid_ok``), no longer
+    CREATING or UPDATING; INVALID is otherwise an error with Batch's reason."""
     deadline = time.monotonic() + SETTLE_SECONDS
     delay = 0.5
     while True:
         found = describe()
         status = found[0].get("status") if found else None
-        if status == "VALID":
+        if status == "VALID" or (status == "INVALID" and invalid_ok):
             return
         if status == "INVALID":
-            raise DeployError(f"{what} is INVALID: {found[0].get('statusReason')}")
+            raise Invalid(what, str(found[0].get("statusReason")))
         if time.monotonic() > deadline:
             raise DeployError(f"{what} is still {status} after {SETTLE_SECONDS:.0f} s")
         time.sleep(delay)
