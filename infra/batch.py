@@ -4,7 +4,9 @@
     python infra/batch.py destroy
 
 The same as ``fnmap deploy batch ...``; ``--help`` lists every option.  Build
-and push the image first from ``infra/Dockerfile.gpu``.
+and push the image first from ``infra/Dockerfile.gpu``.  On an empty account it
+also makes the IAM roles, instance profile and bucket it needs (tagged
+``fnmap:batch-deployment=NAME``); ``destroy`` removes those and nothing else.
 """
 
 import sys

@@ -52,7 +52,8 @@ def register(sub) -> None:
         "batch",
         help="AWS Batch: GPU compute environment, job queue and job definition (batch backend)",
         description="Create (idempotently) or destroy what the batch backend needs: a GPU compute "
-        "environment, a job queue and a job definition running infra/Dockerfile.gpu's image.",
+        "environment, a job queue and a job definition running infra/Dockerfile.gpu's image, and, unless "
+        "given, the instance role and profile, the job role (the storage prefix only) and the bucket.",
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
