@@ -317,3 +317,9 @@ def test_a_new_instance_profile_is_retried_until_batch_sees_it(account):
             account.batch, f"{name}y", **{**common, "max_vcpus": -1}, profile_wait=60, sleep=sleep
         )
     assert len(waits) == 2
+
+
+def test_an_empty_prefix_is_refused_before_anything_is_made(monkeypatch, capsys):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    assert cli_main(["deploy", "batch", "deploy", "--image", IMAGE, "--bucket", "b", "--prefix", "/"]) == 1
+    assert "--prefix '/' is empty: give the key prefix of the job data" in capsys.readouterr().err
