@@ -112,7 +112,7 @@ class WorkerProcess:
             if deadline is not None and not self._conn.poll(max(0.0, deadline - time.monotonic())):
                 raise WorkerHung()
             return self._conn.recv_bytes()
-        except (EOFError, OSError, ValueError):
+        except (EOFError, OSError, ValueError, TypeError):  # TypeError: the pipe was closed under this read
             raise WorkerDied() from None
 
     def exit_description(self) -> str:
@@ -275,8 +275,20 @@ class WorkerPool:
         with self._lock:
             workers = list(self._all)
             self._all.clear()
+        idle = set()
+        while True:
+            try:
+                idle.add(self._idle.get_nowait())
+            except queue.Empty:
+                break
+        # Only idle workers' pipes are closed here.  A busy worker's pipe belongs to the thread
+        # waiting on its answer: closed under that thread's read, multiprocessing raised TypeError
+        # ('NoneType' object cannot be interpreted as an integer) and each such call printed a
+        # 30-line traceback on the user's stderr whenever a job failed or was interrupted (issue 14).
+        # Killed below, the busy worker ends its waiter's read with EOF instead.
         for worker in workers:
-            worker._conn.close()
+            if worker in idle:
+                worker._conn.close()
         deadline = time.monotonic() + grace
         for worker in workers:
             worker.proc.join(timeout=max(0.0, deadline - time.monotonic()))

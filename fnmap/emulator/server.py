@@ -145,9 +145,14 @@ def limit_blas_threads(env: dict, workers: int) -> None:
 
 
 def _set_on_stdin_eof(event: threading.Event) -> None:
-    """The parent that started us holds our stdin; when it dies, we stop too (no orphans)."""
+    """The parent that started us holds our stdin; when it dies, we stop too (no orphans).
+
+    Reads the file descriptor itself, not ``sys.stdin.buffer``: this daemon thread is still in
+    its read when the interpreter exits (stopped by SIGTERM), and a buffered reader's lock held
+    there made the exit abort with ``Fatal Python error: _enter_buffered_busy`` (issue 14).
+    """
     try:
-        while sys.stdin.buffer.read(1 << 16):
+        while os.read(sys.stdin.fileno(), 1 << 16):
             pass
     except (OSError, ValueError):
         pass
