@@ -385,10 +385,10 @@ class Job:
     def _check_all_done(self) -> None:
         if self.sealed and self.done_count == len(self.calls) and not self._all_done.is_set():
             self.finished = self.finished or time.time()  # set already if the record was written
+            if self.progress is not None:  # before the waiters wake: the bar's last draw precedes their next line
+                self.progress.close()
             self._all_done.set()
             self._wake.set()
-            if self.progress is not None:
-                self.progress.close()
 
     def _progress_update(self, n: int, failed: int, call_id: int | None = None) -> None:
         if self.progress is not None:
@@ -470,6 +470,9 @@ class Job:
         except BaseException:
             self.cancel(stop_platform=True)
             raise
+        finally:
+            if self.progress is not None:  # ended before the caller's next line, even on a failure
+                self.progress.close()
         return out
 
     def call_results(self, state: CallState, return_exceptions: bool) -> list:

@@ -53,6 +53,7 @@ class Progress:
         #: client's CPU per call (issue 9).
         self._unshown = 0
         self._shown_at = 0.0
+        self._closed = False
         self._bar = tqdm(
             total=total, desc=description, unit="item", leave=True, dynamic_ncols=True, file=file
         )
@@ -96,9 +97,14 @@ class Progress:
         self._bar.refresh()
 
     def close(self) -> None:
+        """Draw the bar a last time and end its line; once (the job's last call and the caller
+        that returns its results may both close it: the caller waits for the last draw)."""
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             self._show(force=True)
-        self._bar.close()
+            self._bar.close()
 
 
 def make_progress(

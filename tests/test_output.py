@@ -1,0 +1,100 @@
+"""What a user sees on their terminal: the progress bar, remote output and nothing of fnmap's own
+innards (issue 14).  Each test runs a real script in a subprocess against a real embedded emulator."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+
+#: Seconds a script of these tests may take (an emulator's cold start on a loaded machine included).
+SCRIPT_TIMEOUT = 180
+
+
+def _run_script(tmp_path, source: str, name: str = "script.py") -> subprocess.CompletedProcess:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=SCRIPT_TIMEOUT,
+                          cwd=tmp_path)
+
+
+FAILING_JOB = """\
+    import time
+
+    import fnmap
+
+
+    def work(x):
+        if x == 1:
+            raise ValueError("item one is bad")
+        time.sleep(2)  # still running in the emulator's workers when the job fails and the script exits
+        return x
+
+
+    fnmap.map(work, range(20), workers=16)
+"""
+
+
+def test_a_failed_job_shows_the_users_traceback_and_nothing_of_fnmaps(tmp_path):
+    """Busy workers' calls were abandoned as the script exited: the emulator closed their pipes under
+    the threads reading them and printed a TypeError traceback per call (2 of 3 runs before the fix)."""
+    for run in range(3):
+        result = _run_script(tmp_path, FAILING_JOB)
+        assert result.returncode == 1, result.stderr
+        assert "ValueError: item one is bad" in result.stderr
+        assert result.stderr.count("Traceback (most recent call last)") == 2, (run, result.stderr)  # remote + local
+        assert "TypeError" not in result.stderr, (run, result.stderr)
+        assert "Fatal Python error" not in result.stderr, (run, result.stderr)
+        assert "fnmap/emulator" not in result.stderr, (run, result.stderr)
+
+
+BAR_THEN_PRINT = """\
+    import fnmap
+
+    fnmap.map(abs, range(300), progress=True, chunksize=1)
+    print("USER-NEXT-LINE", flush=True)
+"""
+
+
+def _run_under_pty(script) -> str:
+    """Everything ``script`` writes to its terminal (stdout and stderr alike), in order."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the script, its terminal the pty
+        try:
+            os.execv(sys.executable, [sys.executable, str(script)])
+        finally:
+            os._exit(127)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a new pty is 0 columns wide
+    chunks = []
+    try:
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except OSError:  # EIO: the child and its emulator closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(fd)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, b"".join(chunks).decode(errors="replace")
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_the_bar_is_finished_before_map_returns(tmp_path):
+    """Under a real terminal the bar's last draw (300/300) comes before the user's next line, and
+    nothing is drawn after it (the bar used to finish after map returned, over the user's line)."""
+    script = tmp_path / "bar.py"
+    script.write_text(textwrap.dedent(BAR_THEN_PRINT))
+    for run in range(3):
+        shown = _run_under_pty(script)
+        assert "USER-NEXT-LINE" in shown, shown
+        before, after = shown.split("USER-NEXT-LINE", 1)
+        assert "300/300" in before, (run, shown)
+        assert after.strip() == "", (run, shown)
