@@ -197,7 +197,7 @@ class Client:
             inline_result_limit=cfg.inline_limit, extra_env=cfg.extra_env, runtime=_RUNTIME,
             first_index=state.first_index, retry_on=job.retry_on_names,
             # retry_on re-runs share the retries left (speculative copies and 429s use none).
-            max_attempts=attempt + max(0, cfg.retries - state.charged),
+            max_attempts=attempt + max(0, cfg.retries - state.charged), output=cfg.output,
         )
         payload = state.payload
         if payload is None:  # finished by another copy meanwhile

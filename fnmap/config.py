@@ -51,6 +51,9 @@ class Config:
     gpu: int = 0
     #: Show a progress bar (None: in a terminal or notebook, for long jobs).
     progress: bool | None = None
+    #: Where remote print() output is shown: "after" the job (each call's, in call order, as far as it
+    #: came back with the answers), "live" (as it happens, on this process's stderr) or "none".
+    output: str = "after"
     #: Environment variables set around each call on the worker.
     extra_env: dict = field(default_factory=dict)
     #: Worker processes of an auto-started emulator / concurrent calls of the client.
@@ -226,6 +229,8 @@ def _read_config_file() -> tuple[dict, str | None]:
     return {}, None
 
 
+#: Values of the ``output`` option.
+OUTPUT_MODES = ("after", "live", "none")
 _INTS = {"chunksize", "retries", "memory", "gpu", "workers", "inline_limit",
          "lambda_sync_limit", "lambda_async_limit"}
 _FLOATS = {"timeout"}
@@ -282,6 +287,8 @@ def _validate(c: Config) -> None:
                 f"retry_on={c.retry_on!r}: {exc!r} is not an exception class; "
                 "pass exception types, e.g. retry_on=(ConnectionError,)"
             )
+    if c.output not in OUTPUT_MODES:
+        raise ConfigError(f"{c.describe('output')} is not an output mode; use one of: {', '.join(OUTPUT_MODES)}")
     if not isinstance(c.extra_env, dict):
         raise ConfigError(f"{c.describe('extra_env')} must be a dict of environment variables")
     if c.storage is not None and (not isinstance(c.storage, str) or "://" not in c.storage):

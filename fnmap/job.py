@@ -24,6 +24,7 @@ from .errors import (
 )
 from .errors import TimeoutError as CallTimeout
 from .locks import YieldingLock
+from .output import show_call_output
 from .serialization import dumps, dumps_checked, unpack_exception
 
 
@@ -473,6 +474,7 @@ class Job:
         finally:
             if self.progress is not None:  # ended before the caller's next line, even on a failure
                 self.progress.close()
+            show_call_output(self)  # remote print() output, per call, after the bar (issue 14)
         return out
 
     def call_results(self, state: CallState, return_exceptions: bool) -> list:

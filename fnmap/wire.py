@@ -40,6 +40,9 @@ class CallRequest:
     #: limit: an attempt that raised one of them, with attempts left, is answered without committing.
     retry_on: list = field(default_factory=list)
     max_attempts: int = 1
+    #: The job's ``output`` option: "live" (user output also goes to the worker's own stderr),
+    #: "after" (captured only, and sent back with the answer, bounded) or "none" (captured only).
+    output: str = "live"
 
 
 @dataclass

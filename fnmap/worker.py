@@ -105,7 +105,7 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
         loaded = e
         loaded_at = time.time()
     logs = io.StringIO() if req.capture_logs else None
-    with _call_environment(req.extra_env), _captured(logs):
+    with _call_environment(req.extra_env), _captured(logs, echo=req.output == "live"):
         if loaded is None:
             outcomes = _run_items(func, items, mode, req)
         else:
@@ -116,6 +116,7 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
         resp.error_kind, resp.committed, resp.inline = "retry_on", False, True
         resp.stats = _stats(req, started, finished, cold, len(payload), len(data), outcomes)
         resp.stats.update(_observed(loaded_at, logs, outcomes))
+        _add_output(resp.stats, req, logs)
         return resp, data
     try:
         committed = store.put_if_absent(keys.result_key(req.job_id, req.call_id), data)
@@ -126,6 +127,7 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
         resp.stats = _stats(req, started, finished, cold, len(payload), len(data), outcomes)
         resp.stats.update(_observed(loaded_at, logs, outcomes))
         store.put(keys.status_key(req.job_id, req.call_id, req.attempt), json.dumps(resp.stats).encode())
+        _add_output(resp.stats, req, logs)  # not in the stored status: the log object has it all
     except Exception as e:
         if _is_unreachable_storage(e):
             return _platform_error(resp, "storage", _unreachable_message(req.store_url, e)), b""
@@ -319,6 +321,8 @@ class _Router:
         buffer = getattr(_capture, "buffer", None)
         if buffer is not None:
             buffer.write(s)
+            if not _capture.echo:  # output="after"/"none": the client shows it, not this process's stderr
+                return len(s)
         try:
             return self.original.write(s)
         except Exception:  # a closed or broken original stream must not fail the call
@@ -333,7 +337,10 @@ class _Router:
 
 
 @contextlib.contextmanager
-def _captured(buffer: io.StringIO | None):
+def _captured(buffer: io.StringIO | None, echo: bool = True):
+    """Copy the calling thread's writes to ``sys.stdout``/``sys.stderr`` into ``buffer``; with
+    ``echo`` False they go only there (the emulator's workers would otherwise write them to the
+    client's terminal as they happen, into its progress bar: issue 14)."""
     if buffer is None:
         yield
         return
@@ -343,6 +350,7 @@ def _captured(buffer: io.StringIO | None):
         if not isinstance(sys.stderr, _Router):
             sys.stderr = _Router(sys.stderr)
     _capture.buffer = buffer
+    _capture.echo = echo
     try:
         yield
     finally:
@@ -371,6 +379,20 @@ def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
 
 #: Characters of captured output sent back with a call that had a failing item.
 LOG_TAIL_CHARS = 2000
+
+
+#: Characters of a call's output sent back with its answer for the client to show (output="after").
+OUTPUT_CHARS = 4000
+
+
+def _add_output(stats: dict, req: CallRequest, logs: io.StringIO | None) -> None:
+    """A call that printed something, for a job with output="after": its output rides back with the
+    answer (the first OUTPUT_CHARS characters; the rest is in the call's log object)."""
+    if req.output == "after" and logs is not None and logs.tell():
+        text = logs.getvalue()
+        stats["output"] = text[:OUTPUT_CHARS]
+        if len(text) > OUTPUT_CHARS:
+            stats["output_chars"] = len(text)
 
 
 def _observed(loaded_at: float, logs: io.StringIO | None, outcomes: list[tuple]) -> dict:

@@ -12,6 +12,8 @@ import sys
 import termios
 import textwrap
 
+import pytest
+
 #: Seconds a script of these tests may take (an emulator's cold start on a loaded machine included).
 SCRIPT_TIMEOUT = 180
 
@@ -56,7 +58,14 @@ def test_a_failed_job_shows_the_users_traceback_and_nothing_of_fnmaps(tmp_path):
 BAR_THEN_PRINT = """\
     import fnmap
 
-    fnmap.map(abs, range(300), progress=True, chunksize=1)
+
+    def work(x):
+        if x % 100 == 7:
+            print(f"remote says {x}")
+        return x
+
+
+    fnmap.map(work, range(300), progress=True, chunksize=1)
     print("USER-NEXT-LINE", flush=True)
 """
 
@@ -98,3 +107,69 @@ def test_the_bar_is_finished_before_map_returns(tmp_path):
         before, after = shown.split("USER-NEXT-LINE", 1)
         assert "300/300" in before, (run, shown)
         assert after.strip() == "", (run, shown)
+        # The remote output comes after the bar's last draw, whole lines in call order (default "after").
+        bar_end = before.rindex("300/300")
+        said = [before.find(f"remote says {x}\r\n") for x in (7, 107, 207)]
+        assert all(bar_end < at for at in said), (run, shown)
+        assert said == sorted(said), (run, shown)
+
+
+PRINTING_JOB = """\
+    import sys
+
+    import fnmap
+
+
+    def work(x):
+        print(f"remote stdout {x}")
+        print(f"remote stderr {x}", file=sys.stderr)
+        if x == 3:
+            print("y" * 10000)  # more than comes back with the answer
+        return x * 2
+
+
+    print(fnmap.map(work, range(5), chunksize=1, **OPTIONS))
+    print("USER-NEXT-LINE")
+"""
+
+
+def _printing_job(tmp_path, options: str) -> subprocess.CompletedProcess:
+    result = _run_script(tmp_path, PRINTING_JOB.replace("**OPTIONS", options))
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_remote_output_is_shown_after_the_job_per_call_in_order(tmp_path):
+    result = _printing_job(tmp_path, "")
+    assert "remote" not in result.stderr  # nothing live on the emulator's (the caller's) stderr
+    out = result.stdout
+    assert out.index("USER-NEXT-LINE") > out.index("[0, 2, 4, 6, 8]")
+    headers = [out.index(f"--- fnmap: output of call {x} (item {x}) ---") for x in range(5)]
+    assert headers == sorted(headers)
+    for x in range(5):
+        block = out[headers[x]:headers[x + 1] if x < 4 else out.index("[0, 2, 4, 6, 8]")]
+        assert f"remote stdout {x}\nremote stderr {x}\n" in block, out
+    assert "characters; all of it: fnmap logs " in out and "--call 3" in out  # call 3's long line was cut
+    assert "y" * 10000 not in out
+
+
+def test_live_output_goes_to_stderr_as_it_happens(tmp_path):
+    result = _printing_job(tmp_path, "output='live'")
+    for x in range(5):
+        assert f"remote stdout {x}" in result.stderr
+    assert "--- fnmap: output" not in result.stdout
+    assert "remote" not in result.stdout
+
+
+def test_no_output_shown_with_output_none(tmp_path):
+    result = _printing_job(tmp_path, "output='none'")
+    assert "remote" not in result.stdout + result.stderr
+    assert "--- fnmap: output" not in result.stdout
+
+
+def test_an_unknown_output_mode_is_refused_with_the_choices():
+    import fnmap
+    from fnmap.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"output='loud'.*is not an output mode; use one of: after, live, none"):
+        fnmap.map(abs, [1], output="loud")
