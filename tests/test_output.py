@@ -6,11 +6,13 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import signal
 import struct
 import subprocess
 import sys
 import termios
 import textwrap
+import time
 
 import pytest
 
@@ -173,3 +175,46 @@ def test_an_unknown_output_mode_is_refused_with_the_choices():
 
     with pytest.raises(ConfigError, match=r"output='loud'.*is not an output mode; use one of: after, live, none"):
         fnmap.map(abs, [1], output="loud")
+
+
+INTERRUPTED_JOB = """\
+    import pathlib
+    import time
+
+    import fnmap
+
+    MARK = pathlib.Path(__file__).with_name("running")
+
+
+    def work(x):
+        MARK.touch()
+        time.sleep(60)
+        return x
+
+
+    fnmap.map(work, range(20), workers=16)
+"""
+
+
+def test_ctrl_c_shows_the_interrupt_and_nothing_of_fnmaps_emulator(tmp_path):
+    """A Ctrl-C abandons the calls running in the emulator; they end without a traceback of its own."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent(INTERRUPTED_JOB))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + SCRIPT_TIMEOUT
+        while not (tmp_path / "running").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert (tmp_path / "running").exists(), "no call started"
+        time.sleep(1)  # let the other calls reach their workers too
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=SCRIPT_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "KeyboardInterrupt" in stderr
+    assert stderr.count("Traceback (most recent call last)") == 1, stderr
+    assert "TypeError" not in stderr and "fnmap/emulator" not in stderr, stderr
+    assert "Fatal Python error" not in stderr, stderr
