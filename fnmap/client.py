@@ -27,6 +27,9 @@ from .storage import open_store
 from .wire import CallRequest, decode_response, encode
 
 _RUNTIME = runtime_info()
+#: Backends whose workers write to this process's terminal: their captured output is not echoed
+#: there unless output="live" (issue 14); cloud workers echo it into the platform's log.
+_BACKENDS_ON_THIS_TERMINAL = ("emulator", "local")
 #: Seconds past a call's timeout before an asynchronous call counts as lost.
 LOST_GRACE_SECONDS = 10.0
 _POLL_SECONDS = (0.05, 1.0)
@@ -198,6 +201,7 @@ class Client:
             first_index=state.first_index, retry_on=job.retry_on_names,
             # retry_on re-runs share the retries left (speculative copies and 429s use none).
             max_attempts=attempt + max(0, cfg.retries - state.charged), output=cfg.output,
+            echo_output=cfg.output == "live" or cfg.backend not in _BACKENDS_ON_THIS_TERMINAL,
         )
         payload = state.payload
         if payload is None:  # finished by another copy meanwhile

@@ -43,6 +43,9 @@ class CallRequest:
     #: The job's ``output`` option: "live" (user output also goes to the worker's own stderr),
     #: "after" (captured only, and sent back with the answer, bounded) or "none" (captured only).
     output: str = "live"
+    #: Whether captured output is also written to the worker's own stderr: on a cloud platform that
+    #: is its log (CloudWatch...); the emulator's and the local backend's stderr is the caller's terminal.
+    echo_output: bool = True
 
 
 @dataclass
@@ -113,6 +116,8 @@ _REQUEST_TYPES = {
     "capture_logs": (bool, "true or false"),
     "retry_on": (list, "a list of strings"),
     "max_attempts": (int, "an integer"),
+    "output": (str, '"live", "after" or "none"'),
+    "echo_output": (bool, "true or false"),
 }
 
 

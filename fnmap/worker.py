@@ -105,7 +105,7 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
         loaded = e
         loaded_at = time.time()
     logs = io.StringIO() if req.capture_logs else None
-    with _call_environment(req.extra_env), _captured(logs, echo=req.output == "live"):
+    with _call_environment(req.extra_env), _captured(logs, echo=req.echo_output):
         if loaded is None:
             outcomes = _run_items(func, items, mode, req)
         else:

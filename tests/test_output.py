@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+import fnmap
+
 #: Seconds a script of these tests may take (an emulator's cold start on a loaded machine included).
 SCRIPT_TIMEOUT = 180
 
@@ -170,7 +172,6 @@ def test_no_output_shown_with_output_none(tmp_path):
 
 
 def test_an_unknown_output_mode_is_refused_with_the_choices():
-    import fnmap
     from fnmap.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"output='loud'.*is not an output mode; use one of: after, live, none"):
@@ -218,3 +219,20 @@ def test_ctrl_c_shows_the_interrupt_and_nothing_of_fnmaps_emulator(tmp_path):
     assert stderr.count("Traceback (most recent call last)") == 1, stderr
     assert "TypeError" not in stderr and "fnmap/emulator" not in stderr, stderr
     assert "Fatal Python error" not in stderr, stderr
+
+
+def _shout(x):
+    print(f"shout {x}")
+    return x
+
+
+def test_a_cloud_worker_keeps_echoing_into_its_platform_log(emulator_process, capsys):
+    """On the http backend (a deployed function; here an emulator serving as one) the worker's stderr
+    is the platform's log (CloudWatch, Cloud Logging), not the caller's terminal: output="after" still
+    writes each call's output there, and shows it here after the job."""
+    emu = emulator_process()
+    assert fnmap.map(_shout, range(3), chunksize=1, backend="http", http_url=emu.url, secret=emu.secret) == [0, 1, 2]
+    shown = capsys.readouterr().out
+    for x in range(3):
+        assert f"shout {x}" in emu.output()
+        assert f"--- fnmap: output of call {x} (item {x}) ---\nshout {x}\n" in shown
