@@ -18,6 +18,7 @@ from concurrent.futures import Future
 
 from .client import get_client
 from .config import resolve
+from .output import show_call_output
 from .worker import MODE_ARGS
 
 
@@ -120,6 +121,7 @@ class Executor(futures.Executor):
             self._job.cancel()
         if wait:
             futures.wait([s.future for s in self._job.calls])
+            show_call_output(self._job)  # remote print() output of its calls (output="after", issue 14)
 
 
 def _chunks(iterator, chunksize):

@@ -236,3 +236,24 @@ def test_a_cloud_worker_keeps_echoing_into_its_platform_log(emulator_process, ca
     for x in range(3):
         assert f"shout {x}" in emu.output()
         assert f"--- fnmap: output of call {x} (item {x}) ---\nshout {x}\n" in shown
+
+
+def test_an_executors_output_is_shown_at_shutdown(tmp_path):
+    result = _run_script(tmp_path, """\
+        import fnmap
+
+
+        def work(x):
+            print(f"remote {x}")
+            return x
+
+
+        with fnmap.Executor() as ex:
+            futures = [ex.submit(work, x) for x in range(3)]
+        print("USER-NEXT-LINE", [f.result() for f in futures])
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "remote" not in result.stderr
+    out = result.stdout
+    at = [out.index(f"--- fnmap: output of call {x} (item {x}) ---\nremote {x}\n") for x in range(3)]
+    assert at == sorted(at) and at[-1] < out.index("USER-NEXT-LINE"), out
