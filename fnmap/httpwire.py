@@ -163,7 +163,7 @@ class _HttptoolsRequestReader:
         self._start()
 
     def _start(self) -> None:
-        self._in_head, self._head_size, self._url = False, 0, b""
+        self._in_head, self._head_done, self._head_size, self._url = False, False, 0, b""
         self._headers: dict[str, str] = {}
         self._count, self._body, self._body_size = 0, [], 0
         #: Bytes received while the head stays incomplete, from the read after the one where the
@@ -212,6 +212,8 @@ class _HttptoolsRequestReader:
         self._check_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_done:
+            return  # a trailer field after a chunked body: not a header of the request
         self._count += 1
         if self._count > MAX_HEADERS:
             self._fail(_too_many_headers(self._count))
@@ -219,7 +221,7 @@ class _HttptoolsRequestReader:
         _add_header(self._headers, name.decode("latin-1").lower(), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
+        self._in_head, self._head_done = False, True
         version = "HTTP/" + self._parser.get_http_version()
         if version not in ("HTTP/1.0", "HTTP/1.1"):
             self._fail(BadRequest(505, f"{version} is not supported; speak HTTP/1.1"))
@@ -424,6 +426,8 @@ class _HttptoolsResponseReader:
         self._in_head = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._complete_head:
+            return  # a trailer field after a chunked body
         self._count += 1
         self._head_size += len(name) + len(value) + 4
         if self._count > MAX_HEADERS:

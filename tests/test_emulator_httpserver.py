@@ -4,7 +4,10 @@ each parser (httptools, and h11, the fallback; issue 12)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -109,6 +112,22 @@ def test_header_names_with_underscores_are_dropped(server):
     # WSGI spells X-Thing and X_Thing alike (HTTP_X_THING): only the dashed name may reach the app.
     out = _raw(server, b"GET / HTTP/1.1\r\nHost: h\r\nX_Thing: forged\r\nConnection: close\r\n\r\n")
     assert out.endswith(b"x=- type=- len=0|")
+
+
+def test_trailer_fields_are_not_request_headers(server):
+    out = _raw(server, b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                       b"2\r\nhi\r\n0\r\nX-Thing: trailer\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"x=- type=- len=2|hi")
+
+
+def test_an_unknown_parser_name_is_a_clear_error():
+    env = dict(os.environ, FNMAP_HTTP_PARSER="llhttp")
+    proc = subprocess.run([sys.executable, "-c", "import fnmap.httpwire"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0
+    assert "FNMAP_HTTP_PARSER='llhttp' is not a parser fnmap knows; set it to one of httptools, h11" in proc.stderr
+    with pytest.raises(ValueError, match="unknown HTTP parser 'picohttp'"):
+        WSGIServer(echo_app, "127.0.0.1", 0, parser="picohttp")
 
 
 def test_close_hangs_up_idle_keep_alive_connections():

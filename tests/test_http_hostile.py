@@ -198,3 +198,10 @@ def test_negative_chunk_size_does_not_buffer_the_stream(emulator):
         assert _rss(emulator.proc.pid) - rss_before < 32 << 20
     assert not call.ran()
     _still_serves(emulator)
+
+
+def test_the_emulator_parses_with_the_parser_it_was_given(emulator, request):
+    """The two parsers differ on one lawful point: h11 refuses an HTTP/1.1 request without Host."""
+    answer = _exchange(emulator, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    parser = request.node.callspec.params["emulator"]
+    assert _status(answer) == {"httptools": 200, "h11": 400}[parser]
