@@ -19,8 +19,16 @@ MIN_ITEMS_FOR_AUTO = 100
 RENDER_SECONDS = 0.1
 
 
+def in_kernel() -> bool:
+    """True inside a Jupyter kernel (not merely in a process that imported ipykernel, as any
+    jupyter_client that looks up kernel specs does)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    return getattr(shell, "kernel", None) is not None
+
+
 def _interactive() -> bool:
-    if "ipykernel" in sys.modules:
+    if in_kernel():
         return True
     try:
         return sys.stderr.isatty()
@@ -38,7 +46,7 @@ class Progress:
     """Items and calls done, failed and being retried; updated from dispatch threads."""
 
     def __init__(self, total: int, description: str, calls: int | None = None, file=None):
-        if "ipykernel" in sys.modules and _have_widgets():
+        if in_kernel() and _have_widgets():
             from tqdm.notebook import tqdm
         else:  # a terminal, or a notebook without ipywidgets: text (tqdm.auto would warn)
             from tqdm import tqdm

@@ -169,7 +169,9 @@ def _origin() -> str | None:
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     if main_file:
         return os.path.abspath(main_file)
-    return "notebook" if "ipykernel" in sys.modules else "interactive"
+    from .progress import in_kernel
+
+    return "notebook" if in_kernel() else "interactive"
 
 
 _CLIENT: dict | None = None
