@@ -34,8 +34,8 @@ class InstantBackend(BaseBackend):
     max_workers = 8
 
     def __init__(self, config):
-        from fnmap.signing import new_secret
-        from fnmap.wire import CallResponse, encode
+        from fnmap.runtime.signing import new_secret
+        from fnmap.runtime.wire import CallResponse, encode
 
         self.secret = new_secret().encode()
         self._answer = encode(CallResponse(job_id="", call_id=0, attempt=1, inline=True),

@@ -26,7 +26,7 @@ WORD = re.compile(rb"[a-z']+")
 
 
 def count_words(part) -> Counter:
-    """Word counts of one partition (a fnmap.partition.Partition)."""
+    """Word counts of one partition (a fnmap.runtime.partition.Partition)."""
     counts: Counter = Counter()
     for line in part.stream():
         counts.update(w.decode() for w in WORD.findall(line.lower()))

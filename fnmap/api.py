@@ -12,13 +12,15 @@ import queue
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import keys, policy, records
+from . import policy
 from .client import get_client
 from .config import resolve
 from .errors import ConfigError
 from .job import CallOutcome
-from .progress import make_progress
-from .worker import MODE_ARGS, MODE_ONE
+from .observe import records
+from .observe.progress import make_progress
+from .runtime import keys
+from .runtime.worker import MODE_ARGS, MODE_ONE
 
 #: Default ``reduce_fanin`` of ``map_reduce``: up to this many map outputs reduce in one call.
 REDUCE_FANIN = 64
@@ -44,7 +46,7 @@ def map(
     ``items`` may also name data in object storage: ``"s3://bucket/prefix/"``,
     a glob such as ``"s3://bucket/logs/*.csv"``, a list of object URLs, or
     the ``file://`` equivalents.  Then ``func`` gets one
-    :class:`fnmap.partition.Partition` per object, or per ``obj_chunk_size``
+    :class:`fnmap.runtime.partition.Partition` per object, or per ``obj_chunk_size``
     bytes (or ``obj_chunk_number`` pieces) of each object, split at line
     boundaries; ``part.stream()`` and ``part.read()`` give its records.
 
@@ -241,8 +243,8 @@ def map_reduce(
     >>> fnmap.map_reduce(lambda x: x * x, range(4), sum)
     14
     """
-    from .partition import Partition
     from .reduce import MapStage, ReduceStage, check_fanin
+    from .runtime.partition import Partition
 
     config = resolve(**options)
     check_fanin(reduce_fanin)

@@ -17,14 +17,15 @@ import threading
 import time
 import traceback
 
-from . import compression, keys, policy, signing
+from . import policy
 from .backends import create_backend
 from .backends.base import Invocation
 from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, PlatformFault, StorageError, storage_fix
 from .job import CallState, Job
-from .serialization import loads, pickle_function, runtime_info
+from .runtime import compression, keys, signing
+from .runtime.serialization import loads, pickle_function, runtime_info
+from .runtime.wire import CallRequest, decode_response, encode
 from .storage import open_store
-from .wire import CallRequest, decode_response, encode
 
 _RUNTIME = runtime_info()
 #: Backends whose workers write to this process's terminal: their captured output is not echoed

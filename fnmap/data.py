@@ -2,7 +2,7 @@
 
 ``fnmap.map(func, "s3://bucket/logs/")`` lists the objects (one LIST request
 per 1,000 keys, never reading their contents here), splits them into
-:class:`fnmap.partition.Partition` objects, and maps ``func`` over those.
+:class:`fnmap.runtime.partition.Partition` objects, and maps ``func`` over those.
 
 Accepted inputs (``s3://`` or ``file://``):
 
@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote, urlparse
 
 from .errors import KeyNotFound, UnknownStorage
-from .partition import Partition, file_url, split_objects, split_s3_url
+from .runtime.partition import Partition, file_url, split_objects, split_s3_url
 
 __all__ = ["partitions", "list_objects", "is_data_input"]
 

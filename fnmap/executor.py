@@ -18,8 +18,8 @@ from concurrent.futures import Future
 
 from .client import get_client
 from .config import resolve
-from .output import show_call_output
-from .worker import MODE_ARGS
+from .observe.output import show_call_output
+from .runtime.worker import MODE_ARGS
 
 
 class Executor(futures.Executor):

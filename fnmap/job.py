@@ -11,7 +11,6 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 
-from . import keys, records
 from .errors import (
     CallLost,
     PlatformError,
@@ -24,8 +23,10 @@ from .errors import (
 )
 from .errors import TimeoutError as CallTimeout
 from .locks import YieldingLock
-from .output import show_call_output
-from .serialization import dumps, dumps_checked, unpack_exception
+from .observe import records
+from .observe.output import show_call_output
+from .runtime import keys
+from .runtime.serialization import dumps, dumps_checked, unpack_exception
 
 
 class CallState:
@@ -592,7 +593,7 @@ class Job:
     def plot(self, path: str) -> str:
         """Save a timeline (one row per call; queued, cold start, running, writing) and a histogram
         of call durations to ``path`` (PNG, SVG or PDF by its extension); needs matplotlib."""
-        from .plot import plot_record
+        from .observe.plot import plot_record
 
         return plot_record(records.build(self), path)
 
@@ -618,7 +619,7 @@ def _set(future: Future, result=None, exception=None) -> None:
 
 
 def _raise_unpicklable(chunk: tuple, first_index: int) -> None:
-    from .worker import MODE_ARGS
+    from .runtime.worker import MODE_ARGS
 
     mode, items = chunk
     for offset, item in enumerate(items):

@@ -50,12 +50,6 @@ def charges_retry(kind: str, throttle_at_floor: bool) -> bool:
     return kind != "throttled" or throttle_at_floor
 
 
-def retry_outcome(exc_types: Iterable[str], retry_on: Iterable[str], attempts_made: int, retries: int) -> bool:
-    """Whether a user exception (its class and bases, as qualified names) is in ``retry_on`` with attempts left."""
-    wanted = set(retry_on)
-    return bool(wanted) and attempts_made <= retries and any(t in wanted for t in exc_types)
-
-
 def qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 

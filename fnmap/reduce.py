@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import compression
 from .errors import ConfigError
-from .serialization import dumps, loads
+from .runtime import compression
+from .runtime.serialization import dumps, loads
 
 #: Map and intermediate reduce values whose pickle is larger than this go through storage.
 INLINE_VALUE_LIMIT = 1024

@@ -1,6 +1,6 @@
 """AWS Lambda entry: ``handlers.aws_lambda.handler`` (zip or container image).
 
-Translates the Lambda event (:mod:`fnmap.lambda_event`: a direct Invoke, by
+Translates the Lambda event (:mod:`fnmap.runtime.lambda_event`: a direct Invoke, by
 value or by reference to storage, or a function URL request) into the worker
 routine's ``(body, signature)`` and its answer back.  The signature is checked
 by the worker before anything is unpickled.  The call's timeout is cut to
@@ -11,9 +11,9 @@ Lambda stops the call itself.
 
 from __future__ import annotations
 
-from fnmap import worker
-from fnmap.lambda_event import decode_event, encode_result, is_url_event, url_result
-from fnmap.signing import secret_from_env
+from fnmap.runtime import worker
+from fnmap.runtime.lambda_event import decode_event, encode_result, is_url_event, url_result
+from fnmap.runtime.signing import secret_from_env
 
 #: Seconds kept back from Lambda's limit to write the outcome (one or two S3 PUTs).
 RESERVE_SECONDS = 5.0

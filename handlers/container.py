@@ -3,7 +3,7 @@
 One child of an AWS Batch array job (or of a Kubernetes indexed Job) reads its
 index from the platform, its signed request from storage, and runs it through
 the shared worker routine.  The exit status tells the platform what happened:
-see the ``EXIT_*`` codes in :mod:`fnmap.container`.
+see the ``EXIT_*`` codes in :mod:`fnmap.runtime.container`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-from fnmap import container, worker
-from fnmap.signing import secret_from_env
+from fnmap.runtime import container, worker
+from fnmap.runtime.signing import secret_from_env
 from fnmap.storage import open_store
 
 

@@ -3,7 +3,7 @@
     functions-framework --source=handlers/gcf.py --target=invoke
 
 The framework hands ``invoke`` a Flask request; it is answered by the shared
-WSGI app (``fnmap.http_app``), so the routes, the signature check and the
+WSGI app (``fnmap.runtime.http_app``), so the routes, the signature check and the
 answers are exactly those of every other HTTP host.  The secret comes from
 ``FNMAP_SECRET``.  Imports only ``fnmap``: the framework loads this file by
 path, and on Cloud Functions it is deployed as ``main.py``.
@@ -11,8 +11,8 @@ path, and on Cloud Functions it is deployed as ``main.py``.
 
 from __future__ import annotations
 
-from fnmap.http_app import create_app, in_process_execute
-from fnmap.signing import secret_from_env
+from fnmap.runtime.http_app import create_app, in_process_execute
+from fnmap.runtime.signing import secret_from_env
 
 app = create_app(in_process_execute(secret_from_env()), name="fnmap-gcf")
 

@@ -1,6 +1,6 @@
 """WSGI entry for any HTTP function host: ``handlers.http:app``.
 
-The same app the emulator serves (``fnmap.http_app``), running each call in
+The same app the emulator serves (``fnmap.runtime.http_app``), running each call in
 this process through the worker routine.  The deployment's secret comes from
 ``FNMAP_SECRET``; without it every request is answered 500 with that fix.
 
@@ -9,8 +9,8 @@ this process through the worker routine.  The deployment's secret comes from
 
 from __future__ import annotations
 
-from fnmap.http_app import create_app, in_process_execute
-from fnmap.signing import secret_from_env
+from fnmap.runtime.http_app import create_app, in_process_execute
+from fnmap.runtime.signing import secret_from_env
 
 app = create_app(in_process_execute(secret_from_env()), name="fnmap-handler")
 #: The name some WSGI hosts look for.

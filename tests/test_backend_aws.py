@@ -241,9 +241,9 @@ def test_unknown_invocation_type_is_named():
 
 _HANDLER_SCRIPT = textwrap.dedent("""
     import json, sys, time
-    from fnmap import keys, signing, wire
-    from fnmap.lambda_event import encode_event
-    from fnmap.serialization import dumps, pickle_function, runtime_info
+    from fnmap.runtime import keys, signing, wire
+    from fnmap.runtime.lambda_event import encode_event
+    from fnmap.runtime.serialization import dumps, pickle_function, runtime_info
     from fnmap.storage import open_store
     from handlers.aws_lambda import handler
 
@@ -282,9 +282,9 @@ def test_handler_writes_a_timeout_before_lambdas_own_limit(tmp_path):
     assert 1.2 < report["took"] < 2.0
     assert report["url_status"] == 403  # a function URL request with a wrong signature is refused
 
-    from fnmap.lambda_event import decode_result
-    from fnmap.serialization import loads
-    from fnmap.wire import decode_response
+    from fnmap.runtime.lambda_event import decode_result
+    from fnmap.runtime.serialization import loads
+    from fnmap.runtime.wire import decode_response
 
     status, body = decode_result(json.dumps(report["direct"]).encode())
     assert status == 200

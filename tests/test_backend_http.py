@@ -21,7 +21,7 @@ import pytest
 import requests
 
 import fnmap
-from fnmap.signing import new_secret
+from fnmap.runtime.signing import new_secret
 
 pytestmark = pytest.mark.timeout(120)
 

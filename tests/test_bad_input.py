@@ -15,8 +15,8 @@ import pytest
 import requests
 
 import fnmap
-from fnmap import keys, signing
-from fnmap.serialization import dumps, pickle_function, runtime_info
+from fnmap.runtime import keys, signing
+from fnmap.runtime.serialization import dumps, pickle_function, runtime_info
 from fnmap.storage import open_store
 
 LOCK = threading.Lock()

@@ -14,14 +14,14 @@ import time
 import pytest
 
 import fnmap
-from fnmap import container, keys, signing
 from fnmap.backends import batch as batch_backend
 from fnmap.client import get_client
 from fnmap.config import resolve
 from fnmap.emulator import batch_api, batch_jobs
-from fnmap.serialization import dumps, loads, pickle_function, runtime_info
+from fnmap.runtime import container, keys, signing
+from fnmap.runtime.serialization import dumps, loads, pickle_function, runtime_info
+from fnmap.runtime.wire import CallRequest, encode
 from fnmap.storage import open_store
-from fnmap.wire import CallRequest, encode
 
 # -- plain decisions ------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import fnmap
 import fnmap.dask
 from fnmap.client import get_client
 from fnmap.config import resolve
-from fnmap.dask_plan import make_plan
+from fnmap.dask.plan import make_plan
 
 
 @pytest.fixture(autouse=True)

@@ -122,7 +122,8 @@ def test_trailer_fields_are_not_request_headers(server):
 
 def test_an_unknown_parser_name_is_a_clear_error():
     env = dict(os.environ, FNMAP_HTTP_PARSER="llhttp")
-    proc = subprocess.run([sys.executable, "-c", "import fnmap.httpwire"], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", "import fnmap.runtime.httpwire"], env=env,
+                          capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode != 0
     assert "FNMAP_HTTP_PARSER='llhttp' is not a parser fnmap knows; set it to one of httptools, h11" in proc.stderr

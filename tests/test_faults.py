@@ -16,8 +16,8 @@ import pytest
 import requests
 
 import fnmap
-from fnmap import keys
 from fnmap.emulator.faults import FaultPlan
+from fnmap.runtime import keys
 from fnmap.storage import open_store
 
 N = 500  # the "jobs of at least 500 calls"

@@ -8,10 +8,10 @@ import threading
 import pytest
 
 import fnmap
-from fnmap import worker
-from fnmap.http_app import create_app, in_process_execute
-from fnmap.signing import SIGNATURE_HEADER, new_secret, sign
-from fnmap.wire import CallRequest, encode
+from fnmap.runtime import worker
+from fnmap.runtime.http_app import create_app, in_process_execute
+from fnmap.runtime.signing import SIGNATURE_HEADER, new_secret, sign
+from fnmap.runtime.wire import CallRequest, encode
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,10 +18,10 @@ import pytest
 import requests
 from conftest import EmulatorProcess
 
-from fnmap import keys, signing
-from fnmap.serialization import dumps, pickle_function, runtime_info
+from fnmap.runtime import keys, signing
+from fnmap.runtime.serialization import dumps, pickle_function, runtime_info
+from fnmap.runtime.wire import CallRequest, encode
 from fnmap.storage import open_store
-from fnmap.wire import CallRequest, encode
 
 pytestmark = pytest.mark.timeout(300)
 

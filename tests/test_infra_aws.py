@@ -153,7 +153,7 @@ def test_client_names_a_missing_function(moto_aws):
 def test_zip_holds_what_the_handler_imports_and_fits_lambda(tmp_path):
     path = build_zip(str(tmp_path / "fnmap.zip"))
     names = set(zipfile.ZipFile(path).namelist())
-    assert {"handlers/aws_lambda.py", "fnmap/worker.py", "fnmap/lambda_event.py",
+    assert {"handlers/aws_lambda.py", "fnmap/runtime/worker.py", "fnmap/runtime/lambda_event.py",
             "cloudpickle/__init__.py"} <= names
     assert not any("__pycache__" in n or n.startswith("tests/") for n in names)
     size = unzipped_size(path)
@@ -162,7 +162,7 @@ def test_zip_holds_what_the_handler_imports_and_fits_lambda(tmp_path):
     with open(path, "rb") as a, open(build_zip(str(tmp_path / "again.zip")), "rb") as b:
         assert a.read() == b.read()
     # The handler imports from the zip alone: no site-packages, no PYTHONPATH (-I -S), as on Lambda.
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import handlers.aws_lambda as h, fnmap.worker;"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import handlers.aws_lambda as h, fnmap.runtime.worker;"
             "print(h.__file__); print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in "
             "('flask', 'requests', 'boto3', 'dask', 'tqdm')))")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code, path], capture_output=True, text=True,

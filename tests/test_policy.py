@@ -6,6 +6,7 @@ import pytest
 
 from fnmap import policy
 from fnmap.emulator.faults import FaultPlan
+from fnmap.runtime.worker import retry_outcome
 
 # -- backoff and retries -------------------------------------------------------------
 
@@ -35,10 +36,10 @@ def test_throttling_is_charged_only_at_the_floor():
 
 def test_retry_outcome_matches_bases_and_is_bounded():
     names = ["builtins.ConnectionResetError", "builtins.ConnectionError", "builtins.OSError"]
-    assert policy.retry_outcome(names, ["builtins.ConnectionError"], 1, 2)
-    assert not policy.retry_outcome(names, ["builtins.ValueError"], 1, 2)
-    assert not policy.retry_outcome(names, [], 1, 2)
-    assert not policy.retry_outcome(names, ["builtins.OSError"], 3, 2)
+    assert retry_outcome(names, ["builtins.ConnectionError"], 1, 2)
+    assert not retry_outcome(names, ["builtins.ValueError"], 1, 2)
+    assert not retry_outcome(names, [], 1, 2)
+    assert not retry_outcome(names, ["builtins.OSError"], 3, 2)
 
 
 # -- stragglers ------------------------------------------------------------------------

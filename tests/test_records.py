@@ -10,8 +10,9 @@ import time
 import pytest
 
 import fnmap
-from fnmap import cost, keys, records
-from fnmap.progress import Progress
+from fnmap.observe import cost, records
+from fnmap.observe.progress import Progress
+from fnmap.runtime import keys
 from fnmap.storage import open_store
 
 
@@ -268,7 +269,7 @@ def test_progress_shows_calls_failed_and_retrying():
 
 
 def test_no_bar_without_a_terminal_unless_asked():
-    from fnmap.progress import make_progress
+    from fnmap.observe.progress import make_progress
 
     assert make_progress(None, 1000, "job") is None  # pytest's stderr is not a terminal
     assert make_progress(False, 1000, "job") is None

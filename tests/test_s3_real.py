@@ -15,7 +15,7 @@ Where the servers differ (moto 5.2, SeaweedFS 4.48), and what AWS's documentatio
 * A PUT to a missing bucket: moto answers NoSuchBucket (404), as AWS does; SeaweedFS, with no
   identities configured, answers AccessDenied (403).  Reads and listings say NoSuchBucket on all.
 * A key with ``//`` in it: moto keeps it, as AWS does (any UTF-8 key); SeaweedFS, a file system
-  underneath, stores and lists ``a//b`` as ``a/b``.  The keys fnmap lays out (fnmap/keys.py) hold
+  underneath, stores and lists ``a//b`` as ``a/b``.  The keys fnmap lays out (fnmap/runtime/keys.py) hold
   no ``//``; a storage URL with ``//`` in its prefix would, and is left as AWS reads it.
 * Concurrent conditional PUTs on SeaweedFS are answered in steps of about 1 s (measured: 412s at
   0, 1, 2, 3, 4 s), so a race of 16 writers can take seconds there; the answers are right.

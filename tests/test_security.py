@@ -9,12 +9,12 @@ import pytest
 import requests
 
 import fnmap
-from fnmap import keys, signing, worker
 from fnmap.cli import build_parser
 from fnmap.emulator.server import _warn_if_exposed
-from fnmap.serialization import dumps, pickle_function, runtime_info
+from fnmap.runtime import keys, signing, worker
+from fnmap.runtime.serialization import dumps, pickle_function, runtime_info
+from fnmap.runtime.wire import CallRequest, encode
 from fnmap.storage import open_store
-from fnmap.wire import CallRequest, encode
 
 
 class _TouchOnUnpickle:

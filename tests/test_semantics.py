@@ -22,11 +22,11 @@ import pytest
 import requests
 
 import fnmap
-from fnmap import signing
 from fnmap.backends import batch as batch_backend
 from fnmap.client import get_client
 from fnmap.config import resolve
 from fnmap.emulator import batch_api
+from fnmap.runtime import signing
 
 #: Generous bound for things that happen within a second on a quiet machine.
 PATIENCE_SECONDS = 60

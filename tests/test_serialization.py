@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from fnmap.errors import RemoteError, RemoteTraceback
-from fnmap.serialization import pack_exception, runtime_info, runtime_mismatch, unpack_exception
+from fnmap.runtime.serialization import pack_exception, runtime_info, runtime_mismatch, unpack_exception
 
 
 def run_script(tmp_path, body: str) -> subprocess.CompletedProcess:

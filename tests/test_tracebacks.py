@@ -47,7 +47,7 @@ def test_remote_traceback_names_the_users_file_line_and_source(cell_function, ba
 
 
 def test_source_lines_the_worker_showed_are_not_repeated():
-    from fnmap.serialization import add_local_source_lines
+    from fnmap.runtime.serialization import add_local_source_lines
 
     tb = (
         "Traceback (most recent call last):\n"

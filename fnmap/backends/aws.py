@@ -9,7 +9,7 @@ are gathered from storage by the client's monitor (one LIST per poll).
 
 A request over Lambda's payload limit (``lambda_sync_limit`` 6 MiB,
 ``lambda_async_limit`` 1 MiB; base64 included) is written to the job's storage
-and sent by reference (:mod:`fnmap.lambda_event`).  Throttling
+and sent by reference (:mod:`fnmap.runtime.lambda_event`).  Throttling
 (``TooManyRequestsException``) is first retried by botocore's ``adaptive``
 mode, which also slows this client's request rate; what remains becomes a
 ``throttled`` fault, so the client lowers the calls in flight and backs off.
@@ -26,10 +26,10 @@ from __future__ import annotations
 import json
 import threading
 
-from .. import keys
 from ..errors import ConfigError, PlatformFault, VersionMismatch
-from ..lambda_event import decode_result, encode_event, encode_reference_event
-from ..serialization import runtime_info, runtime_mismatch
+from ..runtime import keys
+from ..runtime.lambda_event import decode_result, encode_event, encode_reference_event
+from ..runtime.serialization import runtime_info, runtime_mismatch
 from ..storage import open_store
 from .base import BaseBackend, Invocation
 from .http import fault_from_status

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import PlatformFault
-from ..wire import CallRequest
+from ..runtime.wire import CallRequest
 
 
 @dataclass

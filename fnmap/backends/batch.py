@@ -33,8 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from .. import container
 from ..errors import ConfigError, PlatformFault
+from ..runtime import container
 from ..storage import open_store
 from .base import BaseBackend, Failure, Invocation
 

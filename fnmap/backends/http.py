@@ -20,8 +20,8 @@ import urllib.request
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, PlatformFault
-from ..signing import SIGNATURE_HEADER, sign
-from ..wire import ERROR_KIND_HEADER
+from ..runtime.signing import SIGNATURE_HEADER, sign
+from ..runtime.wire import ERROR_KIND_HEADER
 from . import rawhttp
 from .base import BaseBackend, Invocation
 

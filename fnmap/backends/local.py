@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import threading
 
-from .. import worker
 from ..errors import PlatformFault
-from ..signing import new_secret
+from ..runtime import worker
+from ..runtime.signing import new_secret
 from .base import BaseBackend, Invocation
 
 #: Seconds past a call's timeout before the dispatch thread stops waiting for it.

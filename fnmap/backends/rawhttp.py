@@ -3,7 +3,7 @@
 ``http.client`` parses every response's headers with the ``email`` package's
 feed parser and builds the request header by header; on a noop job that was
 about half of the client's CPU per call (issue 9).  This client sends one
-request buffer and has the answer parsed by :mod:`fnmap.httpwire` (httptools, or
+request buffer and has the answer parsed by :mod:`fnmap.runtime.httpwire` (httptools, or
 h11 where httptools is missing).  It speaks only what fnmap needs: POST with a
 body, a response per request, no 1xx other than ``100 Continue``, no trailers.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import socket
 
-from .. import httpwire
-from ..httpwire import Headers, ProtocolError, Response
+from ..runtime import httpwire
+from ..runtime.httpwire import Headers, ProtocolError, Response
 
 __all__ = ["Connection", "Headers", "ProtocolError", "Response"]
 
@@ -36,7 +36,7 @@ def _keep_alive_probes(sock: socket.socket) -> None:
 
 class Connection:
     """One keep-alive connection to ``host:port`` (not thread-safe: one per thread).  ``parser``
-    is ``httptools`` or ``h11`` (default: :data:`fnmap.httpwire.PARSER`)."""
+    is ``httptools`` or ``h11`` (default: :data:`fnmap.runtime.httpwire.PARSER`)."""
 
     __slots__ = ("host", "port", "sock", "_wire", "_host_header")
 

@@ -1,6 +1,6 @@
 """``fnmap jobs``, ``fnmap job ID``, ``fnmap logs ID``, ``fnmap gc``: look at jobs after the fact.
 
-They read the records jobs leave in storage (:mod:`fnmap.records`), so they
+They read the records jobs leave in storage (:mod:`fnmap.observe.records`), so they
 work from any machine that can reach the storage: ``--storage URL``, else the
 configured storage (``FNMAP_STORAGE``, ``fnmap.toml``, the default folder).
 A job id may be shortened to any unique prefix, as with git.
@@ -113,7 +113,7 @@ def _store(args):
 
 
 def run_jobs(args) -> int:
-    from .. import records
+    from ..observe import records
 
     if args.limit < 0:
         raise SystemExit(f"fnmap jobs: --limit={args.limit} must be 0 (all) or more")
@@ -151,8 +151,8 @@ def run_jobs(args) -> int:
 
 
 def run_job(args) -> int:
-    from .. import records
-    from ..cost import estimate
+    from ..observe import records
+    from ..observe.cost import estimate
 
     store = _store(args)
     record = records.load(store, args.job_id)
@@ -162,7 +162,7 @@ def run_job(args) -> int:
         record.setdefault("options", {}).update(asked)
         record["summary"]["cost"] = estimate(record)
     if args.plot:
-        from ..plot import plot_record
+        from ..observe.plot import plot_record
 
         plot_record(record, args.plot)
     if args.json:
@@ -176,7 +176,7 @@ def run_job(args) -> int:
 
 def format_summary(record: dict) -> str:
     """The human-readable summary ``fnmap job ID`` prints."""
-    from ..cost import describe
+    from ..observe.cost import describe
 
     s = record["summary"]
     d, lat, tp = s["duration_seconds"], s["latency_seconds"], s["throughput"]
@@ -235,7 +235,7 @@ def format_summary(record: dict) -> str:
 
 
 def run_logs(args) -> int:
-    from .. import records
+    from ..observe import records
 
     store = _store(args)
     record = records.load(store, args.job_id)
@@ -268,7 +268,7 @@ def run_logs(args) -> int:
 
 
 def run_gc(args) -> int:
-    from .. import records
+    from ..observe import records
 
     try:
         age = records.parse_age(args.older_than)

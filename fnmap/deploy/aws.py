@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 
 from ..errors import ConfigError, FnmapError
-from ..serialization import runtime_info
-from ..signing import new_secret
+from ..runtime.serialization import runtime_info
+from ..runtime.signing import new_secret
 from .package import UNZIPPED_LIMIT, build_layer, build_zip, code_sha256, unzipped_size
 
 TAG = "fnmap:deployment"

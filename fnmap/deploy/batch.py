@@ -33,8 +33,8 @@ import re
 import sys
 import time
 
-from ..container import COMMAND
-from ..signing import SECRET_ENV, new_secret
+from ..runtime.container import COMMAND
+from ..runtime.signing import SECRET_ENV, new_secret
 from . import batch_iam
 from .batch_iam import TAG, DeployError
 

@@ -18,9 +18,9 @@ import time
 
 from flask import Response, jsonify, request
 
-from ..http_app import create_app
-from ..signing import SECRET_ENV, SIGNATURE_HEADER, verify
-from ..wire import ERROR_KIND_HEADER, decode_header
+from ..runtime.http_app import create_app
+from ..runtime.signing import SECRET_ENV, SIGNATURE_HEADER, verify
+from ..runtime.wire import ERROR_KIND_HEADER, decode_header
 from .faults import FaultPlan, RequestKeys
 from .pool import Stopper, WorkerPool
 

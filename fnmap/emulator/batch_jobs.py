@@ -28,8 +28,8 @@ import threading
 import time
 import uuid
 
-from ..container import COMMAND, MAX_ARRAY_SIZE
-from ..signing import SECRET_ENV
+from ..runtime.container import COMMAND, MAX_ARRAY_SIZE
+from ..runtime.signing import SECRET_ENV
 
 ARN = "arn:aws:batch:us-east-1:000000000000"
 TERMINAL = ("SUCCEEDED", "FAILED")

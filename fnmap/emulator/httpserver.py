@@ -7,7 +7,7 @@ dispatch thread; boto3 pools ten), so a thread per connection that reads a
 request, calls the app and writes the answer is all the emulator needs.  It
 speaks HTTP/1.1 with keep-alive, ``Content-Length`` and chunked request bodies,
 ``Expect: 100-continue`` and HEAD; an answer without a length is gathered and
-sent with one.  Requests are parsed by :mod:`fnmap.httpwire` (httptools, or h11):
+sent with one.  Requests are parsed by :mod:`fnmap.runtime.httpwire` (httptools, or h11):
 a malformed one is answered 400 (413, 431, 501, 505) and its connection closed
 (issue 12).  It binds where it is told (the CLI warns when that is not loopback).
 """
@@ -21,8 +21,8 @@ import threading
 import traceback
 from io import BytesIO
 
-from .. import httpwire
-from ..httpwire import BadRequest, reason_phrase
+from ..runtime import httpwire
+from ..runtime.httpwire import BadRequest, reason_phrase
 
 #: Connections served at once; more are answered 503 and closed.
 MAX_CONNECTIONS = 1000
@@ -30,7 +30,7 @@ MAX_CONNECTIONS = 1000
 
 class WSGIServer:
     """Serve ``app`` on ``host:port`` (0: any free port) until :meth:`close`.  ``parser`` is
-    ``httptools`` or ``h11`` (default: :data:`fnmap.httpwire.PARSER`)."""
+    ``httptools`` or ``h11`` (default: :data:`fnmap.runtime.httpwire.PARSER`)."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, idle_timeout: float = 600.0,
                  max_body: int = 64 << 20, parser: str | None = None):

@@ -37,7 +37,7 @@ Two ways to run the events (``fnmap emulator --lambda-runtime``):
   emulator's injected faults (``--fail-rate`` and the rest) are not applied here.
 * ``pool``: every function name is served by the emulator's one pool of workers.
   The event is decoded exactly as ``handlers/aws_lambda.py`` decodes it
-  (:mod:`fnmap.lambda_event`), and nothing is unpickled in the emulator itself.
+  (:mod:`fnmap.runtime.lambda_event`), and nothing is unpickled in the emulator itself.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ import time
 
 from flask import Response, jsonify, request
 
-from ..lambda_event import decode_event, encode_result
-from ..serialization import runtime_info
-from ..wire import ERROR_KIND_HEADER
+from ..runtime.lambda_event import decode_event, encode_result
+from ..runtime.serialization import runtime_info
+from ..runtime.wire import ERROR_KIND_HEADER
 
 ACCOUNT = "000000000000"
 #: The date prefix of Lambda's REST paths (2015-03-31, 2017-10-31, ...).

@@ -16,7 +16,7 @@ import threading
 import time
 
 from ..errors import FnmapError
-from ..signing import SECRET_ENV, new_secret
+from ..runtime.signing import SECRET_ENV, new_secret
 
 #: Seconds an emulator may take to print its URL (a cold start on a loaded machine).
 STARTUP_TIMEOUT = 60.0

@@ -45,8 +45,8 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
 
-    from fnmap import worker
-    from fnmap.signing import secret_from_env
+    from ..runtime import worker
+    from ..runtime.signing import secret_from_env
 
     secret = secret_from_env()
     protocol_out.write(b"R")  # ready: imports done
@@ -74,8 +74,8 @@ def serve(conn, env: dict | None) -> None:
 
     import socket
 
-    from fnmap import worker
-    from fnmap.signing import secret_from_env
+    from ..runtime import worker
+    from ..runtime.signing import secret_from_env
 
     worker.WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"  # imported before the fork
     secret = secret_from_env()

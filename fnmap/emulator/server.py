@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from ..signing import SECRET_ENV, new_secret
+from ..runtime.signing import SECRET_ENV, new_secret
 from . import default_workers
 from .faults import FaultPlan
 from .httpserver import WSGIServer
@@ -34,7 +34,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     _warn_if_exposed(host)
     limit_blas_threads(env, workers)
     pool = _start_pool_while(workers, env, _import_app)
-    from ..http_app import MAX_BODY_BYTES
+    from ..runtime.http_app import MAX_BODY_BYTES
     from .app import Emulator, create_emulator_app
 
     emulator = Emulator(pool, faults)

@@ -21,14 +21,15 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
-from . import compression, keys, policy, signing
-from .errors import STORAGE_REFUSED_ERRNOS, SerializationError, storage_fix
-from .errors import TimeoutError as CallTimeout
+from ..errors import STORAGE_REFUSED_ERRNOS, SerializationError, storage_fix
+from ..errors import TimeoutError as CallTimeout
+from ..storage import open_store
+from . import compression, keys, signing
 from .peakmem import PeakMemory
 from .serialization import dumps, loads, pack_exception, runtime_mismatch
-from .storage import open_store
 from .wire import CallRequest, CallResponse, decode_request, encode
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
@@ -159,7 +160,7 @@ def _unreachable_message(store_url: str, e: BaseException) -> str:
 
 
 def _is_storage_error(e: BaseException) -> bool:
-    from .errors import KeyNotFound
+    from ..errors import KeyNotFound
 
     return isinstance(e, (KeyNotFound, OSError)) or type(e).__module__.startswith("botocore")
 
@@ -263,7 +264,7 @@ def _wants_retry(req: CallRequest, outcomes: list[tuple]) -> bool:
     """Whether an item raised a ``retry_on`` type with attempts left (then nothing is committed)."""
     retries_left_after = req.max_attempts - 1  # attempt n may be re-run while n <= max_attempts - 1
     return any(
-        o[0] == "err" and policy.retry_outcome(o[3], req.retry_on, req.attempt, retries_left_after)
+        o[0] == "err" and retry_outcome(o[3], req.retry_on, req.attempt, retries_left_after)
         for o in outcomes
     )
 
@@ -401,3 +402,9 @@ def _observed(loaded_at: float, logs: io.StringIO | None, outcomes: list[tuple])
     if logs is not None and logs.tell() and any(o[0] != "ok" for o in outcomes):
         extra["log_tail"] = logs.getvalue()[-LOG_TAIL_CHARS:]
     return extra
+
+
+def retry_outcome(exc_types: Iterable[str], retry_on: Iterable[str], attempts_made: int, retries: int) -> bool:
+    """Whether a user exception (its class and bases, as qualified names) is in ``retry_on`` with attempts left."""
+    wanted = set(retry_on)
+    return bool(wanted) and attempts_made <= retries and any(t in wanted for t in exc_types)

@@ -2,8 +2,8 @@
 
 ``get(dsk, keys)`` follows Dask's scheduler ``get`` specification.  It is an
 event loop in the client, like ``dask.local.get_async``, with three changes
-that make it fit serverless calls (see :mod:`fnmap.dask_plan` for the graph
-side and :mod:`fnmap.dask_worker` for the worker side):
+that make it fit serverless calls (see :mod:`fnmap.dask.plan` for the graph
+side and :mod:`fnmap.runtime.dask_tasks` for the worker side):
 
 * **Fewer, fuller invocations.**  Linear chains are fused into one unit, and
   ready units (in ``dask.order`` priority) share a call up to about
@@ -46,15 +46,15 @@ from dask.callbacks import local_callbacks, unpack_callbacks
 from dask.local import nested_get
 from dask.utils import key_split
 
-from . import keys as _keys
-from .client import get_client
-from .config import OPTIONS, resolve
-from .dask_plan import Plan, make_plan, requested_keys
-from .dask_worker import Batch, BatchResult, Stored, run_batch
-from .errors import SerializationError
-from .progress import make_progress
-from .serialization import dumps, dumps_checked, loads
-from .worker import MODE_ONE
+from ..client import get_client
+from ..config import OPTIONS, resolve
+from ..errors import SerializationError
+from ..observe.progress import make_progress
+from ..runtime import keys as _keys
+from ..runtime.dask_tasks import Batch, BatchResult, Stored, run_batch
+from ..runtime.serialization import dumps, dumps_checked, loads
+from ..runtime.worker import MODE_ONE
+from .plan import Plan, make_plan, requested_keys
 
 __all__ = ["get", "RunStats", "collect_stats"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import cloudpickle
 
-from .errors import RemoteError, SerializationError
+from ..errors import RemoteError, SerializationError
 
 PROTOCOL = 5
 
@@ -257,7 +257,7 @@ class _Rebuild:
 
 def unpack_exception(data: bytes, tb: str) -> BaseException:
     """The remote exception, with the remote traceback chained as its cause."""
-    from .errors import RemoteTraceback
+    from ..errors import RemoteTraceback
 
     try:
         exc = loads(data)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .locks import YieldingLock
+from ..locks import YieldingLock
 
 #: Jobs with fewer items than this show no bar unless ``progress=True``.
 MIN_ITEMS_FOR_AUTO = 100

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
-from .errors import ConfigError, UnknownStorage
+from ..errors import ConfigError, UnknownStorage
 
 #: Bytes fetched per request while reading a partition (one ranged GET each on S3).
 READ_BLOCK = 8 << 20
@@ -234,7 +234,7 @@ def _fetcher(url: str) -> tuple[Callable[[int, int], bytes], Callable[[], None] 
 
         return fetch_file, f.close
     if parsed.scheme == "s3":
-        from .storage import open_store
+        from ..storage import open_store
 
         bucket, key = split_s3_url(url)
         store = open_store(f"s3://{bucket}")

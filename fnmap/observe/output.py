@@ -1,7 +1,7 @@
 """Remote ``print()`` output shown by the client after a job (the ``output="after"`` option, issue 14).
 
 Workers capture each call's output; with ``output="after"`` they send it back with the call's
-answer (bounded: :data:`fnmap.worker.OUTPUT_CHARS`) instead of writing it to the emulator's stderr,
+answer (bounded: :data:`fnmap.runtime.worker.OUTPUT_CHARS`) instead of writing it to the emulator's stderr,
 where it cut into the progress bar and other calls' output mid-line.  The client prints it once
 the job is over, per call and in call order, on its own stdout (in Jupyter: the running cell).
 Nothing is read from storage here: a job of 100,000 calls does not fetch 100,000 log objects;

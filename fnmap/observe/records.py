@@ -26,8 +26,9 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import cost, keys
-from .errors import FnmapError
+from ..errors import FnmapError
+from ..runtime import keys
+from . import cost
 
 FORMAT = 1
 #: Call statuses that mean the call has not finished.
@@ -132,7 +133,7 @@ def _failed_items(status: str, stats: dict, n_items: int) -> int:
 
 def call_error(outcomes: list) -> tuple[str, str, str]:
     """``(status, "Type: message", remote traceback)`` of the first failing item of a call's outcomes."""
-    from .serialization import add_local_source_lines
+    from ..runtime.serialization import add_local_source_lines
 
     for outcome in outcomes:
         if outcome[0] != "ok":

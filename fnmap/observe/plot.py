@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import FnmapError
+from ..errors import FnmapError
 from .records import percentile, run_seconds
 
 PHASE_COLOURS = {

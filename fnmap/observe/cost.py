@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 #: When the tables were last checked (https://aws.amazon.com/lambda/pricing/, EC2 on-demand).
 PRICES_CHECKED = "2025-06"
@@ -89,7 +89,7 @@ def lambda_cost(
         raise UnknownPrice(
             f"no AWS Lambda price for region {region!r}; known regions: "
             f"{', '.join(sorted(LAMBDA_PRICES))} "
-            "(add it to fnmap/cost.py LAMBDA_PRICES)"
+            "(add it to fnmap/observe/cost.py LAMBDA_PRICES)"
         )
     if arch not in ("x86_64", "arm64"):
         raise UnknownPrice(f"no AWS Lambda price for architecture {arch!r}; use x86_64 or arm64")
@@ -122,7 +122,7 @@ def batch_cost(durations: list[float], instance_type: str) -> dict:
         raise UnknownPrice(
             f"no EC2 price for instance type {instance_type!r}; known types: "
             f"{', '.join(sorted(BATCH_INSTANCE_PRICES))} "
-            "(add it to fnmap/cost.py BATCH_INSTANCE_PRICES)"
+            "(add it to fnmap/observe/cost.py BATCH_INSTANCE_PRICES)"
         )
     seconds = sum(max(d, BATCH_MINIMUM_SECONDS) for d in durations)
     return {

@@ -1,6 +1,6 @@
 """How one fnmap invocation travels through AWS Lambda: the event in, the result out.
 
-Lambda payloads are JSON, so the binary envelope (:mod:`fnmap.wire`) travels
+Lambda payloads are JSON, so the binary envelope (:mod:`fnmap.runtime.wire`) travels
 base64-encoded with its HMAC beside it::
 
     {"fnmap": 1, "body": "<base64 envelope>", "signature": "<hex>"}
@@ -73,7 +73,7 @@ def decode_event(event) -> tuple[bytes, str | None]:
         except (TypeError, ValueError) as e:
             raise ValueError(f"the event's body is not base64: {e}") from None
     if "store" in event and "key" in event:
-        from .storage import open_store
+        from ..storage import open_store
 
         return open_store(event["store"]).get(event["key"]), signature
     raise ValueError("the event has neither a body nor a store and key")

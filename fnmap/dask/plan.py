@@ -34,7 +34,7 @@ except ImportError as e:  # Dask before its task-spec graphs (2024.12)
         f"this is Dask {dask.__version__}: pip install -U dask"
     ) from e
 
-from .dask_worker import Unit
+from ..runtime.dask_tasks import Unit
 
 
 @dataclass

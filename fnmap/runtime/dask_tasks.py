@@ -28,8 +28,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from ..storage import open_store
 from .serialization import dumps, loads
-from .storage import open_store
 from .worker import WORKER_ID
 
 

@@ -1,0 +1,1 @@
+"""What a user sees of a job: records, history, cost, plots, progress bars and call output."""
