@@ -194,19 +194,19 @@ def _start(
     states = []
     try:
         for chunk in policy.chunks(make_items(job.id), config.chunksize):
-            states.append(job.add_call(func_key, (mode, chunk), index, len(chunk), CallOutcome()))
+            states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), CallOutcome()))
             index += len(chunk)
     except BaseException as e:
         job.setup_error = f"{type(e).__name__}: {e}"  # the record says why nothing ran
         job.cancel()
-        job.seal()
+        client.seal(job)
         raise
     label = label or f"fnmap {getattr(func, '__name__', 'map')}"
     job.progress = make_progress(config.progress, index, label)
     if stream:  # imap reads each call as it is done
         job.completed = queue.SimpleQueue()
-    job.seal()
-    client.dispatch_many(job, states)
+    client.seal(job)
+    client.submit(job, states)
     return job
 
 

@@ -9,6 +9,7 @@ the worker side too, so it must stay free of client-only dependencies.
 from __future__ import annotations
 
 import builtins
+import enum
 
 
 class FnmapError(Exception):
@@ -142,16 +143,49 @@ class RemoteTraceback(Exception):
         return self.tb
 
 
-class PlatformFault(FnmapError):
-    """Internal: one attempt of a call failed for a platform reason; the client decides whether to retry.
+class FaultKind(str, enum.Enum):
+    """Why one attempt of a call failed at platform level (not the user's exception).
 
-    ``kind`` is one of ``throttled``, ``server``, ``connection``, ``crashed``, ``lost``, ``rejected``,
-    ``timeout``, ``version``, ``storage``.  ``retry_after`` is the platform's hint in seconds, if any.
+    The scheduler decides by kind: the retryable kinds run the call again (``throttled`` without
+    using up a retry while the throttle can still slow down), the others fail it for good with
+    the error class :data:`fnmap.job.FAULT_ERRORS` names.
     """
 
-    RETRYABLE = frozenset({"throttled", "server", "connection", "crashed", "lost"})
+    THROTTLED = "throttled"  # 429: the platform refused to start the call; nothing ran
+    SERVER = "server"  # 5xx, a malformed or unreadable answer
+    CONNECTION = "connection"  # the request or its answer was lost on the way
+    CRASHED = "crashed"  # the worker process died (segfault, os._exit, out of memory)
+    LOST = "lost"  # accepted asynchronously, no result in time
+    REJECTED = "rejected"  # the platform or worker refused the request (4xx other than below)
+    SIGNATURE = "signature"  # 401/403: the request was not signed with the deployment's secret
+    TIMEOUT = "timeout"  # the call ran past its timeout
+    VERSION = "version"  # the worker's Python/cloudpickle cannot load the client's pickles
+    STORAGE = "storage"  # the worker cannot read or write the job's storage
+    CANCELLED = "cancelled"  # the job was cancelled or abandoned before this call could run again
+    CLIENT = "client"  # a bug in fnmap's own client code, reported on the call instead of lost
+    RETRY_ON = "retry_on"  # the user's exception, in ``retry_on``: the call runs again
 
-    def __init__(self, kind: str, message: str, *, retry_after: float | None = None):
+    def __str__(self) -> str:  # records and messages show the plain name
+        return self.value
+
+    __format__ = str.__format__
+
+
+class PlatformFault(FnmapError):
+    """Internal: one attempt of a call failed for a platform reason; the scheduler decides whether to retry.
+
+    ``kind`` is a :class:`FaultKind` (a plain string of one is accepted and checked).
+    ``retry_after`` is the platform's hint in seconds, if any.
+    """
+
+    RETRYABLE = frozenset({FaultKind.THROTTLED, FaultKind.SERVER, FaultKind.CONNECTION, FaultKind.CRASHED,
+                           FaultKind.LOST})
+
+    def __init__(self, kind: FaultKind | str, message: str, *, retry_after: float | None = None):
+        try:
+            kind = FaultKind(kind)
+        except ValueError:
+            raise ValueError(f"unknown fault kind {kind!r}; one of {[k.value for k in FaultKind]}") from None
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message

@@ -16,6 +16,7 @@ import time
 from concurrent import futures
 from concurrent.futures import Future
 
+from . import policy
 from .client import get_client
 from .config import resolve
 from .observe.output import show_call_output
@@ -63,8 +64,8 @@ class Executor(futures.Executor):
             first = next(self._index)
             for _ in range(len(items) - 1):
                 next(self._index)
-            state = self._job.add_call(func_key, (MODE_ARGS, items), first, len(items), future, unwrap)
-        self._client.dispatch(self._job, state)
+            state = self._client.add_call(self._job, func_key, (MODE_ARGS, items), first, len(items), future, unwrap)
+        self._client.submit(self._job, [state])
         return future
 
     def map(self, fn, *iterables, timeout=None, chunksize=1, buffersize=None):
@@ -77,7 +78,7 @@ class Executor(futures.Executor):
             if buffersize < 1:
                 raise ValueError("buffersize must be None or > 0")
         end_time = None if timeout is None else timeout + time.monotonic()
-        chunks = _chunks(zip(*iterables), chunksize)  # noqa: B905 - the shortest iterable ends map, as in the stdlib
+        chunks = policy.chunks(zip(*iterables), chunksize)  # noqa: B905 - the shortest iterable ends map, as in the stdlib
 
         def submit_chunk(chunk):
             return self._submit(fn, [(args, {}) for args in chunk], Future(), unwrap=False)
@@ -116,20 +117,12 @@ class Executor(futures.Executor):
     def shutdown(self, wait=True, *, cancel_futures=False):
         with self._lock:
             self._shutdown = True
-            self._job.seal()
+            self._client.seal(self._job)
         if cancel_futures:
             self._job.cancel()
         if wait:
             futures.wait([s.future for s in self._job.calls])
             show_call_output(self._job)  # remote print() output of its calls (output="after", issue 14)
-
-
-def _chunks(iterator, chunksize):
-    while True:
-        chunk = tuple(itertools.islice(iterator, chunksize))
-        if not chunk:
-            return
-        yield chunk
 
 
 def _state_of(job, future):

@@ -13,20 +13,20 @@ from concurrent.futures import CancelledError, Future
 
 from .errors import (
     CallLost,
+    FaultKind,
     PlatformError,
+    PlatformFault,
     RemoteExit,
-    SerializationError,
     SignatureError,
     StorageError,
     VersionMismatch,
     WorkerCrashed,
 )
 from .errors import TimeoutError as CallTimeout
-from .locks import YieldingLock
 from .observe import records
 from .observe.output import show_call_output
 from .runtime import keys
-from .runtime.serialization import dumps, dumps_checked, unpack_exception
+from .runtime.serialization import unpack_exception
 
 
 class CallState:
@@ -35,7 +35,7 @@ class CallState:
     __slots__ = (
         "call_id", "first_index", "n_items", "func_key", "payload", "items_key", "future",
         "unwrap", "attempts", "next_attempt", "sent_at", "in_flight", "done", "speculated",
-        "stats", "awaiting", "charged", "claimed",
+        "stats", "awaiting", "charged", "claimed", "result",
     )
 
     def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap):
@@ -62,6 +62,8 @@ class CallState:
         #: Set, under the job's lock, by whoever settles the first attempt's fate: a dispatch
         #: thread starting the call, or ``Job.cancel`` cancelling it (never both; issue 12).
         self.claimed = False
+        #: The final outcome list, or the fault that failed the call, until :meth:`Job.deliver` hands it on.
+        self.result = None
 
     def describe(self) -> str:
         last = self.first_index + self.n_items - 1
@@ -131,21 +133,29 @@ _LOG_NOTE_LINES = 20
 #: Stored outputs read per job for exception notes when results came without stats.
 _LOG_NOTE_READS = 20
 
-_FAULT_ERRORS = {
-    "crashed": WorkerCrashed,
-    "lost": CallLost,
-    "timeout": CallTimeout,
-    "version": VersionMismatch,
-    "storage": StorageError,
+#: The error a call's final platform fault raises (any other kind: :class:`PlatformError`).
+FAULT_ERRORS = {
+    FaultKind.CRASHED: WorkerCrashed,
+    FaultKind.LOST: CallLost,
+    FaultKind.TIMEOUT: CallTimeout,
+    FaultKind.VERSION: VersionMismatch,
+    FaultKind.STORAGE: StorageError,
+    FaultKind.SIGNATURE: SignatureError,
 }
 
 
 class Job:
-    """The calls of one job.  Created and driven by :class:`fnmap.client.Client`."""
+    """The user's handle on one job: its calls' futures, results, summary, record, logs and cost.
 
-    def __init__(self, client, config, kind: str = "map"):
+    The :class:`fnmap.scheduler.Scheduler` decides everything about the calls (it updates the
+    counters below under its lock); the job turns those decisions into what a user sees:
+    completed futures, the progress bar, the job record in storage.
+    """
+
+    def __init__(self, scheduler, store, config, kind: str = "map"):
         self.id = keys.new_job_id()
-        self.client = client
+        self._scheduler = scheduler
+        self.store = store
         self.config = config
         self.kind = kind
         self.created = time.time()
@@ -171,7 +181,8 @@ class Job:
         self.retry_on_names = sorted(
             {f"{t.__module__}.{t.__qualname__}" for t in config.retry_on}
         )
-        self._lock = YieldingLock()
+        #: The scheduler's lock: held while reading the calls' state for a record or summary.
+        self._lock = scheduler.lock
         self._all_done = threading.Event()
         #: Set when every call is done or a call failed: what ``results`` waits on (fail fast).
         self._wake = threading.Event()
@@ -179,247 +190,63 @@ class Job:
         #: None (no cost) unless a reader set one before the calls were dispatched.
         self.completed = None
 
-    # -- building ------------------------------------------------------------
+    # -- what the scheduler's decisions become ------------------------------------
 
-    def add_call(self, func_key: str, chunk: tuple, first_index: int, n_items: int,
-                 future: Future | None = None, unwrap: bool = False) -> CallState:
-        """Pickle a chunk (storing it if it is large) and record the call; does not dispatch it."""
-        try:
-            payload = dumps(chunk)
-        except Exception:
-            _raise_unpicklable(chunk, first_index)
-        items_key = None
-        if len(payload) > self.config.inline_limit:
-            items_key = keys.input_key(self.id, len(self.calls))
-            with self.client.storage_errors("store the input of the call"):
-                self.client.store.put(items_key, payload)
-            payload = b""
-        state = CallState(len(self.calls), first_index, n_items, func_key, payload, items_key,
-                          future or Future(), unwrap)
-        with self._lock:
-            self.calls.append(state)
-            self._all_done.clear()
-        return state
-
-    def seal(self) -> None:
-        """No more calls will be added (a map job); the job is done when every call is."""
-        with self._lock:
-            self.sealed = True
-            if self.progress is not None and self.progress.calls is None:
-                self.progress.calls = len(self.calls)
-            self._check_all_done()
-        if not self._save_record_if_last():
-            self._save_record(final=False)  # a "running" index entry, so `fnmap jobs` shows the job
-
-    # -- outcomes ------------------------------------------------------------
-
-    def next_attempt(self, state: CallState) -> int:
-        return self.next_attempts([state])[0][1]
-
-    def next_attempts(self, states: list[CallState]) -> list[tuple[CallState, int]]:
-        """``next_attempt`` for many calls under one lock."""
-        with self._lock:
-            out = []
-            for state in states:
-                out.append((state, state.next_attempt))
-                state.next_attempt += 1
-            return out
-
-    def finish(self, state: CallState, outcomes: list, stats: dict | None, attempt: int) -> bool:
-        """Deliver a call's outcomes; returns False for a duplicate (a later copy)."""
-        with self._lock:  # one lock section per call: dispatch threads share this lock (issue 9)
-            if state.done:
-                self.duplicate_count += 1
-                return False
-            state.done = True
-            state.stats = stats
-            if stats and "started" in stats and "finished" in stats:
-                self.durations.append(stats["finished"] - stats["started"])
-            self.done_count += 1
-            failed = 0
-            for outcome in outcomes:
-                if outcome[0] != "ok":
-                    failed += 1
-            self.failed_count += failed
-            if failed:
-                self.call_errors[state.call_id] = records.call_error(outcomes)
-            self._mark_attempt(state, attempt, "ok" if not failed else "error")
-            state.payload = None
-            others = _attempts_out(state)
-            write_record, all_done = self._settle()
-        if write_record:  # before the last result is out: a returned map has its record
-            self._save_record(final=True)
-        if state.unwrap:
-            outcome = outcomes[0]
-            if outcome[0] == "ok":
-                _set(state.future, result=outcome[1])
-            else:
-                _set(state.future, exception=self.item_exception(state, 0, outcome))
+    def deliver(self, state: CallState) -> None:
+        """A call's outcome is final (``state.result``: its outcomes, or the fault that failed it):
+        complete its future, tell ``imap`` and the progress bar."""
+        result, state.result = state.result, None
+        if isinstance(result, PlatformFault):
+            failed = state.n_items
+            _set(state.future, exception=self._fault_error(state, result))
         else:
-            _set(state.future, result=outcomes)
+            failed = sum(1 for outcome in result if outcome[0] != "ok")
+            if not state.unwrap:
+                _set(state.future, result=result)
+            elif result[0][0] == "ok":
+                _set(state.future, result=result[0][1])
+            else:
+                _set(state.future, exception=self.item_exception(state, 0, result[0]))
         if self.completed is not None:
             self.completed.put(state)
-        self._progress_update(state.n_items, failed, state.call_id)
+        if self.progress is not None:
+            self.progress.update(state.n_items, failed, state.call_id)
         if failed:
             self._wake.set()
-        if all_done:
-            self._after_done()
-        if others:
-            self.client.stop_copies(self, state, others)
-        return True
 
-    def fail(self, state: CallState, fault, attempt: int) -> None:
-        """The call failed at platform level for good: every item of it gets the same error."""
-        with self._lock:
-            if state.done:
-                return
-            state.done = True
-            self.done_count += 1
-            self.failed_count += state.n_items
-            self.call_errors[state.call_id] = (fault.kind, fault.message)
-            self._mark_attempt(state, attempt, fault.kind)
-            state.payload = None
-            attempts = len(state.attempts)
-            others = _attempts_out(state)
-            write_record, all_done = self._settle()
-        cls = _FAULT_ERRORS.get(fault.kind, PlatformError)
-        if fault.kind == "rejected" and ("401" in fault.message or "403" in fault.message):
-            cls = SignatureError
-        exc = cls(
-            f"{state.describe()} of job {self.id} failed after {attempts} attempt(s): {fault.message}"
-        )
+    def _fault_error(self, state: CallState, fault: PlatformFault) -> BaseException:
+        cls = FAULT_ERRORS.get(fault.kind, PlatformError)
+        exc = cls(f"{state.describe()} of job {self.id} failed after {len(state.attempts)} attempt(s): "
+                  f"{fault.message}")
         exc.add_note(f"fnmap: {state.describe()} of job {self.id}; retries={self.config.retries}")
-        if write_record:
-            self._save_record(final=True)
-        _set(state.future, exception=exc)
-        if self.completed is not None:
-            self.completed.put(state)
-        self._progress_update(state.n_items, state.n_items, state.call_id)
+        return exc
+
+    def all_done(self) -> None:
+        """Every call is done and no more will come: close the bar, then wake the waiters."""
+        if self._all_done.is_set():
+            return
+        self.finished = self.finished or time.time()  # set already if the record was written
+        if self.progress is not None:  # before the waiters wake: the bar's last draw precedes their next line
+            self.progress.close()
+        self._all_done.set()
         self._wake.set()
-        if all_done:
-            self._after_done()
-        if others:
-            self.client.stop_copies(self, state, others)
-
-    def _settle(self) -> tuple[bool, bool]:
-        """Under ``_lock``, after a call is done: (write the final record now, every call is done)."""
-        all_done = self.sealed and self.done_count == len(self.calls)
-        write_record = all_done and not self._record_saved
-        if write_record:
-            self._record_saved = True
-            self.finished = self.finished or time.time()
-        return write_record, all_done
-
-    def record_attempt(self, state: CallState, attempt: int, sent: float) -> None:
-        with self._lock:
-            state.attempts.append([attempt, sent, None, None])
-            state.sent_at = sent
-            state.in_flight += 1
-            if attempt > 1:
-                self.retry_count += 1
-                if self.progress is not None:
-                    self.progress.retrying(state.call_id)
-
-    def record_fault(self, state: CallState, attempt: int, kind: str) -> None:
-        with self._lock:
-            self._mark_attempt(state, attempt, kind)
-
-    def _mark_attempt(self, state: CallState, attempt: int, outcome: str) -> None:
-        for record in state.attempts:
-            if record[0] == attempt and record[2] is None:
-                record[2], record[3] = time.time(), outcome
-                state.in_flight -= 1
-                break
-
-    def start_call(self, state: CallState) -> bool:
-        """Claim a call for its first attempt; False when it must not run.
-
-        The claim and the job's ``cancelled`` flag are read and set under one lock, so a call
-        is either started here or cancelled by :meth:`cancel`, never both: a call a dispatch
-        thread has taken runs and ends with its own result (``shutdown(cancel_futures=True)``
-        cancels pending futures only, as the standard library's executors do).
-        """
-        with self._lock:
-            if state.claimed or state.done:
-                return False
-            state.claimed = True
-            cancel = self.cancelled
-        if cancel:  # cancelled before any thread took it
-            self._cancel_unstarted(state)
-            return False
-        try:
-            running = state.future.set_running_or_notify_cancel()
-        except RuntimeError:  # notified already (by its owner): treat as cancelled
-            running = False
-        if not running:  # the caller cancelled this future itself
-            self.cancelled_before_start(state)
-        return running
-
-    def _cancel_unstarted(self, state: CallState) -> None:
-        """Cancel the future of a call no thread started, and notify its waiters as an
-        executor's worker would on pickup (``concurrent.futures.wait`` sees it then)."""
-        if state.future.cancel():
-            try:
-                state.future.set_running_or_notify_cancel()
-            except RuntimeError:  # notified already
-                pass
-        self.cancelled_before_start(state)
-
-    def cancelled_before_start(self, state: CallState) -> None:
-        with self._lock:
-            newly_done = not state.done
-            if newly_done:
-                state.done = True
-                self.done_count += 1
-                state.payload = None
-            write_record, all_done = self._settle()
-        if write_record:
-            self._save_record(final=True)
-        if newly_done and self.completed is not None:
-            self.completed.put(state)
-        if all_done:
-            self._after_done()
-
-    def _after_done(self) -> None:
-        with self._lock:
-            self._check_all_done()
-
-    def _check_all_done(self) -> None:
-        if self.sealed and self.done_count == len(self.calls) and not self._all_done.is_set():
-            self.finished = self.finished or time.time()  # set already if the record was written
-            if self.progress is not None:  # before the waiters wake: the bar's last draw precedes their next line
-                self.progress.close()
-            self._all_done.set()
-            self._wake.set()
-
-    def _progress_update(self, n: int, failed: int, call_id: int | None = None) -> None:
-        if self.progress is not None:
-            self.progress.update(n, failed, call_id)
 
     # -- the job record (issue 8) ---------------------------------------------
 
-    def _save_record_if_last(self) -> bool:
-        """Write the full record once, when every call is done; True if this call wrote it."""
-        with self._lock:
-            if self._record_saved or not self.sealed or self.done_count != len(self.calls):
-                return False
-            self._record_saved = True
-            self.finished = self.finished or time.time()
-        self._save_record(final=True)
-        return True
-
-    def _save_record(self, final: bool) -> None:
+    def save_record(self, final: bool) -> None:
+        """Write the job's record (``final``) or its "running" index entry; a failure to write
+        it is warned about, never the job's failure."""
         try:
             if final:
-                records.write(self.client.store, records.build(self))
+                records.write(self.store, records.build(self))
             else:
-                records.write_index(self.client.store, records.started_summary(self))
+                records.write_index(self.store, records.started_summary(self))
         except Exception as e:  # results matter more than the record: warn, do not fail the job
             import warnings
 
             self.record_error = f"{type(e).__name__}: {e}"
             warnings.warn(f"fnmap: could not write the record of job {self.id} to "
-                          f"{self.client.store.url}: {self.record_error}", RuntimeWarning,
+                          f"{self.store.url}: {self.record_error}", RuntimeWarning,
                           stacklevel=2)
 
     # -- results -------------------------------------------------------------
@@ -450,7 +277,7 @@ class Job:
                 return None
             self._log_reads += 1
         try:
-            data = self.client.store.get(keys.log_key(self.id, state.call_id, attempt))
+            data = self.store.get(keys.log_key(self.id, state.call_id, attempt))
         except Exception:  # KeyNotFound (the call printed nothing) or storage trouble: no note
             return None
         return data.decode("utf-8", errors="replace")[-2000:]
@@ -513,31 +340,10 @@ class Job:
                 self._wake.wait()
 
     def cancel(self, stop_platform: bool = False) -> None:
-        """Stop starting this job's calls: those no dispatch thread took yet are cancelled; those
-        already running go on and end with their own results (retried after platform faults).
-
-        ``stop_platform``: nobody wants the results any more (a map raised its first failure, or
-        was interrupted): no more retries or copies, and the backend stops what it still runs
-        where it can (Batch array jobs are terminated).
-        """
-        with self._lock:
-            self.cancelled = True
-            if stop_platform:
-                self.abandoned = True
-            unstarted = [s for s in self.calls if not s.claimed and not s.done]
-            for state in unstarted:
-                state.claimed = True
-        for state in unstarted:
-            self._cancel_unstarted(state)
-        self._wake.set()
-        if stop_platform and not self.done:
-            try:
-                self.client.backend.cancel(self.id)
-            except Exception as e:  # the caller is already handling an error; say, do not mask it
-                import warnings
-
-                warnings.warn(f"fnmap: could not stop the platform's work for job {self.id}: {e}",
-                              RuntimeWarning, stacklevel=3)
+        """Stop starting this job's calls; those running end with their own results.  With
+        ``stop_platform`` the job is abandoned: no retries or copies, and the platform stops what
+        it can (see :meth:`fnmap.scheduler.Scheduler.cancel`)."""
+        self._scheduler.cancel(self, stop_platform)
 
     def attempts_summary(self) -> dict:
         """Attempts per call, for the job summary: ``{call_id: [[attempt, sent, ended, outcome], ...]}``."""
@@ -559,7 +365,7 @@ class Job:
             "job_id": self.id,
             "kind": self.kind,
             "backend": self.config.backend,
-            "storage": self.client.store.url,
+            "storage": self.store.url,
             "calls": calls,
             "done": self.done_count,
             "failed_items": self.failed_count,
@@ -581,7 +387,7 @@ class Job:
 
     def logs(self, call: int | None = None) -> str:
         """The captured stdout and stderr of every call (or of call ``call``), by attempt."""
-        found = records.read_logs(self.client.store, self.id, call)
+        found = records.read_logs(self.store, self.id, call)
         return "".join(f"--- call {c} attempt {a} ---\n{text}"
                        + ("" if text.endswith("\n") else "\n") for c, a, text in found)
 
@@ -601,11 +407,6 @@ class Job:
         return f"<fnmap.Job {self.id} {self.done_count}/{len(self.calls)} calls done>"
 
 
-def _attempts_out(state: CallState) -> list[int]:
-    """Under the job's lock: the call's attempts sent and not yet ended (copies still running)."""
-    return [record[0] for record in state.attempts if record[2] is None]
-
-
 def _set(future: Future, result=None, exception=None) -> None:
     if future.done():  # cancelled by the user meanwhile
         return
@@ -616,19 +417,3 @@ def _set(future: Future, result=None, exception=None) -> None:
             future.set_result(result)
     except Exception:  # InvalidStateError: lost a race with cancel()
         pass
-
-
-def _raise_unpicklable(chunk: tuple, first_index: int) -> None:
-    from .runtime.worker import MODE_ARGS
-
-    mode, items = chunk
-    for offset, item in enumerate(items):
-        where = f"item {first_index + offset}"
-        if mode == MODE_ARGS:  # (args, kwargs) of Executor.submit / starmap: name the argument
-            args, kwargs = item
-            for position, arg in enumerate(args):
-                dumps_checked(arg, f"argument {position} of {where}")
-            for name, arg in kwargs.items():
-                dumps_checked(arg, f"keyword argument {name!r} of {where}")
-        dumps_checked(item, where)
-    raise SerializationError(f"the chunk starting at item {first_index} cannot be pickled")

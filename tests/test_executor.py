@@ -158,7 +158,7 @@ def test_shutdown_no_wait_then_results_arrive():
 def test_a_call_sent_after_its_client_closed_fails_instead_of_hanging():
     ex = fnmap.Executor(backend="local", workers=1)
     try:
-        ex.job.client.close()  # e.g. at interpreter exit, or a test closing pooled connections
+        ex._client.close()  # e.g. at interpreter exit, or a test closing pooled connections
         f = ex.submit(pow, 2, 5)
         with pytest.raises(fnmap.PlatformError, match="client was closed"):
             f.result(timeout=10)
@@ -213,3 +213,19 @@ def test_dask_can_use_the_executor():
     y = dask.delayed(mul)(x, 2)
     with fnmap.Executor() as ex:
         assert dask.compute(y, scheduler=ex)[0] == 24
+
+
+def test_leaving_map_early_cancels_the_chunks_not_started():
+    """Closing ``Executor.map``'s iterator (a ``break``, an exception in the loop) cancels what has
+    not started, as the standard library's executors do: nothing runs for results nobody reads."""
+    ex = fnmap.Executor(backend="local", workers=1)
+    try:
+        results = ex.map(sleep_and_return, [0.2] * 8, range(8))
+        assert next(results) == 0
+        results.close()
+        ex.shutdown(wait=True)
+        states = ex.job.calls
+        assert sum(s.future.cancelled() for s in states) >= 5, [s.future for s in states]
+        assert ex.job.summary()["attempts"].get("ok", 0) <= 3
+    finally:
+        ex.shutdown(wait=True)

@@ -35,7 +35,7 @@ def _run(n=N, **options):
 def _assert_exactly_once(job, results, n=N):
     assert results == [2 * x for x in range(n)]  # every result, correct, in order
     assert job.done_count == len(job.calls) == n  # each call delivered once
-    store = open_store(job.client.store.url)
+    store = open_store(job.store.url)
     committed = [keys.call_id_from_key(k) for k in store.list(keys.results_prefix(job.id))]
     assert sorted(committed) == list(range(n))  # one committed result object per call
 
@@ -76,7 +76,7 @@ def test_kill_rate_worker_dies_mid_call_and_is_replaced(use_emulator):
     assert crashed == health["kills"] == health["crashes"] > 20
     assert health["status"] == "ok" and len(health["worker_pids"]) == 2
     assert not pids_before & set(health["worker_pids"])  # the killed workers were replaced
-    store = open_store(job.client.store.url)
+    store = open_store(job.store.url)
     committed_then_killed = killed_before_commit = 0
     for call_id, records in job.attempts_summary().items():
         assert records[-1][3] == "ok"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 
 import pytest
 
@@ -54,6 +55,13 @@ def test_http_backend_reconnects_when_the_server_drops_idle_connections():
         out = fnmap.map(square, range(30), backend="http", http_url=url, secret=secret, workers=2)
         assert out == [x * x for x in range(30)]
         assert handler.connections >= 30
+        # A connection the server dropped while idle is noticed before a request is sent on it,
+        # not by that request failing (one connection fault and a retry per call without the check).
+        with fnmap.Executor(backend="http", http_url=url, secret=secret, workers=1) as ex:
+            for x in range(6):
+                assert ex.submit(square, x).result() == x * x
+                time.sleep(0.05)  # idle: the hang-up has arrived before the next call
+            assert ex.job.summary()["retries"] == 0, ex.job.summary()
     finally:
         server.shutdown()
         server.server_close()
@@ -78,3 +86,19 @@ def test_wsgi_fast_path_refuses_as_the_flask_views_do(tmp_path):
     good = client.post("/invoke", data=body, headers={SIGNATURE_HEADER: sign(secret, body)})
     assert good.status_code == 200 and good.mimetype == "application/octet-stream"
     assert int(good.headers["Content-Length"]) == len(good.data)
+
+
+def test_invocations_skip_flasks_request_machinery(tmp_path):
+    """``POST /invoke`` is answered by the fast path: Flask's dispatch (and so its hooks) never runs
+    for it, while every other route still goes through Flask."""
+    secret = new_secret().encode()
+    app = create_app(in_process_execute(secret))
+    through_flask = []
+    app.before_request(lambda: through_flask.append(1))
+    client = app.test_client()
+    body = _signed_body(tmp_path.as_uri())
+    for path in ("/invoke", "/"):
+        assert client.post(path, data=body, headers={SIGNATURE_HEADER: sign(secret, body)}).status_code == 200
+    assert through_flask == []
+    client.get("/invoke")
+    assert through_flask == [1]

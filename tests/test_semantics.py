@@ -271,7 +271,8 @@ def test_batch_terminates_the_child_running_an_attempt_to_stop(batch_emulator, t
                     return_job=True)
     _wait_for(lambda: (tmp_path / "start-1").exists(), "child 1 started")
     pid = int((tmp_path / "start-1").read_text())
-    job.client.backend.stop_attempts(job.id, [(1, 1)], job.client.secret)
+    client = get_client(job.config)
+    client.backend.stop_attempts(job.id, [(1, 1)], client.secret)
     _wait_for(lambda: not _alive(pid), f"child 1's process {pid} ended")
     out = job.results(return_exceptions=True)
     assert out[0] == 0

@@ -1,10 +1,12 @@
 """The interface every backend implements.
 
-A backend only *delivers* invocations: the client owns chunking, retries,
-stragglers and gathering.  ``invoke`` returns the response body when the
-platform answers synchronously, or ``None`` when the call was accepted
-asynchronously and its result will appear in storage.  Platform failures are
-raised as :class:`fnmap.errors.PlatformFault`.
+A backend only *delivers* invocations: the scheduler (:mod:`fnmap.scheduler`) owns
+retries, stragglers and gathering.  ``invoke`` gives an :class:`Answer`: the worker's
+response body when the platform answers synchronously, or :data:`ACCEPTED` when the
+call was accepted asynchronously and its result will appear in storage.  Platform
+failures are raised as :class:`fnmap.errors.PlatformFault` (a :class:`fnmap.errors.FaultKind`
+says which).  :class:`Backend` lists everything the client uses; :class:`BaseBackend`
+gives the defaults of the optional parts.
 """
 
 from __future__ import annotations
@@ -27,6 +29,23 @@ class Invocation:
     config: Any = None
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the platform said to one invocation that it did not refuse."""
+
+    #: The worker's response (:func:`fnmap.runtime.wire.decode_response`); None when the call was
+    #: accepted to run asynchronously, its result to be found in storage.
+    body: bytes | None
+
+    @property
+    def accepted(self) -> bool:
+        return self.body is None
+
+
+#: The answer of an asynchronous invocation (Lambda ``Event``, a Batch array child).
+ACCEPTED = Answer(None)
+
+
 @dataclass
 class Failure:
     """An asynchronous call the platform reports as failed (see ``BaseBackend.poll_failures``)."""
@@ -39,11 +58,27 @@ class Failure:
 
 @runtime_checkable
 class Backend(Protocol):
+    """Everything the client uses of a backend (``BaseBackend`` has defaults for the optional parts)."""
+
     name: str
     #: How many calls the client keeps in flight at once.
     max_workers: int
+    lost_after: float | None
+    secret: bytes | None
+    batches_calls: bool
+    watches_calls: bool
 
-    def invoke(self, invocation: Invocation) -> bytes | None: ...
+    def invoke(self, invocation: Invocation) -> Answer: ...
+
+    def invoke_many(self, invocations: list[Invocation]) -> list[Answer]: ...
+
+    def poll_failures(self) -> list[Failure]: ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+    def stop_attempts(self, job_id: str, attempts: list[tuple[int, int]], secret: bytes) -> None: ...
+
+    def usable(self) -> bool: ...
 
     def close(self) -> None: ...
 
@@ -64,7 +99,7 @@ class BaseBackend:
     #: then never declares such calls lost on a timer (a container job may queue for a long time).
     watches_calls = False
 
-    def invoke_many(self, invocations: list[Invocation]) -> list[bytes | None]:
+    def invoke_many(self, invocations: list[Invocation]) -> list[Answer]:
         """Deliver several calls; one answer per invocation, as ``invoke`` gives.
 
         Raises :class:`PlatformFault` when the platform refused them all.
@@ -90,6 +125,10 @@ class BaseBackend:
         ``secret`` is the job's signing secret, for platforms that take signed requests.  By
         default nothing: the copies run on and their late results are discarded as duplicates.
         """
+
+    def usable(self) -> bool:
+        """False once the backend can no longer deliver (its embedded emulator died): the client is replaced."""
+        return True
 
     def close(self) -> None:
         pass

@@ -36,7 +36,7 @@ from urllib.parse import urlparse
 from ..errors import ConfigError, PlatformFault
 from ..runtime import container
 from ..storage import open_store
-from .base import BaseBackend, Failure, Invocation
+from .base import ACCEPTED, Answer, BaseBackend, Failure, Invocation
 
 #: Seconds AWS Batch's own timeout allows past the call's timeout (the worker stops the call first).
 TIMEOUT_GRACE_SECONDS = 60
@@ -178,18 +178,17 @@ class BatchBackend(BaseBackend):
 
     # -- submitting ------------------------------------------------------------
 
-    def invoke(self, invocation: Invocation) -> None:
-        self.invoke_many([invocation])
-        return None
+    def invoke(self, invocation: Invocation) -> Answer:
+        return self.invoke_many([invocation])[0]
 
-    def invoke_many(self, invocations: list[Invocation]) -> list[None]:
+    def invoke_many(self, invocations: list[Invocation]) -> list[Answer]:
         by_job: dict[str, list[Invocation]] = {}
         for invocation in invocations:
             by_job.setdefault(invocation.request.job_id, []).append(invocation)
         for job_id, calls in by_job.items():
             for start, size in plan_arrays(len(calls)):
                 self._submit(job_id, calls[start : start + size])
-        return [None] * len(invocations)
+        return [ACCEPTED] * len(invocations)
 
     def _submit(self, job_id: str, calls: list[Invocation]) -> None:
         config = calls[0].config or self.config

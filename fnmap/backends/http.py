@@ -23,7 +23,7 @@ from ..errors import ConfigError, PlatformFault
 from ..runtime.signing import SIGNATURE_HEADER, sign
 from ..runtime.wire import ERROR_KIND_HEADER
 from . import rawhttp
-from .base import BaseBackend, Invocation
+from .base import Answer, BaseBackend, Invocation
 
 _CONNECT_TIMEOUT = 10.0
 #: Extra seconds past a call's timeout before the client declares it lost.
@@ -61,12 +61,12 @@ class HttpBackend(BaseBackend):
             session.mount("https://", adapter)
         return session
 
-    def invoke(self, invocation: Invocation) -> bytes:
+    def invoke(self, invocation: Invocation) -> Answer:
         timeout = invocation.request.timeout
         read_timeout = timeout + GRACE_SECONDS if timeout else None
         target = self._plain_target()
         if target is not None:
-            return self._post_plain(target, invocation, read_timeout)
+            return Answer(self._post_plain(target, invocation, read_timeout))
         session = self._session()
         import requests
 
@@ -83,7 +83,7 @@ class HttpBackend(BaseBackend):
             # A reset mid-response (the host died while answering) is a connection fault too.
             raise PlatformFault("connection", f"cannot reach {self.invoke_url}: {e}") from e
         if r.status_code == 200:
-            return r.content
+            return Answer(r.content)
         raise fault_from_status(r.status_code, r.headers, r.text, self.invoke_url)
 
     def stop_attempts(self, job_id: str, attempts: list[tuple[int, int]], secret: bytes) -> None:
@@ -184,7 +184,7 @@ def fault_from_status(status: int, headers, text: str, url: str) -> PlatformFaul
             delay = None
         return PlatformFault("throttled", message, retry_after=delay)
     if status in (401, 403):
-        return PlatformFault("rejected", message + " (is the client's FNMAP_SECRET the deployment's?)")
+        return PlatformFault("signature", message + " (is the client's FNMAP_SECRET the deployment's?)")
     if status >= 500:
         return PlatformFault("server", message)
     return PlatformFault("rejected", message)

@@ -15,7 +15,7 @@ import threading
 from ..errors import PlatformFault
 from ..runtime import worker
 from ..runtime.signing import new_secret
-from .base import BaseBackend, Invocation
+from .base import Answer, BaseBackend, Invocation
 
 #: Seconds past a call's timeout before the dispatch thread stops waiting for it.
 TIMEOUT_GRACE_SECONDS = 0.5
@@ -30,10 +30,10 @@ class LocalBackend(BaseBackend):
         # so the local path verifies exactly as a remote handler does.
         self.secret = (config.secret or new_secret()).encode()
 
-    def invoke(self, invocation: Invocation) -> bytes:
+    def invoke(self, invocation: Invocation) -> Answer:
         timeout = invocation.request.timeout
         if not timeout:
-            return self._run(invocation)
+            return Answer(self._run(invocation))
         answer: list = []
         runner = threading.Thread(target=self._run_into, args=(invocation, answer), daemon=True,
                                   name="fnmap-local-call")
@@ -48,7 +48,7 @@ class LocalBackend(BaseBackend):
             )
         if isinstance(answer[0], BaseException):
             raise answer[0]
-        return answer[0]
+        return Answer(answer[0])
 
     def _run(self, invocation: Invocation) -> bytes:
         status, body = worker.handle(invocation.body, invocation.signature, self.secret)

@@ -318,7 +318,7 @@ class _Run:
         inputs = {k: self._shipped(k) for u in uids for k in self.plan.needs[u] if k not in inside}
         self.dispatched.update(uids)
         blob = self._pickle(Batch(self.store.url, self.prefix, self.inline_bytes, inputs, units))
-        call = self.job.add_call(self.func_key, (MODE_ONE, [blob]), len(self.job.calls), 1)
+        call = self.client.add_call(self.job, self.func_key, (MODE_ONE, [blob]), len(self.job.calls), 1)
         if call.items_key is not None:
             self.stats.call_bytes += len(blob)
         self.sent[call.call_id] = uids
@@ -329,7 +329,7 @@ class _Run:
                 for f in self.pretask:
                     f(node.key, self.plan.graph, self.state)
         call.future.add_done_callback(lambda _f, c=call: self.done.put(c))
-        self.client.dispatch(self.job, call)
+        self.client.submit(self.job, [call])
 
     def _shipped(self, key):
         """What a worker gets for ``key``; a local value is pickled (and stored, if big) once."""
@@ -446,7 +446,7 @@ class _Run:
             self.job.cancel()
             for call_id in self.sent:  # calls still running: delete what they store when they end
                 self.job.calls[call_id].future.add_done_callback(self._discard_late)
-        self.job.seal()
+        self.client.seal(self.job)
         if self.progress is not None:
             self.progress.close()
         self.stats.calls = len(self.job.calls)

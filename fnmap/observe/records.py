@@ -70,7 +70,7 @@ def build(job) -> dict:
         "kind": job.kind,
         **_identity(job),
         "backend": cfg.backend,
-        "storage": job.client.store.url,
+        "storage": job.store.url,
         "created": job.created,
         "finished": finished,
         "options": {
@@ -237,7 +237,7 @@ def started_summary(job) -> dict:
         "kind": job.kind,
         **_identity(job),
         "backend": cfg.backend,
-        "storage": job.client.store.url,
+        "storage": job.store.url,
         "created": job.created,
         "finished": None,
         "options": {},
