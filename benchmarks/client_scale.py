@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from fnmap.backends.base import BaseBackend
+from fnmap.backends.base import Answer, BaseBackend
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET_CPU_US = 100
@@ -38,10 +38,10 @@ class InstantBackend(BaseBackend):
         from fnmap.runtime.wire import CallResponse, encode
 
         self.secret = new_secret().encode()
-        self._answer = encode(CallResponse(job_id="", call_id=0, attempt=1, inline=True),
-                              pickle.dumps([("ok", None)], protocol=5))
+        self._answer = Answer(encode(CallResponse(job_id="", call_id=0, attempt=1, inline=True),
+                                     pickle.dumps([("ok", None)], protocol=5)))
 
-    def invoke(self, invocation) -> bytes:
+    def invoke(self, invocation) -> Answer:
         return self._answer
 
 

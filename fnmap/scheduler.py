@@ -140,7 +140,7 @@ class Scheduler:
             job.sealed = True
             if job.progress is not None and job.progress.calls is None:
                 job.progress.calls = len(job.calls)
-            write, all_done = self._settle(job)
+            write, all_done, _ = self._settle(job)
         if write:
             job.save_record(final=True)
         elif not all_done:
@@ -382,6 +382,7 @@ class Scheduler:
                                                                        job.config.retries))
             if not retry:
                 self._fail_locked(job, state, fault)
+                after = self._settle(job, state)
         if retry:
             if fault.retry_after is not None:
                 delay = fault.retry_after
@@ -389,7 +390,7 @@ class Scheduler:
                 delay = policy.backoff_delay(max(1, state.charged if charge else len(state.attempts)))
             self._after(delay, self._retry, job, state)
             return
-        self._deliver(job, state)
+        self._deliver(job, state, *after)
 
     def _finish(self, job, state, attempt: int, answer: Outcomes) -> None:
         with self.lock:  # one lock section per call: dispatch threads share this lock (issue 9)
@@ -411,7 +412,8 @@ class Scheduler:
             _end_attempt(state, attempt, "ok" if not failed else "error")
             state.payload = None
             state.result = answer.outcomes
-        self._deliver(job, state)
+            after = self._settle(job, state)
+        self._deliver(job, state, *after)
 
     def _fail_locked(self, job, state, fault: PlatformFault) -> None:
         state.done = True
@@ -421,12 +423,9 @@ class Scheduler:
         state.payload = None
         state.result = fault
 
-    def _deliver(self, job, state) -> None:
-        """After a call's outcome is final (outside the lock): complete its future, update the
-        progress and the record, stop copies still out."""
-        with self.lock:
-            write, all_done = self._settle(job)
-            others = [record[0] for record in state.attempts if record[2] is None]
+    def _deliver(self, job, state, write: bool, all_done: bool, others: list[int]) -> None:
+        """After a call's outcome is final (outside the lock, with what :meth:`_settle` found):
+        complete its future, update the progress and the record, stop copies still out."""
         if write:  # before the last result is out: a returned map has its record
             job.save_record(final=True)
         job.deliver(state)
@@ -435,14 +434,16 @@ class Scheduler:
         if others:
             self._stop_copies(job, state, others)
 
-    def _settle(self, job) -> tuple[bool, bool]:
-        """Under the lock: (write the final record now, every call is done)."""
+    def _settle(self, job, state=None) -> tuple[bool, bool, list[int]]:
+        """Under the lock, after a call is done: (write the final record now, every call is done,
+        the attempts of ``state`` still out)."""
         all_done = job.sealed and job.done_count == len(job.calls)
         write = all_done and not job._record_saved
         if write:
             job._record_saved = True
             job.finished = job.finished or time.time()
-        return write, all_done
+        others = [record[0] for record in state.attempts if record[2] is None] if state is not None else []
+        return write, all_done, others
 
     def _cancel_unstarted(self, job, state) -> None:
         """Cancel the future of a call no thread started, and notify its waiters as an executor's
@@ -461,7 +462,7 @@ class Scheduler:
                 state.done = True
                 job.done_count += 1
                 state.payload = None
-            write, all_done = self._settle(job)
+            write, all_done, _ = self._settle(job)
         if write:
             job.save_record(final=True)
         if newly_done and job.completed is not None:
@@ -578,8 +579,7 @@ class Scheduler:
 
     def _poll(self, job) -> None:
         """Results of this job's calls accepted asynchronously (one LIST), and lost calls."""
-        with self.lock:
-            waiting = [s for s in job.calls if s.awaiting and not s.done]
+        waiting = [s for s in job.calls if s.awaiting and not s.done]  # a glance; decided under the lock below
         if not waiting:
             return
         finished = {keys.call_id_from_key(k) for k in self.store.list(keys.results_prefix(job.id))}

@@ -95,6 +95,57 @@ def use_emulator(emulator_process, monkeypatch):
     return start
 
 
+#: The five backends the behaviour suites (test_map, test_executor) run on; see ``use_backend``.
+ALL_BACKENDS = ("emulator", "local", "http", "aws", "batch")
+_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def platform_emulator():
+    """One ``fnmap emulator`` for the behaviour suites: its invoke route serves the ``http`` backend,
+    its Lambda API the ``aws`` backend, its Batch API the ``batch`` backend (stopped after the session)."""
+    from fnmap.emulator.batch_api import CONCURRENCY_ENV
+
+    emu = EmulatorProcess(workers=2, env={CONCURRENCY_ENV: "2"})
+    yield emu
+    from fnmap import client
+
+    for c in list(client._clients.values()):  # their keep-alive connections would hold the emulator up
+        if c.config.backend in ("http", "aws", "batch"):
+            c.close()
+    emu.stop()
+
+
+@pytest.fixture
+def use_backend(platform_emulator, monkeypatch):
+    """``use_backend(name)`` points backend ``name`` at the suites' emulator through the settings a
+    user sets (``FNMAP_HTTP_URL``, ``AWS_ENDPOINT_URL_LAMBDA``/``_BATCH``, ``FNMAP_SECRET``) and returns
+    the name; ``emulator`` and ``local`` need nothing."""
+
+    def use(name: str) -> str:
+        assert name in ALL_BACKENDS, name
+        if name in ("http", "aws", "batch"):
+            monkeypatch.setenv("FNMAP_SECRET", platform_emulator.secret)
+            for key, value in _TEST_CREDENTIALS.items():
+                monkeypatch.setenv(key, value)
+        if name == "http":
+            monkeypatch.setenv("FNMAP_HTTP_URL", platform_emulator.url + "/invoke")
+        elif name == "aws":
+            monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", platform_emulator.url)
+        elif name == "batch":
+            from fnmap.backends.batch import BatchBackend
+
+            monkeypatch.setenv("AWS_ENDPOINT_URL_BATCH", platform_emulator.url)
+            # Each call is a container (here a process): jobs of a few calls keep the suite quick;
+            # a test that passes chunksize= still gets what it asks.
+            monkeypatch.setenv("FNMAP_CHUNKSIZE", "50")
+            monkeypatch.setattr(BatchBackend, "status_interval", 0.2)
+        return name
+
+    return use
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """moto's S3-compatible server on loopback; yields its endpoint URL."""

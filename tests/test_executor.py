@@ -8,13 +8,14 @@ import weakref
 from concurrent import futures
 
 import pytest
+from conftest import ALL_BACKENDS
 
 import fnmap
 
 
-@pytest.fixture(params=["emulator", "local"])
-def executor(request):
-    ex = fnmap.Executor(backend=request.param)
+@pytest.fixture(params=ALL_BACKENDS)
+def executor(request, use_backend):
+    ex = fnmap.Executor(backend=use_backend(request.param))
     yield ex
     ex.shutdown(wait=True)
 

@@ -1,19 +1,19 @@
-"""fnmap.map and map_reduce on the default (embedded emulator) and local backends."""
+"""fnmap.map and map_reduce: the behaviour every backend must show (all five: the embedded emulator,
+local, http, and aws and batch through the emulator's Lambda and Batch APIs)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+from conftest import ALL_BACKENDS
 
 import fnmap
 
-BACKENDS = ["emulator", "local"]
 
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    return request.param
+@pytest.fixture(params=ALL_BACKENDS)
+def backend(request, use_backend):
+    return use_backend(request.param)
 
 
 def square(x):
@@ -82,13 +82,13 @@ def fail_first_then_sleep(x):
 
     if x == 0:
         raise ValueError("item 0 is bad")
-    time.sleep(5)
+    time.sleep(2)
     return x
 
 
 def test_first_failure_raised_before_the_other_calls_finish(backend):
     """A map raises its first failure at once, not after the slowest call (and cancels the rest)."""
-    job = fnmap.map(fail_first_then_sleep, range(4), backend=backend, return_job=True)
+    job = fnmap.map(fail_first_then_sleep, range(4), backend=backend, return_job=True, chunksize=1)
     with pytest.raises(ValueError, match="item 0 is bad"):
         job.results()
     assert not job.done  # the sleeping calls were still out when the error was raised
