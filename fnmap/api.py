@@ -3,7 +3,7 @@
 Data in object storage (issue 7): a storage URL, glob or list of URLs as
 ``items`` is listed and split into partitions by :mod:`fnmap.data`;
 ``map_reduce`` keeps large map outputs in storage and reduces them as a tree
-(:mod:`fnmap.reduce`).
+(:mod:`fnmap.runtime.reduce`).
 """
 
 from __future__ import annotations
@@ -243,8 +243,8 @@ def map_reduce(
     >>> fnmap.map_reduce(lambda x: x * x, range(4), sum)
     14
     """
-    from .reduce import MapStage, ReduceStage, check_fanin
     from .runtime.partition import Partition
+    from .runtime.reduce import MapStage, ReduceStage, check_fanin
 
     config = resolve(**options)
     check_fanin(reduce_fanin)
@@ -286,7 +286,7 @@ def map_reduce(
 
 def _reduce_tree(client, config, stage, groups: dict, fanin: int | None):
     """Reduce each group's values level by level; one job per level for all groups together."""
-    from .reduce import Stored, plan_level
+    from .runtime.reduce import Stored, plan_level
 
     done: dict = {}
     job = None

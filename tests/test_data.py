@@ -24,7 +24,7 @@ from s3servers import point_boto3_at
 import fnmap
 from fnmap.data import is_data_input, list_objects, partitions
 from fnmap.errors import ConfigError, KeyNotFound, UnknownStorage
-from fnmap.reduce import MapStage, ReduceStage, Stored, plan_level, tree_shape
+from fnmap.runtime.reduce import MapStage, ReduceStage, Stored, plan_level, tree_shape
 from fnmap.runtime import compression
 from fnmap.runtime.partition import Partition, owned_blocks, split_object, split_objects
 

@@ -16,9 +16,9 @@ module is on the worker side: it imports nothing of the client.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping
 
+from .keys import spread
 from .wire import decode_header, decode_response, encode
 
 #: Environment variables that carry a child's index, in the order they are looked up.
@@ -44,8 +44,7 @@ def request_prefix(job_id: str, array_id: str) -> str:
 
 
 def request_key(prefix: str, index: int) -> str:
-    spread = format(zlib.crc32(str(index).encode()) & 0xF, "x")
-    return f"{prefix}{spread}/{index}"
+    return f"{prefix}{spread(index)}/{index}"
 
 
 def pack_request(signature: str, body: bytes) -> bytes:

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..storage import open_store
 from .serialization import dumps, loads
+from .stored import Stored
 from .worker import WORKER_ID
 
 
@@ -44,14 +45,6 @@ RECENT_VALUES_BYTES = _recent_budget()
 _recent: OrderedDict[str, tuple[Any, int]] = OrderedDict()
 _recent_bytes = 0
 _recent_lock = threading.Lock()  # the local backend runs batches on several threads
-
-
-@dataclass(frozen=True)
-class Stored:
-    """A value kept in object storage: its key and its pickled size."""
-
-    key: str
-    nbytes: int
 
 
 @dataclass

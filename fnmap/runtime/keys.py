@@ -20,8 +20,9 @@ def job_prefix(job_id: str) -> str:
     return f"jobs/{job_id}/"
 
 
-def _spread(call_id: int) -> str:
-    return format(zlib.crc32(str(call_id).encode()) & 0xF, "x")
+def spread(index: int) -> str:
+    """The sub-prefix (one of 16) of a per-call key: S3 rates are per prefix (DESIGN.md)."""
+    return format(zlib.crc32(str(index).encode()) & 0xF, "x")
 
 
 def function_key(digest: str) -> str:
@@ -30,11 +31,11 @@ def function_key(digest: str) -> str:
 
 
 def input_key(job_id: str, call_id: int) -> str:
-    return f"jobs/{job_id}/in/{_spread(call_id)}/{call_id}"
+    return f"jobs/{job_id}/in/{spread(call_id)}/{call_id}"
 
 
 def result_key(job_id: str, call_id: int) -> str:
-    return f"jobs/{job_id}/out/{_spread(call_id)}/{call_id}"
+    return f"jobs/{job_id}/out/{spread(call_id)}/{call_id}"
 
 
 def results_prefix(job_id: str) -> str:
@@ -42,7 +43,7 @@ def results_prefix(job_id: str) -> str:
 
 
 def status_key(job_id: str, call_id: int, attempt: int) -> str:
-    return f"jobs/{job_id}/status/{_spread(call_id)}/{call_id}.{attempt}.json"
+    return f"jobs/{job_id}/status/{spread(call_id)}/{call_id}.{attempt}.json"
 
 
 def status_prefix(job_id: str) -> str:
@@ -65,7 +66,7 @@ def job_record_key(job_id: str) -> str:
 
 def log_key(job_id: str, call_id: int, attempt: int) -> str:
     """Captured stdout/stderr of one attempt of a call."""
-    return f"jobs/{job_id}/logs/{_spread(call_id)}/{call_id}.{attempt}.txt"
+    return f"jobs/{job_id}/logs/{spread(call_id)}/{call_id}.{attempt}.txt"
 
 
 def logs_prefix(job_id: str) -> str:
@@ -74,7 +75,7 @@ def logs_prefix(job_id: str) -> str:
 
 def call_logs_prefix(job_id: str, call_id: int) -> str:
     """Every attempt's captured output of one call."""
-    return f"jobs/{job_id}/logs/{_spread(call_id)}/{call_id}."
+    return f"jobs/{job_id}/logs/{spread(call_id)}/{call_id}."
 
 
 def job_index_key(job_id: str, created: float) -> str:

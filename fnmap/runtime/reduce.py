@@ -17,20 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConfigError
-from .runtime import compression
-from .runtime.serialization import dumps, loads
+from ..errors import ConfigError
+from . import compression
+from .serialization import dumps, loads
+from .stored import Stored
 
 #: Map and intermediate reduce values whose pickle is larger than this go through storage.
 INLINE_VALUE_LIMIT = 1024
-
-
-@dataclass(frozen=True)
-class Stored:
-    """A value written to storage by a stage: its key and pickled size."""
-
-    key: str
-    size: int
 
 
 @dataclass(frozen=True)
@@ -65,7 +58,7 @@ def fetch_values(store_url: str, inputs: list) -> list:
     for v in inputs:
         if isinstance(v, Stored):
             if store is None:
-                from .storage import open_store
+                from ..storage import open_store
 
                 store = open_store(store_url)
             v = loads(compression.unpack(store.get(v.key)))
@@ -77,7 +70,7 @@ def _keep(store_url: str, key: str, value):
     data = dumps(value)
     if len(data) <= INLINE_VALUE_LIMIT:
         return value
-    from .storage import open_store
+    from ..storage import open_store
 
     open_store(store_url).put(key, compression.pack(data))
     return Stored(key, len(data))
