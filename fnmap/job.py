@@ -166,6 +166,8 @@ class Job:
         self.cancelled = False
         #: Nobody waits for the results any more: no retries, no copies, failures are final.
         self.abandoned = False
+        #: Stragglers get speculative copies before the job is sealed (the Dask shim sets it).
+        self.speculate_open = False
         self.done_count = 0
         self.failed_count = 0
         self.retry_count = 0

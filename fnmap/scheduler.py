@@ -623,10 +623,11 @@ class Scheduler:
             self._decide(job, state, failure.attempt, failure.fault)
 
     def _speculate(self, job) -> None:
-        """Speculative copies of stragglers once most of the calls sent so far are done.  For a
-        job still open (an Executor, a Dask graph) that is its frontier waiting on a few slow calls,
-        which is when a copy helps most (issue 4)."""
-        if not job.config.speculation or job.abandoned:
+        """Speculative copies of stragglers once most of the job's calls are done.  A job still
+        open speculates only if its front-end asks (``job.speculate_open``: a Dask graph, whose
+        frontier waiting on a few slow tasks is when a copy helps most, issue 4); an Executor's
+        ``submit`` calls do not get copies before ``shutdown``, as with the standard executors."""
+        if not job.config.speculation or job.abandoned or not (job.sealed or job.speculate_open):
             return
         with self.lock:
             running = {s.call_id: s.sent_at for s in job.calls if not s.done and s.in_flight and not s.speculated}

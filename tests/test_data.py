@@ -24,9 +24,9 @@ from s3servers import point_boto3_at
 import fnmap
 from fnmap.data import is_data_input, list_objects, partitions
 from fnmap.errors import ConfigError, KeyNotFound, UnknownStorage
-from fnmap.runtime.reduce import MapStage, ReduceStage, Stored, plan_level, tree_shape
 from fnmap.runtime import compression
 from fnmap.runtime.partition import Partition, owned_blocks, split_object, split_objects
+from fnmap.runtime.reduce import MapStage, ReduceStage, Stored, plan_level, tree_shape
 
 EMU = {"workers": 2}  # small pools: the machine is shared
 

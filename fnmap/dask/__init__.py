@@ -236,6 +236,7 @@ class _Run:
 
     def _start_job(self) -> None:
         self.job = self.client.new_job(self.config, kind="dask")
+        self.job.speculate_open = True  # the graph's frontier is what waits on a straggler (issue 4)
         self.func_key = self.client.upload_function(run_batch)
         self.prefix = _keys.blob_key(self.job.id, "dask/")
         self.progress = make_progress(self.config.progress, self.plan.n_tasks, "fnmap dask")
