@@ -1,0 +1,182 @@
+"""A joblib backend: scikit-learn's ``n_jobs`` (and any ``joblib.Parallel``) on fnmap.
+
+>>> import joblib, fnmap.joblib                      # registers the "fnmap" backend
+>>> from sklearn.model_selection import GridSearchCV
+>>> with joblib.parallel_config(backend="fnmap", n_jobs=-1):    # fnmap options go here too
+...     search = GridSearchCV(estimator, grid, cv=5).fit(X, y)
+
+Written to joblib >= 1.5's ``submit`` API (``supports_retrieve_callback``), the one joblib calls:
+a backend that only overrides ``apply_async`` on top of a pool backend is silently bypassed.
+Each batch of joblib tasks (joblib sizes them from their durations) becomes one call of an
+:class:`fnmap.Executor`, one per ``Parallel`` run.  Large arguments (NumPy arrays, pandas objects,
+bytes over ``ref_nbytes``) go to the job's storage once, by content hash, and travel as references:
+a 5-fold grid search uploads ``X`` and ``y`` once, not once per fit.  A task's exception reaches
+joblib as the same type with the remote traceback as its cause; on an error or an interrupt
+joblib aborts, and what has not started is cancelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any
+
+from joblib.parallel import AutoBatchingMixin, ParallelBackendBase, register_parallel_backend
+
+#: Arguments larger than this (bytes) are stored once per job and sent by reference.
+REF_NBYTES = 100_000
+#: Stored arguments a worker process keeps in memory, newest last (a grid search reuses X, y).
+_cache: dict[str, Any] = {}
+_CACHE_ENTRIES = 8
+_cache_lock = threading.Lock()
+
+
+class StoredArgument:
+    """An argument left in storage: its key and the storage's URL."""
+
+    __slots__ = ("key", "store_url")
+
+    def __init__(self, key: str, store_url: str):
+        self.key, self.store_url = key, store_url
+
+    def __reduce__(self):
+        return StoredArgument, (self.key, self.store_url)
+
+    def load(self):
+        """The argument (read once per worker process, then from memory)."""
+        with _cache_lock:
+            if self.key in _cache:
+                return _cache[self.key]
+        import pickle
+
+        from .storage import open_store
+
+        value = pickle.loads(open_store(self.store_url).get(self.key))
+        with _cache_lock:
+            _cache[self.key] = value
+            while len(_cache) > _CACHE_ENTRIES:
+                _cache.pop(next(iter(_cache)))
+        return value
+
+
+def run_batch(batch):
+    """A joblib batch on a worker: stored arguments loaded, then every task run in order."""
+    batch.items = [(func, [_load(a) for a in args], {k: _load(v) for k, v in kwargs.items()})
+                   for func, args, kwargs in batch.items]
+    return batch()
+
+
+def _load(value):
+    return value.load() if isinstance(value, StoredArgument) else value
+
+
+def _nbytes(value) -> int:
+    """Size of an argument worth storing once (arrays, frames, bytes); 0 for anything else."""
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    size = getattr(value, "nbytes", None)  # numpy arrays, pandas Series/Index
+    if isinstance(size, int):
+        return size
+    usage = getattr(value, "memory_usage", None)  # pandas DataFrame
+    if callable(usage) and type(value).__name__ == "DataFrame":
+        return int(usage(index=True, deep=False).sum())
+    return 0
+
+
+class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
+    """joblib's parallel backend "fnmap"; keyword arguments are fnmap options (``backend=``,
+    ``memory=``, ``timeout=``, ``storage=``...) plus ``ref_nbytes`` (see :data:`REF_NBYTES`)."""
+
+    supports_retrieve_callback = True
+    supports_timeout = True
+    uses_threads = False
+    supports_sharedmem = False
+    default_n_jobs = -1
+
+    def __init__(self, nesting_level=None, inner_max_num_threads=None, ref_nbytes: int = REF_NBYTES,
+                 **fnmap_options):
+        super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads)
+        self.fnmap_options = fnmap_options
+        self.ref_nbytes = ref_nbytes
+        self.executor = None
+        #: The fnmap job of every ``Parallel`` run on this backend (summary, record, cost).
+        self.jobs: list = []
+        self._refs: dict[int, tuple[Any, StoredArgument]] = {}
+        self._store = None
+
+    def effective_n_jobs(self, n_jobs):
+        if n_jobs == 0:
+            raise ValueError("n_jobs == 0 in Parallel has no meaning")
+        if n_jobs is None or n_jobs < 0:  # as many as the deployment runs at once
+            from .client import get_client
+            from .config import resolve
+
+            return get_client(resolve(**self.fnmap_options)).max_workers
+        return n_jobs
+
+    def configure(self, n_jobs=1, parallel=None, prefer=None, require=None, **backend_kwargs):
+        """Start an fnmap Executor for one ``Parallel`` run; returns the calls it runs at once.
+
+        ``backend_kwargs`` are joblib's settings for its process pools (``temp_folder``,
+        ``max_nbytes``, ``mmap_mode``...): there is no shared memory with a cloud worker, so they
+        do not apply; fnmap's options come to the constructor (``parallel_config(backend="fnmap",
+        **options)``)."""
+        import fnmap
+
+        from .storage import open_store
+
+        self.parallel = parallel
+        n_jobs = self.effective_n_jobs(n_jobs)
+        self.executor = fnmap.Executor(**self.fnmap_options)
+        self.jobs.append(self.executor.job)
+        self._store = open_store(self.executor.job.store.url)
+        self._refs = {}
+        return n_jobs
+
+    def submit(self, func, callback=None):
+        """Send one joblib batch as one fnmap call, its large arguments by reference."""
+        func.items = [(f, [self._by_reference(a) for a in args],
+                       {k: self._by_reference(v) for k, v in kwargs.items()}) for f, args, kwargs in func.items]
+        future = self.executor.submit(run_batch, func)
+        if callback is not None:
+            future.add_done_callback(callback)
+        return future
+
+    def retrieve_result_callback(self, future):
+        return future.result()
+
+    def _by_reference(self, value):
+        if _nbytes(value) < self.ref_nbytes:
+            return value
+        known = self._refs.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1]
+        import pickle
+
+        data = pickle.dumps(value, protocol=5)
+        key = f"jobs/{self.executor.job.id}/joblib/{hashlib.sha256(data).hexdigest()}"
+        if not self._store.exists(key):
+            self._store.put(key, data)
+        ref = StoredArgument(key, self._store.url)
+        self._refs[id(value)] = (value, ref)  # the value is kept, so its id is not reused meanwhile
+        return ref
+
+    def abort_everything(self, ensure_ready=True):
+        """An error or an interrupt: cancel what has not started; maybe get ready for more."""
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.executor.job.cancel(stop_platform=True)
+        if ensure_ready:
+            self.configure(n_jobs=self.parallel.n_jobs if self.parallel else -1, parallel=self.parallel)
+
+    def stop_call(self):
+        """The ``Parallel`` run is over: no more calls on its executor."""
+        if self.executor is not None:
+            self.executor.shutdown(wait=False)
+
+    def terminate(self):
+        self.stop_call()
+        self._refs = {}
+
+
+register_parallel_backend("fnmap", FnmapBackend)
