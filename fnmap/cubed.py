@@ -21,14 +21,17 @@ from __future__ import annotations
 from concurrent.futures import as_completed
 from typing import Any
 
-from cubed.runtime.pipeline import visit_nodes
-from cubed.runtime.types import DagExecutor
-from cubed.runtime.utils import (
-    execution_stats,
-    handle_callbacks,
-    handle_operation_end_callbacks,
-    handle_operation_start_callbacks,
-)
+try:
+    from cubed.runtime.pipeline import visit_nodes
+    from cubed.runtime.types import DagExecutor
+    from cubed.runtime.utils import (
+        execution_stats,
+        handle_callbacks,
+        handle_operation_end_callbacks,
+        handle_operation_start_callbacks,
+    )
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(f"fnmap.cubed needs cubed ({e}); install it with: pip install 'fnmap[cubed]'") from e
 
 #: fnmap options this executor sets unless given: Cubed tasks are idempotent writes of chunks,
 #: so any failure is worth a retry (Cubed's own executors retry twice).

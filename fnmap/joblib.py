@@ -21,7 +21,10 @@ import hashlib
 import threading
 from typing import Any
 
-from joblib.parallel import AutoBatchingMixin, ParallelBackendBase, register_parallel_backend
+try:
+    from joblib.parallel import AutoBatchingMixin, ParallelBackendBase, register_parallel_backend
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(f"fnmap.joblib needs joblib >= 1.5 ({e}); install it with: pip install 'fnmap[joblib]'") from e
 
 #: Arguments larger than this (bytes) are stored once per job and sent by reference.
 REF_NBYTES = 100_000
