@@ -31,7 +31,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor",
+    "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor", "job",
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
     "SerializationError", "VersionMismatch", "SignatureError", "StorageError", "PlatformError", "WorkerCrashed",
     "CallLost", "TimeoutError", "RemoteError", "RemoteExit",
@@ -48,6 +48,10 @@ def __getattr__(name: str):
         from .executor import Executor
 
         return Executor
+    if name == "job":
+        from .attach import job
+
+        return job
     raise AttributeError(f"module 'fnmap' has no attribute {name!r}")
 
 

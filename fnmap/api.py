@@ -16,7 +16,7 @@ from . import policy
 from .client import get_client
 from .config import resolve
 from .errors import ConfigError
-from .job import CallOutcome
+from .jobs import CallOutcome
 from .observe import records
 from .observe.progress import make_progress
 from .runtime import keys
@@ -53,7 +53,7 @@ def map(
     A remote exception is raised here as the same type, with the remote
     traceback as its cause and the item's index in a note; with
     ``return_exceptions=True`` exception objects take the failed items' places.
-    With ``return_job=True`` the :class:`fnmap.job.Job` is returned instead; its
+    With ``return_job=True`` the :class:`fnmap.jobs.Job` is returned instead; its
     ``results()`` gives the list.
 
     >>> import fnmap
@@ -236,7 +236,7 @@ def map_reduce(
     ``items`` may name data in object storage as in :func:`map`.  With
     ``reduce_by_key=True`` each object's partitions are reduced separately
     and a dict ``{object URL: reduced value}`` is returned, in object order.
-    With ``return_job=True`` the last reduce level's :class:`fnmap.job.Job` is
+    With ``return_job=True`` the last reduce level's :class:`fnmap.jobs.Job` is
     returned (after everything has run).
 
     >>> import fnmap

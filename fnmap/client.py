@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from concurrent.futures import Future
 
 from .backends import create_backend
 from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageError, storage_fix
-from .job import CallState, Job
+from .jobs import CallState, Job
+from .observe import records
 from .runtime import keys
 from .runtime.serialization import dumps, dumps_checked, pickle_function
 from .runtime.worker import MODE_ARGS
 from .scheduler import Scheduler
 from .storage import open_store
+
+#: Seconds between two looks for a ``fnmap cancel`` request of a running job.
+CANCEL_CHECK_SECONDS = 1.0
 
 
 class Client:
@@ -37,6 +42,7 @@ class Client:
         self.secret = secret
         self.max_workers = self.backend.max_workers
         self.scheduler = Scheduler(self.backend, self.store, secret)
+        self.scheduler.on_poll = self._cancel_if_asked
         self._uploaded: set[str] = set()
 
     @property
@@ -106,6 +112,18 @@ class Client:
                                f"{e.strerror or e} ({getattr(e, 'filename', None) or ''}); {fix}")
             err.errno = e.errno
             raise err from e
+
+    def _cancel_if_asked(self, job: Job) -> None:
+        """Called by the scheduler's monitor for each running job: stop it if ``fnmap cancel`` (from
+        any process that reaches the storage) asked to; one small GET per job per second at most."""
+        now = time.monotonic()
+        if job.abandoned or now - job.cancel_checked < CANCEL_CHECK_SECONDS:
+            return
+        job.cancel_checked = now
+        reason = records.cancel_requested(self.store, job.id)
+        if reason:
+            job.cancel_reason = reason
+            job.cancel(stop_platform=True)
 
     def close(self) -> None:
         self.scheduler.close()

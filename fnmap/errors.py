@@ -148,7 +148,7 @@ class FaultKind(str, enum.Enum):
 
     The scheduler decides by kind: the retryable kinds run the call again (``throttled`` without
     using up a retry while the throttle can still slow down), the others fail it for good with
-    the error class :data:`fnmap.job.FAULT_ERRORS` names.
+    the error class :data:`fnmap.jobs.FAULT_ERRORS` names.
     """
 
     THROTTLED = "throttled"  # 429: the platform refused to start the call; nothing ran

@@ -48,7 +48,7 @@ class Executor(futures.Executor):
 
     @property
     def job(self):
-        """The :class:`fnmap.job.Job` holding every call of this executor (summary, attempts)."""
+        """The :class:`fnmap.jobs.Job` holding every call of this executor (summary, attempts)."""
         return self._job
 
     def submit(self, fn, /, *args, **kwargs) -> Future:

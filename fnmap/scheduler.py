@@ -1,6 +1,6 @@
 """The scheduler: the one owner of every call's life, from its first send to its final outcome.
 
-A job is a list of calls (:class:`fnmap.job.CallState`, one chunk of items each).  Front-ends
+A job is a list of calls (:class:`fnmap.jobs.CallState`, one chunk of items each).  Front-ends
 (``fnmap.map``, the ``Executor``, the Dask shim, ``map_reduce``) add calls, :meth:`Scheduler.submit`
 them and :meth:`Scheduler.seal` the job when no more will come; everything after that happens here.
 

@@ -17,7 +17,7 @@ import fnmap
 from fnmap.backends.base import BaseBackend
 from fnmap.config import resolve
 from fnmap.errors import PlatformFault
-from fnmap.job import CallState, Job
+from fnmap.jobs import CallState, Job
 from fnmap.scheduler import ACCEPTED, Outcomes, Scheduler
 from fnmap.storage import open_store
 

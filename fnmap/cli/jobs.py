@@ -41,6 +41,8 @@ def register(sub) -> None:
     p.add_argument(
         "--plot", metavar="PATH", help="also save a timeline and duration histogram (PNG, SVG, PDF)"
     )
+    p.add_argument("--watch", action="store_true",
+                   help="follow a running job: one progress line a second until it ends (Ctrl-C stops watching)")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     price = p.add_argument_group(
         "cost estimate", "price the job as if it had run with other settings"
@@ -51,6 +53,18 @@ def register(sub) -> None:
         "--instance-type", metavar="TYPE", help="Batch instance type, e.g. g5.xlarge"
     )
     p.set_defaults(run=_storage_errors(run_job))
+
+    p = sub.add_parser(
+        "cancel",
+        help="stop a running job from any process or machine that reaches its storage",
+        description="Ask the client running a job to cancel it: calls not started are cancelled, "
+        "no more retries or copies are sent, the platform stops what it can, and the map in that "
+        "client raises CancelledError. Exits 0 once asked (or if the job has ended already, saying so).",
+    )
+    p.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
+    p.add_argument("--wait", action="store_true", help="wait until the job has stopped")
+    p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
+    p.set_defaults(run=_storage_errors(run_cancel))
 
     p = sub.add_parser(
         "logs",
@@ -155,6 +169,8 @@ def run_job(args) -> int:
     from ..observe.cost import estimate
 
     store = _store(args)
+    if args.watch:
+        return watch(store, args.job_id)
     record = records.load(store, args.job_id)
     asked = {"memory": args.memory, "region": args.region, "instance_type": args.instance_type}
     asked = {k: v for k, v in asked.items() if v is not None}
@@ -171,6 +187,44 @@ def run_job(args) -> int:
         print(format_summary(record))
         if args.plot:
             print(f"plot     {args.plot}")
+    return 0
+
+
+def watch(store, job_id: str, period: float = 1.0) -> int:
+    """``fnmap job ID --watch``: a progress line per ``period`` until the job ends, then its summary."""
+    from ..attach import FINAL
+    from ..observe import records
+
+    job_id = records.resolve_id(store, job_id)
+    while True:
+        record = records.load(store, job_id)
+        s = record["summary"]
+        rate = s["throughput"]["calls_per_second"]
+        print(f"{_time(time.time())}  {s['status']:<10} {s['calls_done']}/{s['calls']} calls done  "
+              f"failed {s['calls_failed']}  retries {s['retries']}"
+              + (f"  {rate:.1f} calls/s" if rate else ""), flush=True)
+        if s["status"] in FINAL:
+            print(format_summary(record))
+            return 0 if s["status"] == "succeeded" else 1
+        time.sleep(period)
+
+
+def run_cancel(args) -> int:
+    from ..attach import FINAL
+    from ..observe import records
+
+    store = _store(args)
+    job_id = records.resolve_id(store, args.job_id)
+    status = records.load(store, job_id)["summary"]["status"]
+    if status in FINAL:
+        print(f"job {job_id} has ended already ({status}): nothing to cancel")
+        return 0
+    records.request_cancel(store, job_id)
+    print(f"asked the client running job {job_id} to cancel it")
+    if args.wait:
+        while records.load(store, job_id)["summary"]["status"] not in FINAL:
+            time.sleep(0.5)
+        print(f"job {job_id} stopped: {records.load(store, job_id)['summary']['status']}")
     return 0
 
 

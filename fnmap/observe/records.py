@@ -59,7 +59,7 @@ class JobNotFound(FnmapError, LookupError):
 
 
 def build(job) -> dict:
-    """The record of a :class:`fnmap.job.Job`, finished or not, as plain JSON-ready data."""
+    """The record of a :class:`fnmap.jobs.Job`, finished or not, as plain JSON-ready data."""
     with job._lock:
         calls = [_call_entry(s, job.call_errors.get(s.call_id)) for s in job.calls]
         finished = job.finished if job.done_count == len(job.calls) and job.sealed else None
@@ -532,6 +532,19 @@ def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -
     summary["calls"] = max(summary["calls"], started.get("calls") or 0)
     summary["items"] = max(summary["items"], started.get("items") or 0)
     return record
+
+
+def request_cancel(store, job_id: str, reason: str = "fnmap cancel") -> None:
+    """Ask the client running ``job_id`` (in any process, on any machine) to cancel it."""
+    store.put(keys.cancel_key(job_id), json.dumps({"reason": reason, "at": time.time()}).encode())
+
+
+def cancel_requested(store, job_id: str) -> str | None:
+    """Why ``job_id`` was asked to stop (see :func:`request_cancel`), or None."""
+    try:
+        return json.loads(store.get(keys.cancel_key(job_id))).get("reason") or "fnmap cancel"
+    except (FnmapError, ValueError):  # KeyNotFound: nobody asked; a partial object: ask again later
+        return None
 
 
 def read_logs(store, job_id: str, call: int | None = None) -> list[tuple[int, int, str]]:

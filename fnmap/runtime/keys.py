@@ -64,6 +64,11 @@ def job_record_key(job_id: str) -> str:
     return f"jobs/{job_id}/job.json"
 
 
+def cancel_key(job_id: str) -> str:
+    """Written by ``fnmap cancel``: the client running the job stops it when it sees this."""
+    return f"jobs/{job_id}/cancel.json"
+
+
 def log_key(job_id: str, call_id: int, attempt: int) -> str:
     """Captured stdout/stderr of one attempt of a call."""
     return f"jobs/{job_id}/logs/{spread(call_id)}/{call_id}.{attempt}.txt"

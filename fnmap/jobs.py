@@ -168,6 +168,9 @@ class Job:
         self.abandoned = False
         #: Stragglers get speculative copies before the job is sealed (the Dask shim sets it).
         self.speculate_open = False
+        #: Who asked another process to stop this job (``fnmap cancel``), once the client saw it.
+        self.cancel_reason: str | None = None
+        self.cancel_checked = 0.0
         self.done_count = 0
         self.failed_count = 0
         self.retry_count = 0
@@ -313,6 +316,9 @@ class Job:
         try:
             outcomes = state.future.result()
         except CancelledError:
+            if self.cancel_reason:
+                raise CancelledError(f"job {self.id} was cancelled from outside by `{self.cancel_reason}` "
+                                     "before all its calls had run") from None
             raise
         except BaseException as exc:  # the call failed at platform level
             if not return_exceptions:

@@ -1,0 +1,118 @@
+"""``fnmap.job(job_id)``: a handle on a past or running job, from any process that reaches its storage.
+
+The process that ran ``fnmap.map`` may be gone (a restarted kernel, a closed laptop): every call's
+outcome is committed to storage by the worker that ran it, and the client writes the job's record
+when the job ends, so results, summary and logs can be read back by id.  A running job can be
+followed (``wait``) and stopped (``cancel``: the client running it sees the request within a second
+or two and cancels as Ctrl-C would).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import CancelledError
+
+from .errors import KeyNotFound, PlatformError, RemoteExit
+from .observe import records
+from .runtime import compression, keys
+from .runtime.serialization import loads, unpack_exception
+
+#: Statuses after which nothing about a job changes any more.
+FINAL = ("succeeded", "failed", "cancelled", "incomplete", records.ABANDONED)
+
+
+def job(job_id: str, **options) -> AttachedJob:
+    """The job ``job_id`` (or a unique prefix of it, as ``fnmap jobs`` shows) in the configured
+    storage (``storage=`` or the usual settings); raises ``JobNotFound`` (a ``LookupError``) if none."""
+    from .config import resolve
+    from .storage import open_store
+
+    store = open_store(resolve(**options).storage_url)
+    return AttachedJob(store, records.resolve_id(store, job_id))
+
+
+class AttachedJob:
+    """A job read back from storage: ``status``, ``wait()``, ``results()``, ``summary()``,
+    ``record()``, ``logs()``, ``cancel()``."""
+
+    def __init__(self, store, job_id: str):
+        self.store = store
+        self.id = job_id
+        records.load(store, job_id)  # no record and no status record: JobNotFound now, not later
+
+    def record(self) -> dict:
+        """The job's record (a snapshot rebuilt from the workers' reports while it runs)."""
+        return records.load(self.store, self.id)
+
+    def summary(self) -> dict:
+        return self.record()["summary"]
+
+    @property
+    def status(self) -> str:
+        """``running``, ``succeeded``, ``failed``, ``cancelled``, ``incomplete`` or ``abandoned``."""
+        return self.summary()["status"]
+
+    def done(self) -> bool:
+        return self.status in FINAL
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the job has ended (polling its storage); False if ``timeout`` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.2
+        while not self.done():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(2.0, delay * 1.5)
+        return True
+
+    def results(self, return_exceptions: bool = False) -> list:
+        """Every item's result in input order, as ``fnmap.map`` returned them (waits for the job).
+        An item's exception is raised (or put in place with ``return_exceptions``); a call that
+        never ran gives ``CancelledError``, one that failed on the platform ``PlatformError``."""
+        self.wait()
+        out = []
+        for call in sorted(self.record()["calls"], key=lambda c: c["call"]):
+            out.extend(self._call_results(call, return_exceptions))
+        return out
+
+    def _call_results(self, call: dict, return_exceptions: bool) -> list:
+        try:
+            outcomes = loads(compression.unpack(self.store.get(keys.result_key(self.id, call["call"]))))
+        except KeyNotFound:
+            if call["status"] == "cancelled":
+                exc: BaseException = CancelledError(f"call {call['call']} of job {self.id} was cancelled")
+            else:
+                exc = PlatformError(f"call {call['call']} of job {self.id} has no result: "
+                                    f"{call.get('error') or call['status']}")
+            if not return_exceptions:
+                raise exc from None
+            return [exc] * call["items"]
+        values = []
+        for offset, outcome in enumerate(outcomes):
+            if outcome[0] == "ok":
+                values.append(outcome[1])
+                continue
+            item = (call.get("first_item") or 0) + offset
+            exc = unpack_exception(outcome[1], outcome[2])
+            if not isinstance(exc, Exception):
+                exc = RemoteExit.of(exc, item)
+            exc.add_note(f"fnmap: raised remotely by item {item} (job {self.id}, call {call['call']})")
+            if not return_exceptions:
+                raise exc
+            values.append(exc)
+        return values
+
+    def logs(self, call: int | None = None) -> str:
+        """The captured output of every call (or of call ``call``), by attempt."""
+        found = records.read_logs(self.store, self.id, call)
+        return "".join(f"--- call {c} attempt {a} ---\n{text}" + ("" if text.endswith("\n") else "\n")
+                       for c, a, text in found)
+
+    def cancel(self) -> None:
+        """Ask the client running this job to cancel it (no effect on a job that has ended)."""
+        records.request_cancel(self.store, self.id, "fnmap.job(...).cancel()")
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return f"<fnmap.job {self.id} {s.get('function') or '?'} {s['status']} {s['calls_done']}/{s['calls']} calls>"

@@ -1,0 +1,115 @@
+"""Jobs found again by id: ``fnmap.job(id)`` from another process, ``fnmap cancel``, ``--watch``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import CancelledError
+
+import pytest
+
+import fnmap
+
+SCRIPT = textwrap.dedent('''
+    import sys, fnmap
+
+    def slow(x):
+        import time
+        time.sleep({sleep})
+        return x * 2
+
+    job = fnmap.map(slow, range({n}), return_job=True, chunksize=1, workers=2)
+    print(job.id, flush=True)
+    try:
+        print("RESULTS", job.results(), flush=True)
+    except BaseException as e:
+        print("RAISED", type(e).__name__, e, flush=True)
+        sys.exit(3)
+''')
+
+
+@pytest.fixture
+def running_job(tmp_path):
+    """Start a map in a separate process; yields (process, job id); the process is stopped after."""
+    procs = []
+
+    def start(n: int, sleep: float):
+        script = tmp_path / f"job{len(procs)}.py"
+        script.write_text(SCRIPT.format(n=n, sleep=sleep))
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        procs.append(proc)
+        job_id = proc.stdout.readline().strip()
+        assert len(job_id) == 32, (job_id, proc.stderr.read() if proc.poll() is not None else "")
+        return proc, job_id
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+
+
+def fnmap_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fnmap", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_running_job_of_another_process_is_followed_and_its_results_read(running_job):
+    proc, job_id = running_job(n=8, sleep=0.4)
+    handle = fnmap.job(job_id[:10])
+    assert handle.id == job_id
+    assert handle.status == "running" and not handle.done()
+    assert "slow" in repr(handle)
+    assert handle.wait(60)
+    assert handle.status == "succeeded"
+    assert handle.results() == [x * 2 for x in range(8)]
+    out, _ = proc.communicate(timeout=30)
+    assert "RESULTS [0, 2, 4" in out
+
+
+def fails_on_three(x):
+    if x == 3:
+        raise ValueError(f"bad item {x}")
+    return x
+
+
+def test_a_past_jobs_results_raise_as_the_map_did():
+    job = fnmap.map(fails_on_three, range(6), return_exceptions=True, return_job=True, chunksize=2)
+    job.results(return_exceptions=True)
+    handle = fnmap.job(job.id)
+    with pytest.raises(ValueError, match="bad item 3") as info:
+        handle.results()
+    assert any("item 3" in note for note in info.value.__notes__)
+    out = handle.results(return_exceptions=True)
+    assert out[:3] == [0, 1, 2] and out[4:] == [4, 5] and isinstance(out[3], ValueError)
+    with pytest.raises(LookupError, match="no job id starts with"):
+        fnmap.job("abcdef0123")
+
+
+def test_fnmap_cancel_stops_a_job_running_in_another_process(running_job):
+    proc, job_id = running_job(n=20, sleep=1.0)
+    done = fnmap_cli("cancel", job_id[:8], "--wait")
+    assert done.returncode == 0, done.stderr
+    assert f"asked the client running job {job_id} to cancel it" in done.stdout
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, (out, err)
+    assert "RAISED CancelledError" in out and "cancelled from outside by `fnmap cancel`" in out
+    handle = fnmap.job(job_id)
+    assert handle.status == "cancelled"
+    ran = [c for c in handle.record()["calls"] if c["status"] == "ok"]
+    assert len(ran) < 20
+    with pytest.raises(CancelledError):
+        handle.results()
+    again = fnmap_cli("cancel", job_id)
+    assert again.returncode == 0 and "has ended already (cancelled)" in again.stdout
+
+
+def test_watch_follows_a_job_until_it_ends(running_job):
+    proc, job_id = running_job(n=6, sleep=0.5)
+    watched = fnmap_cli("job", job_id, "--watch")
+    assert watched.returncode == 0, watched.stderr
+    lines = watched.stdout.splitlines()
+    assert any("running" in line and "/6 calls done" in line for line in lines), lines
+    assert any(line.startswith("job ") and "succeeded" in line for line in lines)
+    proc.communicate(timeout=30)
