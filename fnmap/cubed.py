@@ -76,6 +76,7 @@ class FnmapExecutor(DagExecutor):
                 self.jobs[name] = executor.job
                 futures = [executor.submit(run_task, item, func=pipeline.function, config=pipeline.config,
                                            name=name, compute_id=compute_id) for item in pipeline.mappable]
+                executor.shutdown(wait=False)  # all its tasks are in: stragglers may now get copies
                 try:
                     for future in as_completed(futures):
                         result, stats = future.result()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import time
 
 import cubed
 import cubed.array_api as xp
@@ -94,3 +95,22 @@ def test_a_memory_below_the_specs_allowed_mem_is_refused_up_front(spec_for):
     a = xp.ones((4, 4), chunks=(2, 2), spec=spec_for(FnmapExecutor(memory=128)))
     with pytest.raises(ValueError, match="memory=128 MB is less than the Cubed spec's allowed_mem"):
         a.compute()
+
+
+def slow_once(block, folder=None, block_id=None):
+    """Block (0, 0) hangs on its first attempt only; every other attempt and block is quick."""
+    marker = pathlib.Path(folder, "slow")
+    if block_id == (0, 0) and not marker.exists():
+        marker.write_text("first attempt")
+        time.sleep(6)
+    return block + 1
+
+
+def test_a_straggling_task_gets_a_speculative_copy(spec_for, tmp_path):
+    executor = FnmapExecutor()
+    a = xp.asarray(np.arange(20.0).reshape(10, 2), chunks=(1, 2), spec=spec_for(executor))
+    b = cubed.map_blocks(slow_once, a, dtype=a.dtype, folder=str(tmp_path))
+    np.testing.assert_allclose(b.compute(), np.arange(20.0).reshape(10, 2) + 1)
+    summary = list(executor.jobs.values())[-1].summary()  # the map_blocks operation
+    assert summary["speculative_copies"] >= 1
+    assert summary["wall_seconds"] < 5, "the operation waited for its straggler instead of the copy"
