@@ -187,8 +187,8 @@ def _start(
     stream: bool = False,
 ):
     """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix)."""
-    func_key = client.upload_function(func)
     job = client.new_job(config, kind)
+    func_key = client.upload_function(func, job)
     records.label(job, getattr(func, "map_func", None) or getattr(func, "reduce_func", None) or func)
     index = 0
     states = []

@@ -10,6 +10,7 @@ submitted is the :class:`fnmap.scheduler.Scheduler`'s.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 from concurrent.futures import Future
@@ -43,7 +44,8 @@ class Client:
         self.max_workers = self.backend.max_workers
         self.scheduler = Scheduler(self.backend, self.store, secret)
         self.scheduler.on_poll = self._cancel_if_asked
-        self._uploaded: set[str] = set()
+        #: Shared objects this process stored or found: key -> the job it last looked for.
+        self._uploaded: dict[str, str] = {}
 
     @property
     def closed(self) -> bool:
@@ -51,22 +53,32 @@ class Client:
 
     # -- the front-ends' API -------------------------------------------------------
 
-    def new_job(self, config, kind: str = "map") -> Job:
-        """A new, empty job of this deployment (``kind`` names the front-end in its record)."""
-        return Job(self.scheduler, self.store, config, kind)
+    def new_job(self, config, kind: str = "map", open_ended: bool = False) -> Job:
+        """A new, empty job of this deployment (``kind`` names the front-end in its record).
+        ``open_ended``: calls keep coming after the first ones run (an Executor, a Dask graph)."""
+        job = Job(self.scheduler, self.store, config, kind)
+        job.open_ended = open_ended
+        return job
 
-    def upload_function(self, func) -> str:
-        """Pickle ``func`` and store it under its content hash (once per process and store)."""
+    def upload_function(self, func, job: Job) -> str:
+        """Pickle ``func`` and store it under its content hash, for ``job`` (looked up once per job)."""
         if not callable(func):
             raise TypeError(f"fnmap needs a callable to run, got {type(func).__name__}: {func!r:.100}")
         digest, data = pickle_function(func)
         key = keys.function_key(digest)
-        if key not in self._uploaded:
-            with self.storage_errors("store the function"):
-                if not self.store.exists(key):
-                    self.store.put(key, data)
-            self._uploaded.add(key)
+        self._put_shared(key, data, job, "store the function")
         return key
+
+    def _put_shared(self, key: str, data: bytes, job: Job, doing: str) -> None:
+        """Store a content-addressed object (a function, a large input) unless it is there, looked
+        up once per job: ``fnmap gc`` removes those no job uses, so a later job looks again.  A job
+        names it in its index entry from its first call on, and gc keeps what kept jobs name."""
+        if self._uploaded.get(key) == job.id:
+            return
+        with self.storage_errors(doing):
+            if not self.store.exists(key):
+                self.store.put(key, data)
+        self._uploaded[key] = job.id
 
     def add_call(self, job: Job, func_key: str, chunk: tuple, first_index: int, n_items: int,
                  future: Future | None = None, unwrap: bool = False) -> CallState:
@@ -78,13 +90,14 @@ class Client:
             _raise_unpicklable(chunk, first_index)
         items_key = None
         if len(payload) > job.config.inline_limit:
-            items_key = keys.input_key(job.id, len(job.calls))
-            with self.storage_errors("store the input of the call"):
-                self.store.put(items_key, payload)
+            items_key = keys.shared_input_key(hashlib.sha256(payload).hexdigest())
+            self._put_shared(items_key, payload, job, "store the input of the call")
             payload = b""
         state = CallState(len(job.calls), first_index, n_items, func_key, payload, items_key,
                           future or Future(), unwrap)
         self.scheduler.add(job, state)
+        if state.call_id == 0 and job.open_ended:  # in `fnmap jobs` (and kept by `fnmap gc`) from its
+            job.save_record(final=False)             # first call on, not only once it is sealed
         return state
 
     def submit(self, job: Job, states: list[CallState]) -> None:

@@ -41,7 +41,7 @@ class Executor(futures.Executor):
         self._client = get_client(self._config)
         #: How many calls run at once; Dask reads this to size its parallelism.
         self._max_workers = self._client.max_workers
-        self._job = self._client.new_job(self._config, kind="executor")
+        self._job = self._client.new_job(self._config, kind="executor", open_ended=True)
         self._shutdown = False
         self._lock = threading.Lock()
         self._index = itertools.count()
@@ -60,7 +60,7 @@ class Executor(futures.Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            func_key = self._client.upload_function(fn)
+            func_key = self._client.upload_function(fn, self._job)
             first = next(self._index)
             for _ in range(len(items) - 1):
                 next(self._index)

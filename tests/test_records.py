@@ -204,7 +204,7 @@ def test_gc_deletes_old_jobs_only(emulator, tmp_path):
     report = records.collect_garbage(store, older_than=3600, now=later)
     assert report["deleted_jobs"] == [job.id] and report["deleted_keys"] > 4
     assert store.list(keys.job_prefix(job.id)) == [] and records.list_jobs(store) == []
-    assert store.list("functions/")  # shared by jobs: kept
+    assert store.list("functions/") == []  # no job left uses it
     with pytest.raises(records.JobNotFound):
         records.load(store, job.id)
 

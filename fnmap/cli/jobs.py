@@ -81,8 +81,10 @@ def register(sub) -> None:
     p = sub.add_parser(
         "gc",
         help="delete old jobs' records, logs, inputs and results from storage",
-        description="Delete every object of the jobs created longer ago than --older-than "
-        "(shared function objects are kept).",
+        description="Delete every object of the jobs created longer ago than --older-than (records, "
+        "logs, results: results stay in storage after a map returns, so fnmap.job(ID) can read them "
+        "again, until gc removes them), then the shared function pickles and content-addressed "
+        "inputs that no job left in storage uses. Reports objects and bytes; --dry-run deletes nothing.",
     )
     p.add_argument(
         "--older-than",
@@ -335,9 +337,12 @@ def run_gc(args) -> int:
         return 0
     verb = "would delete" if args.dry_run else "deleted"
     print(
-        f"{verb} {len(report['deleted_jobs'])} job(s) older than {args.older_than} "
-        f"({report['deleted_keys']} objects); kept {report['kept_jobs']}"
+        f"{verb} {len(report['deleted_jobs'])} job(s) older than {args.older_than} and "
+        f"{len(report['deleted_shared'])} shared object(s) no kept job uses: {report['deleted_keys']} objects, "
+        f"{_bytes(report['deleted_bytes'])}; kept {report['kept_jobs']} job(s), {_bytes(report['kept_bytes'])}"
     )
+    if report["kept_shared_because_running"]:
+        print("kept every shared function and input: a kept job is still running")
     if report["undated_jobs"]:
         print(
             f"left alone {len(report['undated_jobs'])} job(s) of unknown age "
@@ -355,6 +360,14 @@ def _short(text: str, width: int) -> str:
 
 def _time(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
 
 
 def _seconds(s: float | None) -> str:

@@ -151,12 +151,16 @@ def label(job, func) -> None:
 
 def _identity(job) -> dict:
     """What tells one job from another later: its function, where it was started, by which process,
-    and the error that stopped it before any call ran."""
+    and the error that stopped it before any call ran; and the shared objects (function pickles,
+    content-addressed inputs) it uses, which ``fnmap gc`` keeps while the job is kept."""
+    with job._lock:
+        shared = {s.func_key for s in job.calls} | {s.items_key for s in job.calls if s.items_key}
     return {
         "function": getattr(job, "function_name", None),
         "origin": _origin(),
         "client": _client_process(),
         "error": getattr(job, "setup_error", None),
+        "shared": sorted(k for k in shared if k.startswith(keys.SHARED_PREFIXES)),
     }
 
 
@@ -310,6 +314,7 @@ def summarize(record: dict) -> dict:
     summary = {
         "job_id": record["job_id"],
         "kind": record.get("kind"),
+        "shared": record.get("shared") or [],
         "function": record.get("function"),
         "origin": record.get("origin"),
         "client": record.get("client"),
@@ -581,17 +586,25 @@ def parse_age(text: str) -> float:
 def collect_garbage(
     store, older_than: float, dry_run: bool = False, now: float | None = None
 ) -> dict:
-    """Delete every key of the jobs created over ``older_than`` seconds ago, and their index.
+    """Delete every object of the jobs created over ``older_than`` seconds ago (and their index
+    entries), then the shared objects (function pickles, content-addressed inputs) that no job
+    left in storage uses; report what went, in objects and bytes.
 
-    Jobs with no index entry (their client died) are dated by their newest status record; a job with
-    neither is left alone and reported.  Functions (``functions/``) are shared by jobs and kept.
+    Jobs with no index entry (their client died) are dated by their newest status record; a job
+    with neither is left alone and reported.  A shared object is kept if a kept job's record or
+    index entry names it, if it was written after the cutoff (a job being submitted right now), or
+    while a kept job has no final record yet (it runs, and may use any of them).
     """
     now = time.time() if now is None else now
     cutoff = now - older_than
     index = {_index_job_id(k): k for k in store.list(keys.job_index_prefix())}
-    job_ids = {k.split("/", 2)[1] for k in store.list("jobs/") if k.count("/") >= 2}
+    objects = store.list_details("jobs/")
+    by_job: dict[str, list[tuple[str, int]]] = {}
+    for key, size, _modified in objects:
+        if key.count("/") >= 2:
+            by_job.setdefault(key.split("/", 2)[1], []).append((key, size))
     old, kept, undated = [], [], []
-    for job_id in sorted(job_ids | set(index)):
+    for job_id in sorted(set(by_job) | set(index)):
         if job_id in index:
             created = _index_created(index[job_id])
         else:
@@ -603,19 +616,61 @@ def collect_garbage(
             old.append(job_id)
         else:
             kept.append(job_id)
-    deleted_keys = 0
+    deleted_keys = deleted_bytes = 0
+    sizes = {}
     for job_id in old:
-        doomed = store.list(keys.job_prefix(job_id))
+        doomed = [key for key, _ in by_job.get(job_id, [])]
+        size = sum(size for _, size in by_job.get(job_id, []))
         if job_id in index:
             doomed.append(index[job_id])
+        sizes[job_id] = size
         deleted_keys += len(doomed)
+        deleted_bytes += size
         if not dry_run:
             store.delete(doomed)
+    in_use, running = _shared_in_use(store, kept + undated, index)
+    shared_doomed = []
+    for prefix in keys.SHARED_PREFIXES:
+        for key, size, modified in store.list_details(prefix):
+            if key not in in_use and modified < cutoff and not running:
+                shared_doomed.append((key, size))
+    if shared_doomed and not dry_run:
+        store.delete([key for key, _ in shared_doomed])
     return {
         "deleted_jobs": old,
-        "deleted_keys": deleted_keys,
+        "deleted_job_bytes": sizes,
+        "deleted_keys": deleted_keys + len(shared_doomed),
+        "deleted_bytes": deleted_bytes + sum(size for _, size in shared_doomed),
+        "deleted_shared": [key for key, _ in shared_doomed],
+        "deleted_shared_bytes": sum(size for _, size in shared_doomed),
         "kept_jobs": len(kept),
+        "kept_bytes": sum(size for job_id in kept for _, size in by_job.get(job_id, [])),
+        "kept_shared_because_running": running,
         "undated_jobs": undated,
         "dry_run": dry_run,
         "older_than_seconds": older_than,
     }
+
+
+def _shared_in_use(store, job_ids: list[str], index: dict[str, str]) -> tuple[set[str], bool]:
+    """The shared objects the given jobs name, and whether one of them has no final record yet."""
+    in_use: set[str] = set()
+    running = False
+    for job_id in job_ids:
+        try:
+            record = json.loads(store.get(keys.job_record_key(job_id)))
+        except (FnmapError, ValueError):
+            record = None
+        if record is None:
+            started = None
+            if job_id in index:
+                try:
+                    started = json.loads(store.get(index[job_id]))
+                except (FnmapError, ValueError):
+                    started = None
+            if started is None or not client_gone(started.get("client")):
+                running = True  # it may still submit calls that use any shared object
+            in_use.update((started or {}).get("shared") or [])
+            continue
+        in_use.update(record.get("shared") or [])
+    return in_use, running

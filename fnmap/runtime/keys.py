@@ -55,6 +55,16 @@ def call_id_from_key(key: str) -> int:
     return int(key.rsplit("/", 1)[1])
 
 
+def shared_input_key(digest: str) -> str:
+    """A call's input over the inline limit, stored once by content hash: the same 500 MB
+    argument passed to two jobs is one object.  ``fnmap gc`` removes it once no kept job uses it."""
+    return f"inputs/{digest[:2]}/{digest}"
+
+
+#: Prefixes of objects shared by jobs (functions, inputs), kept while a job refers to them.
+SHARED_PREFIXES = ("functions/", "inputs/")
+
+
 def blob_key(job_id: str, name: str) -> str:
     """Large arguments or values stored by reference (10 MB and more)."""
     return f"jobs/{job_id}/blobs/{name}"

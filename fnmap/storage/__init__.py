@@ -49,6 +49,9 @@ class Store(Protocol):
     def list(self, prefix: str) -> list[str]:
         """Every key starting with ``prefix`` (all pages), sorted."""
 
+    def list_details(self, prefix: str) -> list[tuple[str, int, float]]:
+        """``(key, size in bytes, last modified as epoch seconds)`` of every key under ``prefix``, sorted."""
+
     def delete(self, keys: list[str]) -> None:
         """Delete keys; missing keys are ignored."""
 

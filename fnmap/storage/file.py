@@ -109,6 +109,16 @@ class FileStore:
         keys.sort()
         return keys
 
+    def list_details(self, prefix: str) -> list[tuple[str, int, float]]:
+        found = []
+        for key in self.list(prefix):
+            try:
+                st = os.stat(self._path(key))
+            except FileNotFoundError:  # deleted since it was listed
+                continue
+            found.append((key, st.st_size, st.st_mtime))
+        return found
+
     def delete(self, keys: list[str]) -> None:
         for key in keys:
             try:

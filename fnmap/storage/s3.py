@@ -191,6 +191,16 @@ class S3Store:
         return keys
 
     @_bucket_must_exist
+    def list_details(self, prefix: str) -> list[tuple[str, int, float]]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        cut = len(self.prefix)
+        found = [(obj["Key"][cut:], obj["Size"], obj["LastModified"].timestamp())
+                 for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix)
+                 for obj in page.get("Contents", ())]
+        found.sort()
+        return found
+
+    @_bucket_must_exist
     def delete(self, keys: list[str]) -> None:
         keys = list(keys)
         for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys

@@ -1,0 +1,89 @@
+"""Storage that does not grow without bound: large inputs stored once, gc of what no job uses."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import fnmap
+from fnmap.observe import records
+from fnmap.runtime import keys
+from fnmap.storage import open_store
+
+#: Inputs larger than this go through storage (the default is 4 MB).
+SMALL = 64 * 1024
+
+
+def first_byte(blob: bytes) -> int:
+    return blob[0]
+
+
+def test_the_same_large_argument_is_stored_once_across_jobs(tmp_path):
+    url = (tmp_path / "store").as_uri()
+    store = open_store(url)
+    big = os.urandom(2 * 1024 * 1024)
+    one = fnmap.map(first_byte, [big], storage=url, return_job=True, inline_limit=SMALL)
+    two = fnmap.map(first_byte, [big], storage=url, return_job=True, inline_limit=SMALL)
+    assert one.results() == two.results() == [big[0]]
+    inputs = store.list("inputs/")
+    assert len(inputs) == 1 and one.calls[0].items_key == two.calls[0].items_key == inputs[0]
+    assert inputs[0] in records.load(store, one.id)["shared"]
+
+
+def test_gc_removes_shared_objects_no_kept_job_uses_and_reports_bytes(tmp_path):
+    url = (tmp_path / "store").as_uri()
+    store = open_store(url)
+    big = os.urandom(1024 * 1024)
+    old = fnmap.map(first_byte, [big], storage=url, return_job=True, inline_limit=SMALL)
+    old.results()
+    time.sleep(0.05)
+    between = time.time()
+    time.sleep(0.05)
+    new = fnmap.map(first_byte, [b"small"], storage=url, return_job=True)  # the same function
+    new.results()
+    old_shared = records.load(store, old.id)["shared"]
+    function = [k for k in old_shared if k.startswith("functions/")]
+    old_input = [k for k in old_shared if k.startswith("inputs/")]
+    assert len(function) == 1 and len(old_input) == 1
+    assert records.load(store, new.id)["shared"] == function
+
+    age = time.time() - between
+    dry = records.collect_garbage(store, older_than=age, dry_run=True)
+    assert dry["deleted_jobs"] == [old.id]
+    # The old job's 1 MB input goes; the function stays, though written before the cutoff: the
+    # kept job uses it.
+    assert dry["deleted_shared"] == old_input
+    assert dry["deleted_bytes"] > 1024 * 1024 and dry["deleted_job_bytes"][old.id] > 0
+    assert store.list(keys.job_prefix(old.id)) and store.list("inputs/") == old_input
+
+    done = records.collect_garbage(store, older_than=age)
+    assert done["deleted_bytes"] == dry["deleted_bytes"]
+    assert store.list("inputs/") == [] and store.list(keys.job_prefix(old.id)) == []
+    assert store.list("functions/") == function
+    assert fnmap.job(new.id, storage=url).results() == [ord("s")]
+
+    time.sleep(0.05)
+    assert records.collect_garbage(store, older_than=0)["deleted_shared"] == function  # no job left
+    # The same process maps the deleted function again: it is looked up per job and stored again.
+    assert fnmap.map(first_byte, [big], storage=url, inline_limit=SMALL) == [big[0]]
+
+
+def test_while_a_kept_job_runs_no_shared_object_is_removed(tmp_path):
+    url = (tmp_path / "store").as_uri()
+    store = open_store(url)
+    old = fnmap.map(first_byte, [os.urandom(1024 * 1024)], storage=url, inline_limit=SMALL, return_job=True)
+    old.results()
+    time.sleep(0.05)
+    between = time.time()
+    time.sleep(0.05)
+    with fnmap.Executor(storage=url) as ex:
+        assert ex.submit(len, b"abc").result() == 3
+        # Listed from its first call on, not only once it is shut down: gc sees it running.
+        assert any(j["job_id"] == ex.job.id and j["status"] == "running" for j in records.list_jobs(store))
+        report = records.collect_garbage(store, older_than=time.time() - between)
+        assert report["deleted_jobs"] == [old.id]
+        assert report["kept_shared_because_running"] and report["deleted_shared"] == []
+        assert store.list("inputs/")
+    after = records.collect_garbage(store, older_than=time.time() - between)
+    assert after["deleted_jobs"] == [] and len(after["deleted_shared"]) == 2  # old's input and function
+    assert store.list("inputs/") == []
