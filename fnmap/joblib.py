@@ -13,6 +13,12 @@ bytes over ``ref_nbytes``) go to the job's storage once, by content hash, and tr
 a 5-fold grid search uploads ``X`` and ``y`` once, not once per fit.  A task's exception reaches
 joblib as the same type with the remote traceback as its cause; on an error or an interrupt
 joblib aborts, and what has not started is cancelled.
+
+Registration is eager, on ``import fnmap.joblib``.  joblib's one hook for lazy backends,
+``joblib.parallel.EXTERNAL_BACKENDS`` (how ``backend="dask"`` finds ``joblib._dask``), is a dict
+inside ``joblib.parallel``: filling it from ``import fnmap`` would cost that import (about 250 ms)
+to every fnmap user, or work only when joblib happened to be imported first; joblib reads no entry
+points.  So the one line to write is the import.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import threading
 from typing import Any
 
 try:
-    from joblib.parallel import AutoBatchingMixin, ParallelBackendBase, register_parallel_backend
+    from joblib.parallel import AutoBatchingMixin, ParallelBackendBase, ThreadingBackend, register_parallel_backend
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(f"fnmap.joblib needs joblib >= 1.5 ({e}); install it with: pip install 'fnmap[joblib]'") from e
 
@@ -126,13 +132,14 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
         **options)``)."""
         import fnmap
 
+        from .config import resolve
         from .storage import open_store
 
         self.parallel = parallel
         n_jobs = self.effective_n_jobs(n_jobs)
         self.executor = fnmap.Executor(**self.fnmap_options)
         self.jobs.append(self.executor.job)
-        self._store = open_store(self.executor.job.store.url)
+        self._store = open_store(resolve(**self.fnmap_options).storage_url)  # where the job's calls read
         self._refs = {}
         return n_jobs
 
@@ -144,6 +151,12 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
         if callback is not None:
             future.add_done_callback(callback)
         return future
+
+    def get_nested_backend(self):
+        """A ``Parallel`` inside a task (a forest's ``n_jobs`` within a fit) runs in threads on the
+        worker that runs the task: a worker has no client to start fnmap calls of its own, and this
+        backend (its executor) is not sent to workers."""
+        return ThreadingBackend(nesting_level=(self.nesting_level or 0) + 1), None
 
     def retrieve_result_callback(self, future):
         return future.result()

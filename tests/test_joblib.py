@@ -29,9 +29,9 @@ def workers_of(job) -> set[str]:
 
 
 def test_a_grid_search_matches_n_jobs_1_with_the_fits_run_elsewhere(iris):
-    X, y = iris
+    X, y = np.tile(iris[0], (10, 1)), np.tile(iris[1], 10)  # X 48 KB: the one argument over ref_nbytes
     local = GridSearchCV(SVC(), GRID, cv=3, n_jobs=1).fit(X, y)
-    backend = FnmapBackend(ref_nbytes=1000)
+    backend = FnmapBackend(ref_nbytes=20_000)
     with joblib.parallel_config(backend=backend, n_jobs=-1):
         remote = GridSearchCV(SVC(), GRID, cv=3).fit(X, y)
     assert remote.best_params_ == local.best_params_
@@ -40,9 +40,11 @@ def test_a_grid_search_matches_n_jobs_1_with_the_fits_run_elsewhere(iris):
     assert job.summary()["calls"] >= 1 and job.summary()["failed_items"] == 0
     workers = workers_of(job)
     assert workers and not any(w.endswith(f":{os.getpid()}") for w in workers)
-    # X and y (over ref_nbytes) went to storage once for the job's 12 fits, by content hash.
+    # X went to storage once for the job's 12 fits, by content hash, and no call carried it itself.
     stored = backend._store.list(f"jobs/{job.id}/joblib/")
-    assert len(stored) == 2, stored
+    assert len(stored) == 1, stored
+    sent = [call["bytes_in"] for call in job.record()["calls"]]
+    assert sent and max(sent) < X.nbytes, f"a call's input ({max(sent)} bytes) holds X ({X.nbytes} bytes)"
 
 
 def test_cross_val_score_by_name_matches_n_jobs_1(iris):
@@ -82,15 +84,42 @@ def fail_first(i):
     return i
 
 
+def sleepy(i):
+    time.sleep(0.5)
+    return i
+
+
+def settled(job) -> list[dict]:
+    """The job's calls once none runs any more (fails the test if one still does after 30 s)."""
+    assert job.wait(30), "calls were left running"
+    calls = job.record()["calls"]
+    assert all(a["ended"] is not None for call in calls for a in call["attempts"]), "an attempt is still running"
+    return calls
+
+
 def test_an_aborted_run_cancels_what_has_not_started():
     """One call at a time and every task submitted at once: the first task's error aborts the run,
     and the tasks still waiting are cancelled rather than run for nothing."""
     backend = FnmapBackend(workers=1)
     with joblib.parallel_config(backend=backend, n_jobs=2), pytest.raises(KeyError, match="task 0"):
         joblib.Parallel(batch_size=1, pre_dispatch="all")(joblib.delayed(fail_first)(i) for i in range(12))
-    job = backend.jobs[0]
-    assert len(job.calls) == 12
-    assert job.wait(30), "calls were left running"
-    started = [s for s in job.calls if s.attempts]
+    calls = settled(backend.jobs[0])
+    assert len(calls) == 12
+    started = [c for c in calls if c["attempts"]]
     assert len(started) <= 3, f"{len(started)} of 12 tasks ran although the run had failed"
-    assert sum(s.future.cancelled() for s in job.calls) >= 9
+    assert sum(c["status"] == "cancelled" for c in calls) >= 9
+
+
+@pytest.mark.filterwarnings("ignore:.*tasks which were still being processed:UserWarning")  # joblib saying so
+def test_abandoning_the_results_cancels_what_has_not_started():
+    """Leaving a ``return_as="generator"`` loop early (as ``break`` or Ctrl-C does) aborts the run."""
+    backend = FnmapBackend(workers=1)
+    with joblib.parallel_config(backend=backend, n_jobs=2):
+        results = joblib.Parallel(batch_size=1, pre_dispatch="all", return_as="generator")(
+            joblib.delayed(sleepy)(i) for i in range(12))
+        assert next(results) == 0
+        results.close()
+    calls = settled(backend.jobs[0])
+    ran = [c for c in calls if c["status"] == "ok"]
+    assert len(ran) <= 4, f"{len(ran)} of 12 tasks ran although their results were abandoned"
+    assert sum(c["status"] == "cancelled" for c in calls) >= 8
