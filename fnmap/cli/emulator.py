@@ -28,6 +28,12 @@ def register(sub) -> None:
                    help="how the Lambda API runs events: ric, AWS's runtime interface client (awslambdaric) over "
                         "the deployment package, in Lambda execution environments (default when installed); or "
                         "pool, the emulator's worker pool")
+    p.add_argument("--aws", action="store_true",
+                   help="also serve S3 on loopback (moto's server; pip install 'fnmap[aws-offline]') with a "
+                        "bucket, and print the `export` lines that point fnmap's aws backend, boto3 and the "
+                        "storage at this emulator: the whole AWS path offline (see --env-file)")
+    p.add_argument("--env-file", metavar="PATH",
+                   help="with --aws: also write the export lines to PATH (then: source PATH)")
     p.add_argument("--watch-stdin", action="store_true",
                    help="stop when standard input closes (used when a client starts the emulator)")
     f = p.add_argument_group(
@@ -68,9 +74,21 @@ def run(args) -> int:
         faults = fault_plan(args)
     except ValueError as e:
         raise SystemExit(f"fnmap emulator: {e}") from None
+    if args.env_file and not args.aws:
+        raise SystemExit("fnmap emulator: --env-file goes with --aws")
     hide_working_folder()
-    serve(host=args.host, port=args.port, workers=args.workers, watch_stdin=args.watch_stdin,
-          faults=faults, wsgi_server=args.wsgi_server, lambda_runtime=args.lambda_runtime)
+    offline = None
+    if args.aws:
+        from ..emulator.offline_aws import OfflineAws
+
+        offline = OfflineAws(args.host)
+    try:
+        serve(host=args.host, port=args.port, workers=args.workers, watch_stdin=args.watch_stdin,
+              faults=faults, wsgi_server=args.wsgi_server, lambda_runtime=args.lambda_runtime,
+              on_listening=offline.announcer(args.env_file) if offline else None)
+    finally:
+        if offline is not None:
+            offline.stop()
     return 0
 
 

@@ -20,11 +20,13 @@ log = logging.getLogger(__name__)
 
 def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
           watch_stdin: bool = False, faults: FaultPlan | None = None, wsgi_server: str = "fnmap",
-          lambda_runtime: str | None = None) -> None:
+          lambda_runtime: str | None = None, on_listening=None) -> None:
     """Run the emulator in this process until told to stop; ``faults`` makes it unreliable on purpose.
 
     ``wsgi_server`` is ``"fnmap"`` (:mod:`.httpserver`) or ``"waitress"``; ``lambda_runtime`` is ``"ric"``,
-    ``"pool"`` or None (ric when awslambdaric is installed; :mod:`.lambda_api`).
+    ``"pool"`` or None (ric when awslambdaric is installed; :mod:`.lambda_api`).  ``on_listening(url)``
+    is called once the server is bound, before the "listening" line (``fnmap emulator --aws``
+    prints its exports there).
     """
     workers = workers or default_workers()
     env = dict(os.environ)
@@ -56,6 +58,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         threading.Thread(target=_set_on_stdin_eof, args=(stop_requested,), daemon=True).start()
     serving = threading.Thread(target=server.serve_forever, name="fnmap-emulator-server", daemon=True)
     serving.start()
+    if on_listening is not None:
+        on_listening(f"http://{shown_host}:{actual_port}")
     print(f"fnmap emulator listening on http://{shown_host}:{actual_port} with {workers} workers", flush=True)
     if emulator.faults.active:
         print(f"fnmap emulator: injecting faults: {' '.join(emulator.faults.options())}", flush=True)
