@@ -1,18 +1,20 @@
 """``aws``: invoke an AWS Lambda function through boto3.
 
-Each call is one ``lambda.invoke``.  With ``lambda_invocation="auto"`` (the
-default) a call goes ``RequestResponse`` while fewer than a quarter of the
-dispatch threads hold synchronous calls, so a small job's results ride back in
-the responses; beyond that calls go ``Event`` (asynchronous, 202 at once), so a
+Each call is one Lambda Invoke, sent by :class:`.lambda_invoke.LambdaInvoker`: boto3 gives the
+credentials, configuration, endpoint and error parsing, botocore's ``SigV4Auth`` signs, and a
+urllib3 keep-alive pool sends (``client.invoke``'s per-call machinery cost five times the CPU).
+
+With ``lambda_invocation="auto"`` (the default) a call goes ``RequestResponse``
+while fewer than a quarter of the dispatch threads hold synchronous calls, so a
+small job's results ride back in the responses; beyond that calls go ``Event`` (asynchronous, 202 at once), so a
 fan-out of thousands is not bounded by the client's threads, and their results
 are gathered from storage by the client's monitor (one LIST per poll).
 
 A request over Lambda's payload limit (``lambda_sync_limit`` 6 MiB,
 ``lambda_async_limit`` 1 MiB; base64 included) is written to the job's storage
 and sent by reference (:mod:`fnmap.runtime.lambda_event`).  Throttling
-(``TooManyRequestsException``) is first retried by botocore's ``adaptive``
-mode, which also slows this client's request rate; what remains becomes a
-``throttled`` fault, so the client lowers the calls in flight and backs off.
+(``TooManyRequestsException``, 429) becomes a ``throttled`` fault at once, so the
+scheduler lowers the calls in flight and backs off (not charged as a retry).
 5xx answers become ``server`` faults.  ``AWS_ENDPOINT_URL_LAMBDA`` points boto3
 at another endpoint (the emulator) with no fnmap setting.
 
@@ -31,8 +33,9 @@ from ..runtime import keys
 from ..runtime.lambda_event import decode_result, encode_event, encode_reference_event
 from ..runtime.serialization import runtime_info, runtime_mismatch
 from ..storage import open_store
-from .base import BaseBackend, Invocation
+from .base import ACCEPTED, Answer, BaseBackend, Invocation
 from .http import fault_from_status
+from .lambda_invoke import InvokeError, LambdaInvoker
 
 INVOCATION_TYPES = ("auto", "Event", "RequestResponse")
 #: Seconds an asynchronous call may sit in Lambda's queue and run before the client calls it lost,
@@ -70,7 +73,7 @@ class AwsBackend(BaseBackend):
         from botocore.exceptions import NoRegionError
 
         try:
-            self._client = make_lambda_client(config.region, self.max_workers)
+            self._session, self._client = make_lambda_client(config.region, self.max_workers)
         except NoRegionError:
             raise ConfigError(
                 "the aws backend needs the function's AWS region: set region=... or FNMAP_REGION "
@@ -78,6 +81,8 @@ class AwsBackend(BaseBackend):
             ) from None
         self.function = self._describe()
         self.lost_after = float(self.function.get("Timeout", 900)) + ASYNC_GRACE_SECONDS
+        self._invoker = LambdaInvoker(self._session, self._client, self.function_name, self.max_workers,
+                                      _CONNECT_TIMEOUT, _READ_TIMEOUT)
 
     # -- checks before anything is sent ----------------------------------------
 
@@ -115,7 +120,7 @@ class AwsBackend(BaseBackend):
 
     # -- invocation --------------------------------------------------------------
 
-    def invoke(self, invocation: Invocation) -> bytes | None:
+    def invoke(self, invocation: Invocation) -> Answer:
         problem = self._unsupported(invocation.config)
         if problem:
             raise PlatformFault("rejected", problem)
@@ -172,43 +177,44 @@ class AwsBackend(BaseBackend):
             raise PlatformFault("server", f"cannot store the {len(invocation.body)}-byte request: {e!r}") from e
         return encode_reference_event(req.store_url, key, invocation.signature)
 
-    def _call(self, kind: str, payload: bytes) -> bytes | None:
-        from botocore.exceptions import (
-            ClientError,
-            ConnectionClosedError,
-            EndpointConnectionError,
-            ReadTimeoutError,
-        )
+    def _call(self, kind: str, payload: bytes) -> Answer:
+        from urllib3.exceptions import HTTPError, MaxRetryError, ReadTimeoutError
 
         target = f"Lambda function {self.function_name!r}"
         try:
-            resp = self._client.invoke(FunctionName=self.function_name, InvocationType=kind, Payload=payload)
-        except ClientError as e:
-            raise _fault_from_client_error(e, target) from e
+            _status, headers, body = self._invoker.invoke(kind, payload)
+        except InvokeError as e:
+            raise _fault_from_error_response(e.response, target) from None
         except ReadTimeoutError as e:
             raise PlatformFault("lost", f"no answer from {target} within {_READ_TIMEOUT} s") from e
-        except (EndpointConnectionError, ConnectionClosedError) as e:
-            raise PlatformFault("connection", f"cannot reach {target}: {e}") from e
+        except MaxRetryError as e:
+            raise PlatformFault("connection", f"cannot reach {target} at {self._invoker.url}: {e.reason}") from e
+        except HTTPError as e:
+            raise PlatformFault("connection", f"cannot reach {target} at {self._invoker.url}: {e!r}") from e
         if kind == "Event":
-            return None
-        body = resp["Payload"].read()
-        if resp.get("FunctionError"):
+            return ACCEPTED
+        if headers.get("X-Amz-Function-Error"):
             return _function_error(body, target)
         try:
             status, out = decode_result(body)
         except ValueError as e:
             raise PlatformFault("server", f"{target}: {e}") from None
         if status == 200:
-            return out
+            return Answer(out)
         raise fault_from_status(status, {}, out.decode(errors="replace"), target)
 
     def close(self) -> None:
+        self._invoker.close()
         self._client.close()
 
 
 def make_lambda_client(region: str | None, max_workers: int):
-    """A boto3 Lambda client: endpoint from boto3's settings, adaptive retries, a pool per thread."""
+    """``(botocore session, boto3 Lambda client)``: endpoint and credentials from boto3's settings.
+
+    The client reads the function's configuration; Invoke goes through :class:`LambdaInvoker`.
+    """
     import boto3
+    import botocore.session
     from botocore.config import Config
 
     config = Config(
@@ -218,7 +224,8 @@ def make_lambda_client(region: str | None, max_workers: int):
         max_pool_connections=max_workers,
         tcp_keepalive=True,
     )
-    return boto3.session.Session().client("lambda", region_name=region, config=config)
+    core = botocore.session.get_session()
+    return core, boto3.session.Session(botocore_session=core).client("lambda", region_name=region, config=config)
 
 
 def _function_runtime(function: dict) -> dict:
@@ -236,10 +243,11 @@ def _function_runtime(function: dict) -> dict:
     return {"python": python or mine["python"], "cloudpickle": recorded.get("cloudpickle") or mine["cloudpickle"]}
 
 
-def _fault_from_client_error(e, target: str) -> PlatformFault:
-    err = e.response.get("Error", {})
+def _fault_from_error_response(response: dict, target: str) -> PlatformFault:
+    """The fault of an Invoke's error answer, parsed by botocore (``ClientError.response``'s shape)."""
+    err = response.get("Error", {})
     code = err.get("Code", "")
-    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
     message = f"{target}: {code}: {err.get('Message', '')}"
     if code in ("TooManyRequestsException", "ThrottlingException") or status == 429:
         return PlatformFault("throttled", message)
@@ -250,7 +258,7 @@ def _fault_from_client_error(e, target: str) -> PlatformFault:
     return PlatformFault("rejected", message)
 
 
-def _function_error(body: bytes, target: str) -> None:
+def _function_error(body: bytes, target: str) -> Answer:
     """Lambda's own error payload (the runtime died, timed out, or the answer was too big)."""
     try:
         error = json.loads(body)
@@ -259,7 +267,7 @@ def _function_error(body: bytes, target: str) -> None:
     kind = str(error.get("errorType", ""))
     message = f"{target}: {kind or 'error'}: {error.get('errorMessage', '')}"
     if kind == "Function.ResponseSizeTooLarge":
-        return None  # the worker committed the result before answering: the monitor reads it from storage
+        return ACCEPTED  # the worker committed the result before answering: the monitor reads it from storage
     if kind in ("Runtime.ExitError", "Runtime.OutOfMemory") or "exited" in message:
         raise PlatformFault("crashed", message)
     if kind == "Sandbox.Timedout" or "timed out" in message:

@@ -1,0 +1,244 @@
+"""The ``aws`` path at scale: ``python benchmarks/cloud_scale.py [--calls 10000] [--compare 2000]``.
+
+One ``fnmap emulator`` serves AWS Lambda's API on loopback (``--lambda-runtime pool`` by
+default: the emulator's worker pool runs the events; ``ric`` runs them under awslambdaric, much
+slower per call).  Every measurement runs in a fresh client process pointed at it with boto3's
+own settings (``AWS_ENDPOINT_URL_LAMBDA``, test credentials), storage a local folder:
+
+* **compare**: ``--compare`` no-op calls, chunksize 1, through the ``aws`` backend and through
+  the ``emulator`` backend on the same emulator, alternating, ``--reps`` times; the medians of
+  client CPU per call (``time.process_time``, all threads) and their ratio (target: aws <= 2x).
+* **scale**: ``--calls`` no-op calls through the ``aws`` backend: seconds until every call was
+  invoked (the backend's last ``invoke`` returned), until every result was gathered (``map``
+  returned), client CPU and RSS growth per call, and the client's storage requests per call,
+  counted by a wrapper around its store's methods (the workers' own reads and writes happen in
+  the emulator's processes and are not in this count).
+
+``--register NAME=module:Class`` adds a backend (a module on ``PYTHONPATH``), e.g. a copy of an
+older ``aws.py`` to measure before and after in one run: ``--backends aws,aws_before,emulator``.
+``--scaling-rate`` and ``--max-concurrency`` pass Lambda's limits to the emulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGET_RATIO = 2.0
+_STORE_METHODS = ("put", "put_if_absent", "get", "get_range", "exists", "list", "list_details", "delete")
+
+
+def noop(x):
+    return x
+
+
+def _instrument(backend_name: str, registered: dict, profilers: list | None) -> tuple[dict, collections.Counter]:
+    """Record when the backend's last invocation returned, count the client's storage requests and,
+    with ``profilers``, profile the backend's ``invoke`` in every dispatch thread (cProfile sees one thread)."""
+    import importlib
+
+    from fnmap.backends import BACKENDS
+    from fnmap.storage.file import FileStore
+
+    BACKENDS.update(registered)
+    module, cls_name = BACKENDS[backend_name].split(":")
+    cls = getattr(importlib.import_module(module), cls_name)
+    marks = {"last_invoked": 0.0}
+    counts: collections.Counter = collections.Counter()
+    lock = threading.Lock()
+    local = threading.local()
+
+    def timed(method):
+        def wrapper(self, *args, **kwargs):
+            profiler = None
+            if profilers is not None and marks.get("profiling"):
+                profiler = getattr(local, "profiler", None)
+                if profiler is None:
+                    import cProfile
+
+                    profiler = local.profiler = cProfile.Profile(time.thread_time)  # CPU, not waits
+                    with lock:
+                        profilers.append(profiler)
+                profiler.enable()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                if profiler is not None:
+                    profiler.disable()
+                marks["last_invoked"] = time.perf_counter()
+        return wrapper
+
+    for name in ("invoke", "invoke_many"):
+        if name in vars(cls) or name == "invoke":
+            setattr(cls, name, timed(getattr(cls, name)))
+
+    def counted(name, method):
+        def wrapper(self, *args, **kwargs):
+            with lock:
+                counts[name] += 1
+            return method(self, *args, **kwargs)
+        return wrapper
+
+    for name in _STORE_METHODS:
+        if hasattr(FileStore, name):
+            setattr(FileStore, name, counted(name, getattr(FileStore, name)))
+    return marks, counts
+
+
+def _rss_kb() -> int:
+    with open(f"/proc/{os.getpid()}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def measure(backend: str, n: int, options: dict, registered: dict, profile: str | None) -> dict:
+    import fnmap
+
+    profilers = [] if profile else None
+    marks, counts = _instrument(backend, registered, profilers)
+    fnmap.map(noop, range(20), backend=backend, progress=False, **options)  # client, connections, imports
+    counts.clear()
+    rss_before = _rss_kb()
+    marks["profiling"] = True
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fnmap.map(noop, range(n), backend=backend, chunksize=1, progress=False, **options)
+    cpu, end = time.process_time() - cpu, time.perf_counter()
+    if profilers:
+        import pstats
+
+        stats = pstats.Stats(profilers[0])
+        for profiler in profilers[1:]:
+            stats.add(profiler)
+        stats.dump_stats(profile)
+    assert out == list(range(n)), "wrong results"
+    maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"backend": backend, "n": n, "cpu_s": cpu, "invoked_s": marks["last_invoked"] - wall,
+            "gathered_s": end - wall, "rss_growth_kb": maxrss_kb - rss_before,
+            "storage": dict(counts)}
+
+
+def run_child(backend: str, n: int, env: dict, options: dict, registered: dict, profile: str | None = None) -> dict:
+    spec = json.dumps({"backend": backend, "n": n, "options": options, "registered": registered,
+                       "profile": profile})
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", spec]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"child failed ({p.returncode}): {p.stderr[-3000:]}")
+
+
+def _emulator(args):
+    from fnmap.emulator.launcher import EmulatorLauncher
+
+    options = ["--lambda-runtime", args.lambda_runtime]
+    if args.scaling_rate:
+        options += ["--scaling-rate", str(args.scaling_rate)]
+    if args.max_concurrency:
+        options += ["--max-concurrency", str(args.max_concurrency)]
+    return EmulatorLauncher(args.workers, options=options, stderr=subprocess.DEVNULL)
+
+
+def _client_env(emu, storage: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FNMAP_", "AWS_"))}
+    env.update(AWS_ENDPOINT_URL_LAMBDA=emu.url, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+               AWS_DEFAULT_REGION="us-east-1", FNMAP_EMULATOR_URL=emu.url, FNMAP_SECRET=emu.secret,
+               FNMAP_STORAGE=storage, PYTHONPATH=os.pathsep.join([HERE, env.get("PYTHONPATH", "")]))
+    return env
+
+
+def _row(r: dict) -> str:
+    n = r["n"]
+    per_call = sum(r["storage"].values()) / n
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["storage"].items()))
+    return (f"| {r['backend']} | {n:,} | {r['invoked_s']:.2f} | {r['gathered_s']:.2f} | {r['cpu_s'] / n * 1e6:.0f} "
+            f"| {r['rss_growth_kb'] / n:.2f} | {per_call:.3f} ({kinds}) |")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--calls", default="10000", help="calls of the scale run(s), comma-separated (default 10000)")
+    ap.add_argument("--compare", type=int, default=2000, help="calls of each compare run; 0 skips it (default 2000)")
+    ap.add_argument("--reps", type=int, default=3, help="compare runs per backend, alternating (default 3)")
+    ap.add_argument("--backends", default="aws,emulator", help="backends of the compare runs (default aws,emulator)")
+    ap.add_argument("--scale-backend", default="aws", help="backend of the scale runs (default aws)")
+    ap.add_argument("--register", action="append", default=[], metavar="NAME=module:Class",
+                    help="add a backend for this run (the module on PYTHONPATH or beside this script)")
+    ap.add_argument("--workers", type=int, default=4, help="the emulator's worker processes (default 4)")
+    ap.add_argument("--client-workers", type=int, default=16,
+                    help="calls each client keeps in flight, the same for every backend (default 16)")
+    ap.add_argument("--invocation", default="auto", choices=("auto", "Event", "RequestResponse"),
+                    help="lambda_invocation of the aws backend (default auto)")
+    ap.add_argument("--lambda-runtime", default="pool", choices=("pool", "ric"),
+                    help="how the emulator runs Lambda events (default pool)")
+    ap.add_argument("--scaling-rate", type=int, default=0, help="the emulator's --scaling-rate (default off)")
+    ap.add_argument("--max-concurrency", type=int, default=0, help="the emulator's --max-concurrency (default off)")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="write a cProfile of the backend's invoke (all dispatch threads) of each compare run here "
+                         "(the profiler's own cost inflates that run's CPU figures)")
+    ap.add_argument("--json", help="write every measurement here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        sys.path.insert(0, HERE)
+        spec = json.loads(args.child)
+        print(json.dumps(measure(spec["backend"], spec["n"], spec["options"], spec["registered"],
+                                 spec["profile"])), flush=True)
+        return
+    registered = dict(r.split("=", 1) for r in args.register)
+    options = {"workers": args.client_workers, "lambda_invocation": args.invocation, "speculation": False}
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+    emu = _emulator(args)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="fnmap-cloud-scale-") as folder:
+            env = _client_env(emu, "file://" + folder)
+            print(f"emulator {emu.url}: {args.workers} workers, Lambda runtime {args.lambda_runtime}; "
+                  f"{os.cpu_count()} CPUs; client workers {args.client_workers}", flush=True)
+            header = ("| backend | calls | invoked s | gathered s | client CPU µs/call | RSS KB/call "
+                      "| client storage requests/call |\n| --- | --- | --- | --- | --- | --- | --- |")
+            if args.compare:
+                print(f"\ncompare, {args.compare:,} calls each, alternating, {args.reps} reps:\n{header}", flush=True)
+                runs = collections.defaultdict(list)
+                for rep in range(args.reps):
+                    for backend in args.backends.split(","):
+                        profile = (os.path.join(args.profile, f"{backend}-{rep}.prof") if args.profile else None)
+                        r = run_child(backend, args.compare, env, options, registered, profile)
+                        runs[backend].append(r)
+                        rows.append(dict(r, kind="compare"))
+                        print(_row(r), flush=True)
+                medians = {b: statistics.median(r["cpu_s"] / r["n"] * 1e6 for r in rs) for b, rs in runs.items()}
+                print("\nmedian client CPU µs/call: " + ", ".join(f"{b} {v:.0f}" for b, v in medians.items()))
+                if "aws" in medians and "emulator" in medians:
+                    ratio = medians["aws"] / medians["emulator"]
+                    print(f"aws / emulator = {ratio:.2f} (target <= {TARGET_RATIO})", flush=True)
+            sizes = [int(s) for s in args.calls.split(",") if s and int(s) > 0]
+            if sizes:
+                print(f"\nscale ({args.scale_backend}, lambda_invocation={args.invocation}):\n{header}", flush=True)
+            for n in sizes:
+                r = run_child(args.scale_backend, n, env, options, registered)
+                rows.append(dict(r, kind="scale"))
+                print(_row(r), flush=True)
+    finally:
+        emu.stop()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
