@@ -221,7 +221,7 @@ class Scheduler:
             self._decide(job, state, attempt, PlatformFault("server", f"{type(e).__name__}: {e}"))
             return
         self._release_slot(False, ticket)
-        self._decide(job, state, attempt, self._read(_as_answer(answer)))
+        self._decide(job, state, attempt, self._read(answer))
 
     def _send_many(self, job, states: list) -> None:
         """One platform request for many calls (an array job); each answer is decided as in ``_send``."""
@@ -243,7 +243,7 @@ class Scheduler:
             return
         self._release_slot(False, ticket)
         for (state, attempt, _), answer in zip(ready, answers, strict=True):
-            self._decide(job, state, attempt, self._read(_as_answer(answer)))
+            self._decide(job, state, attempt, self._read(answer))
 
     def _coalesce(self, job, states: list) -> None:
         with self._pending_lock:
@@ -654,7 +654,3 @@ def _end_attempt(state, attempt: int, outcome: str) -> None:
             state.in_flight -= 1
             return
 
-
-def _as_answer(answer) -> Answer:
-    # The aws backend still answers bytes-or-None while its invoke path is rewritten (issue 16).
-    return answer if isinstance(answer, Answer) else Answer(answer)
