@@ -51,6 +51,9 @@ def register(sub) -> None:
     f.add_argument("--latency-ms", type=float, default=0.0, metavar="MS", help="extra delay of every call")
     f.add_argument("--max-concurrency", type=int, default=None, metavar="N",
                    help="answer 429 to calls beyond N running at once (as Lambda throttles)")
+    f.add_argument("--scaling-rate", type=int, default=None, metavar="N",
+                   help="Lambda API: start at most N new execution environments per function per 10 s, as "
+                        "Lambda scales (its own rate is 1000); calls beyond answer 429 or, as events, wait")
     f.add_argument("--straggler-rate", type=float, default=0.0, metavar="P",
                    help="run this fraction of calls --straggler-factor times slower")
     f.add_argument("--straggler-factor", type=float, default=10.0, metavar="F",
@@ -74,6 +77,9 @@ def run(args) -> int:
         faults = fault_plan(args)
     except ValueError as e:
         raise SystemExit(f"fnmap emulator: {e}") from None
+    if args.scaling_rate is not None and args.scaling_rate < 1:
+        raise SystemExit(f"fnmap emulator: --scaling-rate={args.scaling_rate} must be at least 1 "
+                         "(new environments per 10 s); leave it out for no limit")
     if args.env_file and not args.aws:
         raise SystemExit("fnmap emulator: --env-file goes with --aws")
     hide_working_folder()
@@ -85,7 +91,7 @@ def run(args) -> int:
     try:
         serve(host=args.host, port=args.port, workers=args.workers, watch_stdin=args.watch_stdin,
               faults=faults, wsgi_server=args.wsgi_server, lambda_runtime=args.lambda_runtime,
-              on_listening=offline.announcer(args.env_file) if offline else None)
+              on_listening=offline.announcer(args.env_file) if offline else None, scaling_rate=args.scaling_rate)
     finally:
         if offline is not None:
             offline.stop()

@@ -19,8 +19,13 @@ any S3 server with ``AWS_ENDPOINT_URL_S3``).  Routes, with botocore's paths:
 * ``PUT``/``DELETE /2017-10-31/...`` and ``GET /2019-09-30/functions/<name>/concurrency``
   (reserved concurrency): a synchronous invocation beyond it answers 429
   ``TooManyRequestsException`` as Lambda does; queued events wait for a slot.
+* Lambda's scaling rate (``fnmap emulator --scaling-rate N``, default off): a function gains at most
+  N new execution environments per 10 seconds (Lambda's own is 1,000), an initial N at once; an
+  invocation that finds every environment busy and no new one allowed answers 429
+  ``TooManyRequestsException`` (synchronous) or waits in the event queue (``Event``).
 * Any other Lambda API path: 501 ``NotImplemented``, naming what is served.
-* ``GET /lambda/stats``: invocations by type, throttles, events queued; with ``ric``, cold and
+* ``GET /lambda/stats``: invocations by type, throttles (``scaling_throttled`` of them by the
+  scaling rate), events queued, environments by function; with ``ric``, cold and
   warm starts, environments, init errors, timeouts and runtime exits (emulator only).
 
 Two ways to run the events (``fnmap emulator --lambda-runtime``):
@@ -65,6 +70,8 @@ REGION = "us-east-1"
 HANDLER = "handlers.aws_lambda.handler"
 #: What GetFunctionConfiguration reports as the function's timeout (Lambda's maximum).
 TIMEOUT_SECONDS = 900
+#: Lambda scales a function by ``--scaling-rate`` new execution environments per this many seconds.
+SCALING_PERIOD_SECONDS = 10.0
 #: Lambda's payload limits, enforced as Lambda does: requests (synchronous, asynchronous) answer
 #: 413 beyond them; a synchronous response beyond its limit becomes a function error.
 SYNC_PAYLOAD_LIMIT = 6 * 1024 * 1024
@@ -74,8 +81,13 @@ ASYNC_PAYLOAD_LIMIT = 1024 * 1024
 class LambdaApi:
     """Reserved concurrency, the event queue and counters, shared by the routes."""
 
-    def __init__(self, emulator, make_runtime=None):
+    def __init__(self, emulator, make_runtime=None, scaling_rate: int | None = None):
         self.emulator = emulator
+        #: New execution environments per function per :data:`SCALING_PERIOD_SECONDS` (None: no limit).
+        self.scaling_rate = scaling_rate
+        #: Environments each function has scaled to, and the new ones it may still start now.
+        self.environments: collections.Counter = collections.Counter()
+        self._allowance: dict[str, tuple[float, float]] = {}
         #: Makes the execution environments under awslambdaric (``--lambda-runtime ric``); None: the pool.
         self._make_runtime = make_runtime
         self._runtime = None
@@ -89,12 +101,38 @@ class LambdaApi:
 
     def _acquire(self, name: str, wait: bool) -> bool:
         with self._cond:
-            while name in self.reserved and self.running[name] >= self.reserved[name]:
+            while True:
+                if name in self.reserved and self.running[name] >= self.reserved[name]:
+                    delay = 0.5
+                else:
+                    delay = self._scale(name)
+                    if delay == 0.0:
+                        break
+                    self.stats["scaling_throttled" if not wait else "scaling_waits"] += 1
                 if not wait:
                     return False
-                self._cond.wait(0.5)
+                self._cond.wait(min(delay, 0.5))
             self.running[name] += 1
             return True
+
+    def _scale(self, name: str) -> float:
+        """0 when an invocation of ``name`` has an environment (an idle one, or a new one the scaling
+        rate allows now, which is then counted); else the seconds until the next may start.  The
+        caller holds ``_cond``."""
+        if self.running[name] < self.environments[name] or not self.scaling_rate:
+            if self.running[name] >= self.environments[name]:
+                self.environments[name] += 1
+            return 0.0
+        rate = float(self.scaling_rate)
+        now = time.monotonic()
+        tokens, then = self._allowance.get(name, (rate, now))
+        tokens = min(rate, tokens + (now - then) * rate / SCALING_PERIOD_SECONDS)
+        if tokens >= 1.0:
+            self._allowance[name] = (tokens - 1.0, now)
+            self.environments[name] += 1
+            return 0.0
+        self._allowance[name] = (tokens, now)
+        return (1.0 - tokens) * SCALING_PERIOD_SECONDS / rate
 
     def _release(self, name: str) -> None:
         with self._cond:
@@ -229,7 +267,7 @@ def register(app, emulator) -> None:
 
             return LambdaRuntime(emulator.pool.env or {}, emulator.pool.size)
 
-    api = LambdaApi(emulator, make_runtime)
+    api = LambdaApi(emulator, make_runtime, getattr(emulator, "lambda_scaling_rate", None))
     app.extensions["fnmap_lambda"] = api
 
     @app.post("/2015-03-31/functions/<name>/invocations")
@@ -256,8 +294,9 @@ def register(app, emulator) -> None:
             return _error(400, "InvalidRequestContentException", str(e))
         if not api._acquire(name, wait=False):
             api.stats["throttled"] += 1
-            return _error(429, "TooManyRequestsException", "Rate Exceeded.",
-                          Reason="ReservedFunctionConcurrentInvocationLimitExceeded")
+            reason = ("ReservedFunctionConcurrentInvocationLimitExceeded" if name in api.reserved
+                      else "ConcurrentInvocationLimitExceeded")
+            return _error(429, "TooManyRequestsException", "Rate Exceeded.", Reason=reason)
         api.stats["RequestResponse"] += 1
         try:
             body, function_error = api.run(name, payload, client_context)
@@ -320,7 +359,9 @@ def register(app, emulator) -> None:
     @app.get("/lambda/stats")
     def lambda_stats():
         stats = {**api.stats, "events_queued": api._events.qsize(), "running": dict(api.running),
-                 "lambda_runtime": "ric" if ric else "pool"}
+                 "lambda_runtime": "ric" if ric else "pool", "scaling_rate": api.scaling_rate}
+        if api.scaling_rate:
+            stats["scaled_to"] = dict(api.environments)
         if ric:
             stats.update(api.runtime.stats, environments=api.runtime.environments())
         return jsonify(stats)

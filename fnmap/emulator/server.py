@@ -20,13 +20,14 @@ log = logging.getLogger(__name__)
 
 def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
           watch_stdin: bool = False, faults: FaultPlan | None = None, wsgi_server: str = "fnmap",
-          lambda_runtime: str | None = None, on_listening=None) -> None:
+          lambda_runtime: str | None = None, on_listening=None, scaling_rate: int | None = None) -> None:
     """Run the emulator in this process until told to stop; ``faults`` makes it unreliable on purpose.
 
     ``wsgi_server`` is ``"fnmap"`` (:mod:`.httpserver`) or ``"waitress"``; ``lambda_runtime`` is ``"ric"``,
     ``"pool"`` or None (ric when awslambdaric is installed; :mod:`.lambda_api`).  ``on_listening(url)``
     is called once the server is bound, before the "listening" line (``fnmap emulator --aws``
-    prints its exports there).
+    prints its exports there).  ``scaling_rate``: new Lambda execution environments per function per 10 s
+    (None: no limit).
     """
     workers = workers or default_workers()
     env = dict(os.environ)
@@ -41,6 +42,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
 
     emulator = Emulator(pool, faults)
     emulator.lambda_runtime = lambda_runtime
+    emulator.lambda_scaling_rate = scaling_rate
     app = create_emulator_app(emulator)
     # A thread per connection: calls beyond the workers are answered 429, and delayed calls
     # (latency, stragglers, drops) wait, without stopping the pool from serving.
