@@ -88,7 +88,7 @@ def test_map_exception_chunked(executor):
 def test_map_timeout(executor):
     results = []
     with pytest.raises(futures.TimeoutError):
-        for r in executor.map(sleep_and_return, [0, 0, 6], [1, 2, 3], timeout=2):
+        for r in executor.map(sleep_and_return, [0, 0, 4], [1, 2, 3], timeout=2):
             results.append(r)
     assert results == [1, 2]
 
