@@ -25,7 +25,7 @@ any S3 server with ``AWS_ENDPOINT_URL_S3``).  Routes, with botocore's paths:
   ``TooManyRequestsException`` (synchronous) or waits in the event queue (``Event``).
 * Any other Lambda API path: 501 ``NotImplemented``, naming what is served.
 * ``GET /lambda/stats``: invocations by type, throttles (``scaling_throttled`` of them by the
-  scaling rate), events queued, environments by function; with ``ric``, cold and
+  scaling rate), events queued, environments by function, the access key ids that signed Invokes; with ``ric``, cold and
   warm starts, environments, init errors, timeouts and runtime exits (emulator only).
 
 Two ways to run the events (``fnmap emulator --lambda-runtime``):
@@ -65,6 +65,8 @@ from ..runtime.wire import ERROR_KIND_HEADER
 ACCOUNT = "000000000000"
 #: The date prefix of Lambda's REST paths (2015-03-31, 2017-10-31, ...).
 _API_VERSION = re.compile(r"20\d\d-\d\d-\d\d")
+#: The access key id in a SigV4 ``Authorization`` header (the emulator checks no signature).
+_ACCESS_KEY = re.compile(r"Credential=([^/,\s]+)/")
 REGION = "us-east-1"
 #: The handler every function runs (what ``fnmap deploy aws`` configures).
 HANDLER = "handlers.aws_lambda.handler"
@@ -97,6 +99,8 @@ class LambdaApi:
         self.stats: collections.Counter = collections.Counter()
         self._cond = threading.Condition()
         self._events: queue.Queue = queue.Queue()
+        #: The access key ids that signed Invoke requests (SigV4's ``Credential=``), first seen first.
+        self.access_keys: dict[str, None] = {}
         self._runners: list[threading.Thread] = []
 
     def _acquire(self, name: str, wait: bool) -> bool:
@@ -275,6 +279,9 @@ def register(app, emulator) -> None:
         name = _function_name(name)
         kind = request.headers.get("X-Amz-Invocation-Type", "RequestResponse")
         payload = request.get_data(cache=False)
+        signed_by = _ACCESS_KEY.search(request.headers.get("Authorization", ""))
+        if signed_by:
+            api.access_keys.setdefault(signed_by.group(1), None)
         if kind == "DryRun":
             return Response(status=204)
         limit = ASYNC_PAYLOAD_LIMIT if kind == "Event" else SYNC_PAYLOAD_LIMIT
@@ -359,7 +366,8 @@ def register(app, emulator) -> None:
     @app.get("/lambda/stats")
     def lambda_stats():
         stats = {**api.stats, "events_queued": api._events.qsize(), "running": dict(api.running),
-                 "lambda_runtime": "ric" if ric else "pool", "scaling_rate": api.scaling_rate}
+                 "lambda_runtime": "ric" if ric else "pool", "scaling_rate": api.scaling_rate,
+                 "access_keys": list(api.access_keys)}
         if api.scaling_rate:
             stats["scaled_to"] = dict(api.environments)
         if ric:
