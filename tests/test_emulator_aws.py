@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import boto3
 import pytest
@@ -54,3 +55,32 @@ def test_a_shell_that_runs_the_exports_maps_through_lambda_and_s3(offline_aws, t
                       aws_access_key_id="offline", aws_secret_access_key="offline")
     stored = s3.list_objects_v2(Bucket="fnmap-offline", Prefix="fnmap/jobs/").get("Contents", [])
     assert any("/out/" in obj["Key"] for obj in stored), "the results did not go through S3"
+
+
+def test_an_aws_job_whose_worker_cannot_reach_s3_fails_at_once_naming_the_storage(s3_env, monkeypatch):
+    """The emulator's Lambda environments were given no working S3 endpoint (the slip ``--aws`` prevents):
+    the client reaches S3 but the worker cannot, and the job fails on its first attempt, not after minutes."""
+    from conftest import EmulatorProcess
+
+    import fnmap
+
+    bucket = s3_env("fnmap-worker-cannot-reach")
+    emulator = EmulatorProcess(env={"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing",
+                                    "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", emulator.url)
+    started = time.monotonic()
+    try:
+        with pytest.raises(fnmap.StorageError) as info:
+            fnmap.map(abs, [-1, -2], backend="aws", storage=f"s3://{bucket}/p", secret=emulator.secret, retries=2)
+    finally:
+        from fnmap import client
+
+        for c in list(client._clients.values()):
+            if c.config.backend == "aws":
+                c.close()
+        emulator.stop()
+    took = time.monotonic() - started
+    message = str(info.value)
+    assert f"the worker cannot reach storage s3://{bucket}/p" in message, message
+    assert "AWS_ENDPOINT_URL_S3" in message and "failed after 1 attempt(s)" in message, message
+    assert took < 30, f"the job took {took:.0f} s to fail"
