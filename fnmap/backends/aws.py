@@ -18,6 +18,15 @@ scheduler lowers the calls in flight and backs off (not charged as a retry).
 5xx answers become ``server`` faults.  ``AWS_ENDPOINT_URL_LAMBDA`` points boto3
 at another endpoint (the emulator) with no fnmap setting.
 
+Fan-out from inside the platform (opt-in, :attr:`AwsBackend.fanout_threshold`): a job of at
+least that many calls, handed over at once (``invoke_many``), is sent as a few *spawner*
+invocations (``RequestResponse``), each carrying up to ``fanout_slice`` already-signed call
+events, which the function invokes itself as ``Event`` calls (``handlers/aws_lambda.py``), so
+the client sends a few requests, not one per call.  Every call counts as accepted; a call a
+spawner could not invoke, or whose spawner failed, is reported through ``poll_failures`` and
+retried directly; one a spawner invoked but that never ran is declared lost after the timeout
+and retried.  A call invoked twice still commits once (the worker's first writer wins).
+
 On creation the backend reads the function's configuration once: a missing
 function, missing permissions, or a Python/cloudpickle version that differs
 from the client's are reported before any call is sent.
@@ -27,13 +36,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 from ..errors import ConfigError, PlatformFault, VersionMismatch
 from ..runtime import keys
-from ..runtime.lambda_event import decode_result, encode_event, encode_reference_event
+from ..runtime.lambda_event import decode_result, encode_event, encode_reference_event, encode_spawn_event
 from ..runtime.serialization import runtime_info, runtime_mismatch
 from ..storage import open_store
-from .base import ACCEPTED, Answer, BaseBackend, Invocation
+from .base import ACCEPTED, Answer, BaseBackend, Failure, Invocation
 from .http import fault_from_status
 from .lambda_invoke import InvokeError, LambdaInvoker
 
@@ -42,6 +52,8 @@ INVOCATION_TYPES = ("auto", "Event", "RequestResponse")
 #: on top of the function's own timeout (events wait in the queue while concurrency is used up).
 ASYNC_GRACE_SECONDS = 120.0
 _CONNECT_TIMEOUT = 10
+#: Seconds a call ``invoke_many`` could not deliver is held before ``poll_failures`` reports it.
+_REPORT_AFTER = 1.0
 #: Lambda runs a call for at most 15 minutes; a synchronous answer may take that long.
 _READ_TIMEOUT = 15 * 60 + 60
 #: Function errors that no retry can fix (the package is broken): fail the call at once.
@@ -50,6 +62,11 @@ _BROKEN_PACKAGE = ("Runtime.ImportModuleError", "Runtime.HandlerNotFound", "Runt
 
 class AwsBackend(BaseBackend):
     name = "aws"
+    #: Jobs of at least this many calls fan out through spawner invocations (None: never).  Set, it
+    #: makes the scheduler hand every job's calls over together (``batches_calls``).
+    fanout_threshold: int | None = None
+    #: Call events per spawner (bounded too by the synchronous payload limit).
+    fanout_slice = 1000
 
     def __init__(self, config):
         if config.lambda_invocation not in INVOCATION_TYPES:
@@ -83,6 +100,9 @@ class AwsBackend(BaseBackend):
         self.lost_after = float(self.function.get("Timeout", 900)) + ASYNC_GRACE_SECONDS
         self._invoker = LambdaInvoker(self._session, self._client, self.function_name, self.max_workers,
                                       _CONNECT_TIMEOUT, _READ_TIMEOUT)
+        self.batches_calls = self.fanout_threshold is not None
+        self._failures: list[tuple[float, Failure]] = []
+        self._senders = None
 
     # -- checks before anything is sent ----------------------------------------
 
@@ -133,6 +153,79 @@ class AwsBackend(BaseBackend):
                 with self._lock:
                     self._sync_in_flight -= 1
         return answer
+
+    def invoke_many(self, invocations: list[Invocation]) -> list[Answer]:
+        """Calls handed over together: through spawners from ``fanout_threshold`` on, else one by one
+        in parallel.  A call that could not be delivered is answered ACCEPTED and its fault reported
+        by :meth:`poll_failures` (the scheduler then retries it), so one throttled call does not fail
+        the rest."""
+        if self._senders is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with self._lock:
+                if self._senders is None:
+                    self._senders = ThreadPoolExecutor(self.max_workers, thread_name_prefix="fnmap-aws-send")
+        if len(invocations) < (self.fanout_threshold or 0) or self.fanout_threshold is None:
+            return list(self._senders.map(self._invoke_or_report, invocations))
+        slices, current, size = [], [], 0
+        for invocation in invocations:
+            try:
+                payload = self._payload(invocation, "Event")
+            except PlatformFault as fault:
+                self._report(invocation, fault)
+                continue
+            if current and (len(current) >= self.fanout_slice or size + len(payload) + 64 > self.sync_limit):
+                slices.append(current)
+                current, size = [], 0
+            current.append((invocation, payload))
+            size += len(payload) + 2
+        if current:
+            slices.append(current)
+        list(self._senders.map(self._spawn, slices))
+        return [ACCEPTED] * len(invocations)
+
+    def _invoke_or_report(self, invocation: Invocation) -> Answer:
+        try:
+            return self.invoke(invocation)
+        except PlatformFault as fault:
+            self._report(invocation, fault)
+            return ACCEPTED
+
+    def _spawn(self, calls: list) -> None:
+        """One spawner: it invokes ``calls`` from inside the platform; report those it did not."""
+        try:
+            answer = self._call("RequestResponse", encode_spawn_event([payload for _, payload in calls]))
+            failed = json.loads(answer.body) if answer.body is not None else []
+        except PlatformFault as fault:
+            for invocation, _ in calls:
+                self._report(invocation, fault)
+            return
+        except ValueError as e:
+            fault = PlatformFault("server", f"a spawner's answer is not a list of failed calls: {e}")
+            for invocation, _ in calls:
+                self._report(invocation, fault)
+            return
+        for index, kind, message in failed:
+            try:
+                fault = PlatformFault(kind, f"a spawner could not invoke the call: {message}")
+            except ValueError:
+                fault = PlatformFault("server", f"a spawner could not invoke the call ({kind}): {message}")
+            self._report(calls[index][0], fault)
+
+    def _report(self, invocation: Invocation, fault: PlatformFault) -> None:
+        req = invocation.request
+        with self._lock:
+            self._failures.append((time.monotonic(), Failure(req.job_id, req.call_id, req.attempt, fault)))
+
+    def poll_failures(self) -> list[Failure]:
+        """Calls ``invoke_many`` answered ACCEPTED but could not deliver, once the scheduler has
+        recorded them as accepted (:data:`_REPORT_AFTER` seconds on; it drops a failure of a call it
+        does not await yet)."""
+        ripe = time.monotonic() - _REPORT_AFTER
+        with self._lock:
+            failures = [f for at, f in self._failures if at <= ripe]
+            self._failures = [(at, f) for at, f in self._failures if at > ripe]
+        return failures
 
     def _unsupported(self, config) -> str | None:
         """Why the function cannot serve a job's options (Lambda fixes memory and timeout per function)."""
@@ -204,6 +297,8 @@ class AwsBackend(BaseBackend):
         raise fault_from_status(status, {}, out.decode(errors="replace"), target)
 
     def close(self) -> None:
+        if self._senders is not None:
+            self._senders.shutdown(wait=False)
         self._invoker.close()
         self._client.close()
 

@@ -42,7 +42,8 @@ Two ways to run the events (``fnmap emulator --lambda-runtime``):
   emulator's injected faults (``--fail-rate`` and the rest) are not applied here.
 * ``pool``: every function name is served by the emulator's one pool of workers.
   The event is decoded exactly as ``handlers/aws_lambda.py`` decodes it
-  (:mod:`fnmap.runtime.lambda_event`), and nothing is unpickled in the emulator itself.
+  (:mod:`fnmap.runtime.lambda_event`), and nothing is unpickled in the emulator itself; a
+  spawner event's calls are queued as Events, as the handler invokes them.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ import time
 
 from flask import Response, jsonify, request
 
-from ..runtime.lambda_event import decode_event, encode_result
+from ..runtime.lambda_event import decode_event, encode_result, is_spawn_event, spawn
 from ..runtime.serialization import runtime_info
 from ..runtime.wire import ERROR_KIND_HEADER
 
@@ -166,6 +167,8 @@ class LambdaApi:
         """Run one event through the pool; return ``(result, function error or {})``."""
         try:
             event = json.loads(payload)
+            if is_spawn_event(event):
+                return self._spawn(name, event), {}
             body, signature = decode_event(event)
         except ValueError as e:
             return encode_result(400, f"malformed fnmap event: {e}".encode()), {}
@@ -182,6 +185,20 @@ class LambdaApi:
             return None, {"errorType": "Sandbox.Timedout",
                           "errorMessage": f"Task timed out: {out.decode(errors='replace')}"}
         return encode_result(status, out), {}
+
+    def _spawn(self, name: str, event: dict) -> dict:
+        """A spawner event, as ``handlers/aws_lambda.py`` runs it: each of its calls invoked as an Event."""
+        self.stats["spawners"] += 1
+
+        def invoke(payload: bytes):
+            if len(payload) > ASYNC_PAYLOAD_LIMIT:
+                return ("rejected", f"RequestTooLargeException: over {ASYNC_PAYLOAD_LIMIT} bytes for an Event")
+            self.stats["Event"] += 1
+            self.stats["spawned"] += 1
+            self.enqueue(name, payload)
+            return None
+
+        return spawn(event, invoke, threads=1)
 
     def enqueue(self, name: str, payload: bytes) -> None:
         with self._cond:

@@ -10,6 +10,13 @@ first and sent by reference::
 
     {"fnmap": 1, "store": "s3://bucket/prefix", "key": "jobs/<id>/blobs/...", "signature": "<hex>"}
 
+A *spawner* event carries many call events (each as above, already signed) for the function
+to invoke itself, asynchronously, from inside the platform (issue 16: a big job's fan-out)::
+
+    {"fnmap": 1, "spawn": [<call event>, <call event>, ...]}
+
+and is answered with the calls it could not invoke, ``[[index, fault kind, message], ...]``.
+
 The handler reads those bytes back and verifies the signature over exactly
 them before anything is unpickled, so a reference is trusted no more than an
 inline body.  The handler answers ``{"fnmap": 1, "status": <int>, "body":
@@ -42,6 +49,33 @@ def encode_event(body: bytes, signature: str) -> bytes:
 def encode_reference_event(store_url: str, key: str, signature: str) -> bytes:
     """The Invoke payload naming an envelope stored under ``key`` of ``store_url``."""
     return json.dumps({"fnmap": VERSION, "store": store_url, "key": key, "signature": signature}).encode()
+
+
+def encode_spawn_event(payloads: list[bytes]) -> bytes:
+    """The Invoke payload of a spawner: ``payloads`` are call events (:func:`encode_event`)."""
+    return b'{"fnmap": %d, "spawn": [' % VERSION + b", ".join(payloads) + b"]}"
+
+
+def is_spawn_event(event) -> bool:
+    return isinstance(event, dict) and event.get("fnmap") == VERSION and isinstance(event.get("spawn"), list)
+
+
+def spawn(event: dict, invoke, threads: int = 16) -> dict:
+    """Invoke each call event of a spawner event with ``invoke(payload bytes)``, which returns None
+    or ``(fault kind, message)``; answer (as :func:`encode_result`) the calls that were not invoked."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(index_and_call):
+        index, call = index_and_call
+        try:
+            problem = invoke(json.dumps(call).encode())
+        except Exception as e:  # the call was not invoked: the client retries it
+            problem = ("server", repr(e))
+        return None if problem is None else [index, *problem]
+
+    with ThreadPoolExecutor(max(1, min(threads, len(event["spawn"])))) as pool:
+        failed = [f for f in pool.map(one, enumerate(event["spawn"])) if f is not None]
+    return encode_result(200, json.dumps(failed).encode())
 
 
 def is_url_event(event) -> bool:

@@ -1,0 +1,85 @@
+"""Fan-out from inside the platform (issue 16): a big job's calls go out through a few spawner
+invocations, each invoking a slice of the job's signed call events as ``Event`` calls of the same
+function, under the emulator's fault injection; every result arrives exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import boto3
+import pytest
+import requests
+
+import fnmap
+from fnmap.backends.aws import AwsBackend
+from fnmap.runtime import keys
+from fnmap.runtime.lambda_event import encode_event, encode_spawn_event
+from fnmap.storage import open_store
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def square(x):
+    return x * x
+
+
+@pytest.fixture
+def lambda_env(monkeypatch):
+    def point(emu):
+        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_LAMBDA": emu.url,
+                           "FNMAP_BACKEND": "aws", "FNMAP_SECRET": emu.secret}.items():
+            monkeypatch.setenv(key, value)
+        return emu
+
+    yield point
+    from fnmap import client
+
+    for c in list(client._clients.values()):  # their keep-alive connections would hold the emulator up
+        if c.config.backend == "aws":
+            c.close()
+
+
+def _stats(emu) -> dict:
+    return requests.get(emu.url + "/lambda/stats", timeout=5).json()
+
+
+def test_a_fanned_out_job_gives_every_result_once_under_faults(emulator_process, lambda_env, monkeypatch):
+    emu = lambda_env(emulator_process("--lambda-runtime", "pool", "--fail-rate", "0.15", "--kill-rate", "0.1",
+                                      "--seed", "3", workers=4))
+    monkeypatch.setattr(AwsBackend, "fanout_threshold", 10)
+    monkeypatch.setattr(AwsBackend, "fanout_slice", 8)
+    items = range(40)
+    # timeout=2: an invoked call that never ran is declared lost 12 s after it was accepted.
+    job = fnmap.map(square, items, timeout=2, retries=5, speculation=False, return_job=True)
+    assert job.results() == [x * x for x in items]
+    stats = _stats(emu)
+    assert stats["spawners"] == 5 and stats["spawned"] == len(items), stats  # 40 calls, 8 per spawner
+    summary = job.summary()
+    assert summary["retries"] >= 1, summary  # the injected faults hit some calls; they were retried
+    assert summary["attempts"]["ok"] == len(items), summary
+    assert len(open_store(job.store.url).list(keys.results_prefix(job.id))) == len(items)
+
+
+def test_a_small_job_is_not_fanned_out(emulator_process, lambda_env, monkeypatch):
+    emu = lambda_env(emulator_process("--lambda-runtime", "pool", workers=2))
+    monkeypatch.setattr(AwsBackend, "fanout_threshold", 10)
+    assert fnmap.map(square, range(5), speculation=False) == [x * x for x in range(5)]
+    stats = _stats(emu)
+    assert stats.get("spawners", 0) == 0 and stats.get("RequestResponse", 0) + stats.get("Event", 0) == 5, stats
+
+
+def test_the_handler_invokes_a_spawners_calls_as_events(emulator_process, lambda_env, monkeypatch):
+    """``handlers/aws_lambda.py`` itself, with boto3 pointed at the emulator: each call becomes an Event."""
+    emu = lambda_env(emulator_process("--lambda-runtime", "pool", workers=2))
+    from handlers import aws_lambda
+
+    calls = [encode_event(b"not a signed request", "0" * 64) for _ in range(5)]
+    context = types.SimpleNamespace(invoked_function_arn="arn:aws:lambda:us-east-1:000000000000:function:fnmap")
+    before = _stats(emu).get("Event", 0)
+    answer = aws_lambda.handler(json.loads(encode_spawn_event(calls)), context)
+    assert answer["status"] == 200 and answer["body"] == "W10="  # base64 of [] : every call invoked
+    assert _stats(emu)["Event"] - before == len(calls)
+    boto3.client("lambda").close()
