@@ -16,7 +16,8 @@ own settings (``AWS_ENDPOINT_URL_LAMBDA``, test credentials), storage a local fo
 
 ``--register NAME=module:Class`` adds a backend (a module on ``PYTHONPATH``), e.g. a copy of an
 older ``aws.py`` to measure before and after in one run: ``--backends aws,aws_before,emulator``.
-``--scaling-rate`` and ``--max-concurrency`` pass Lambda's limits to the emulator.
+``--scaling-rate`` and ``--max-concurrency`` pass Lambda's limits to the emulator; ``--fanout N``
+sends the scale runs' jobs through spawner invocations (fan-out from inside the platform).
 """
 
 from __future__ import annotations
@@ -107,8 +108,13 @@ def _rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def measure(backend: str, n: int, options: dict, registered: dict, profile: str | None) -> dict:
+def measure(backend: str, n: int, options: dict, registered: dict, profile: str | None, fanout: int | None) -> dict:
     import fnmap
+
+    if fanout:
+        from fnmap.backends.aws import AwsBackend
+
+        AwsBackend.fanout_threshold = fanout
 
     profilers = [] if profile else None
     marks, counts = _instrument(backend, registered, profilers)
@@ -134,9 +140,10 @@ def measure(backend: str, n: int, options: dict, registered: dict, profile: str 
             "storage": dict(counts)}
 
 
-def run_child(backend: str, n: int, env: dict, options: dict, registered: dict, profile: str | None = None) -> dict:
+def run_child(backend: str, n: int, env: dict, options: dict, registered: dict, profile: str | None = None,
+              fanout: int | None = None) -> dict:
     spec = json.dumps({"backend": backend, "n": n, "options": options, "registered": registered,
-                       "profile": profile})
+                       "profile": profile, "fanout": fanout})
     cmd = [sys.executable, os.path.abspath(__file__), "--child", spec]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     for line in reversed(p.stdout.splitlines()):
@@ -192,6 +199,9 @@ def main(argv=None) -> None:
                     help="how the emulator runs Lambda events (default pool)")
     ap.add_argument("--scaling-rate", type=int, default=0, help="the emulator's --scaling-rate (default off)")
     ap.add_argument("--max-concurrency", type=int, default=0, help="the emulator's --max-concurrency (default off)")
+    ap.add_argument("--fanout", type=int, default=0, metavar="N",
+                    help="the aws backend fans jobs of N calls or more out through spawner "
+                         "invocations (AwsBackend.fanout_threshold; default off)")
     ap.add_argument("--profile", metavar="DIR",
                     help="write a cProfile of the backend's invoke (all dispatch threads) of each compare run here "
                          "(the profiler's own cost inflates that run's CPU figures)")
@@ -202,7 +212,7 @@ def main(argv=None) -> None:
         sys.path.insert(0, HERE)
         spec = json.loads(args.child)
         print(json.dumps(measure(spec["backend"], spec["n"], spec["options"], spec["registered"],
-                                 spec["profile"])), flush=True)
+                                 spec["profile"], spec.get("fanout"))), flush=True)
         return
     registered = dict(r.split("=", 1) for r in args.register)
     options = {"workers": args.client_workers, "lambda_invocation": args.invocation, "speculation": False}
@@ -223,7 +233,7 @@ def main(argv=None) -> None:
                 for rep in range(args.reps):
                     for backend in args.backends.split(","):
                         profile = (os.path.join(args.profile, f"{backend}-{rep}.prof") if args.profile else None)
-                        r = run_child(backend, args.compare, env, options, registered, profile)
+                        r = run_child(backend, args.compare, env, options, registered, profile, args.fanout)
                         runs[backend].append(r)
                         rows.append(dict(r, kind="compare"))
                         print(_row(r), flush=True)
@@ -234,9 +244,11 @@ def main(argv=None) -> None:
                     print(f"aws / emulator = {ratio:.2f} (target <= {TARGET_RATIO})", flush=True)
             sizes = [int(s) for s in args.calls.split(",") if s and int(s) > 0]
             if sizes:
-                print(f"\nscale ({args.scale_backend}, lambda_invocation={args.invocation}):\n{header}", flush=True)
+                fanned = f", fan-out from {args.fanout} calls" if args.fanout else ""
+                print(f"\nscale ({args.scale_backend}, lambda_invocation={args.invocation}{fanned}):\n{header}",
+                      flush=True)
             for n in sizes:
-                r = run_child(args.scale_backend, n, env, options, registered)
+                r = run_child(args.scale_backend, n, env, options, registered, fanout=args.fanout)
                 rows.append(dict(r, kind="scale"))
                 print(_row(r), flush=True)
     finally:
