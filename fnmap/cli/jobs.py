@@ -341,6 +341,14 @@ def run_gc(args) -> int:
         f"{len(report['deleted_shared'])} shared object(s) no kept job uses: {report['deleted_keys']} objects, "
         f"{_bytes(report['deleted_bytes'])}; kept {report['kept_jobs']} job(s), {_bytes(report['kept_bytes'])}"
     )
+    if args.dry_run:  # where the bytes are: each job's records, logs, inputs and results
+        sizes = {**report["kept_job_bytes"], **report["deleted_job_bytes"]}
+        largest = sorted(sizes.items(), key=lambda item: -item[1])[:5]
+        if largest:
+            print("largest jobs in storage:")
+        for job_id, size in largest:
+            fate = "would delete" if job_id in report["deleted_job_bytes"] else "kept"
+            print(f"  {job_id[:12]}  {_bytes(size):>9}  {fate}")
     if report["kept_shared_because_running"]:
         print("kept every shared function and input: a kept job is still running")
     if report["undated_jobs"]:
@@ -360,14 +368,6 @@ def _short(text: str, width: int) -> str:
 
 def _time(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def _seconds(s: float | None) -> str:

@@ -645,6 +645,8 @@ def collect_garbage(
         "deleted_shared_bytes": sum(size for _, size in shared_doomed),
         "kept_jobs": len(kept),
         "kept_bytes": sum(size for job_id in kept for _, size in by_job.get(job_id, [])),
+        # what each job left in storage takes (results stay until gc: fnmap.job(ID) reads them again)
+        "kept_job_bytes": {job_id: sum(size for _, size in by_job.get(job_id, [])) for job_id in kept},
         "kept_shared_because_running": running,
         "undated_jobs": undated,
         "dry_run": dry_run,
