@@ -159,3 +159,30 @@ def test_a_job_being_submitted_keeps_the_old_objects_it_reuses(tmp_path):
 
     results = fnmap.map(first_byte, items(), storage=url, inline_limit=SMALL, chunksize=1, backend="local")
     assert reports[0]["deleted_shared"] == [] and results[0] == big[0]
+
+
+def second_byte(blob: bytes) -> int:
+    return blob[1]
+
+
+def test_objects_written_after_the_cutoff_are_kept_while_their_job_has_no_record_yet(tmp_path):
+    """A map still storing its inputs is in no index yet: what it wrote since the cutoff survives a gc."""
+    url = (tmp_path / "store").as_uri()
+    store = open_store(url)
+    old = fnmap.map(first_byte, [os.urandom(1024 * 1024)], storage=url, inline_limit=SMALL, return_job=True)
+    old.results()
+    old_shared = records.load(store, old.id)["shared"]
+    time.sleep(0.05)
+    between = time.time()
+    time.sleep(0.05)
+    fresh = os.urandom(1024 * 1024)
+    reports = []
+
+    def items():
+        yield fresh  # a new function and a new input, stored now
+        reports.append(records.collect_garbage(store, older_than=time.time() - between))  # another process's gc
+        yield os.urandom(1024 * 1024)
+
+    results = fnmap.map(second_byte, items(), storage=url, inline_limit=SMALL, chunksize=1, backend="local")
+    assert results[0] == fresh[1]
+    assert reports[0]["deleted_jobs"] == [old.id] and sorted(reports[0]["deleted_shared"]) == sorted(old_shared)
