@@ -73,6 +73,9 @@ class Config:
     #: late 2025); a larger request travels by reference through storage.
     lambda_sync_limit: int = 6 * 1024 * 1024
     lambda_async_limit: int = 1024 * 1024
+    #: aws backend: jobs of at least this many calls are invoked from inside Lambda by a few
+    #: spawner calls (the client's cost stops growing with the job); None: never.
+    lambda_fanout: int | None = None
     #: AWS Batch job queue and job definition (batch backend).
     job_queue: str = "fnmap"
     job_definition: str = "fnmap"
@@ -108,7 +111,7 @@ class Config:
         return (
             self.backend, self.storage_url, self.emulator_url, self.http_url, self.secret,
             self.workers, self.emulator_options, self.function_name, self.region,
-            self.lambda_invocation, self.lambda_sync_limit, self.lambda_async_limit,
+            self.lambda_invocation, self.lambda_sync_limit, self.lambda_async_limit, self.lambda_fanout,
             self.job_queue, self.job_definition, endpoint_environment(), self.gpu_chose_backend,
         )
 
@@ -232,7 +235,7 @@ def _read_config_file() -> tuple[dict, str | None]:
 #: Values of the ``output`` option.
 OUTPUT_MODES = ("after", "live", "none")
 _INTS = {"chunksize", "retries", "memory", "gpu", "workers", "inline_limit",
-         "lambda_sync_limit", "lambda_async_limit"}
+         "lambda_sync_limit", "lambda_async_limit", "lambda_fanout"}
 _FLOATS = {"timeout"}
 _BOOLS = {"progress", "speculation"}
 
@@ -268,6 +271,8 @@ def _validate(c: Config) -> None:
     _check_int(c, "chunksize", 1, "items per invocation; use chunksize=1 or more")
     _check_int(c, "retries", 0, "use retries=0 to never re-run a call")
     _check_int(c, "gpu", 0, "use gpu=0 for CPU work or gpu=1 for one GPU per call")
+    if c.lambda_fanout is not None:
+        _check_int(c, "lambda_fanout", 2, "calls in a job from which spawners invoke them; None to never fan out")
     _check_int(c, "inline_limit", 0, "a size in bytes")
     if c.workers is not None:
         _check_int(c, "workers", 1, "at least one worker")

@@ -49,7 +49,7 @@ def _stats(emu) -> dict:
 def test_a_fanned_out_job_gives_every_result_once_under_faults(emulator_process, lambda_env, monkeypatch):
     emu = lambda_env(emulator_process("--lambda-runtime", "pool", "--fail-rate", "0.15", "--kill-rate", "0.1",
                                       "--seed", "3", workers=4))
-    monkeypatch.setattr(AwsBackend, "fanout_threshold", 10)
+    monkeypatch.setenv("FNMAP_LAMBDA_FANOUT", "10")  # the user's setting: jobs of 10+ calls fan out
     monkeypatch.setattr(AwsBackend, "fanout_slice", 8)
     items = range(40)
     # timeout=2: an invoked call that never ran is declared lost 12 s after it was accepted.
@@ -65,8 +65,7 @@ def test_a_fanned_out_job_gives_every_result_once_under_faults(emulator_process,
 
 def test_a_small_job_is_not_fanned_out(emulator_process, lambda_env, monkeypatch):
     emu = lambda_env(emulator_process("--lambda-runtime", "pool", workers=2))
-    monkeypatch.setattr(AwsBackend, "fanout_threshold", 10)
-    assert fnmap.map(square, range(5), speculation=False) == [x * x for x in range(5)]
+    assert fnmap.map(square, range(5), speculation=False, lambda_fanout=10) == [x * x for x in range(5)]
     stats = _stats(emu)
     assert stats.get("spawners", 0) == 0 and stats.get("RequestResponse", 0) + stats.get("Event", 0) == 5, stats
 

@@ -100,8 +100,8 @@ class AwsBackend(BaseBackend):
         self.lost_after = float(self.function.get("Timeout", 900)) + ASYNC_GRACE_SECONDS
         self._invoker = LambdaInvoker(self._session, self._client, self.function_name, self.max_workers,
                                       _CONNECT_TIMEOUT, _READ_TIMEOUT)
-        # A ``lambda_fanout`` option, once the configuration has one, overrides the class's default.
-        self.fanout_threshold = getattr(config, "lambda_fanout", None) or self.fanout_threshold
+        # The ``lambda_fanout`` option (FNMAP_LAMBDA_FANOUT) overrides the class's default.
+        self.fanout_threshold = config.lambda_fanout or self.fanout_threshold
         self.batches_calls = self.fanout_threshold is not None
         self._failures: list[tuple[float, Failure]] = []
         self._senders = None
