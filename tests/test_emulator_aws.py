@@ -84,3 +84,26 @@ def test_an_aws_job_whose_worker_cannot_reach_s3_fails_at_once_naming_the_storag
     assert f"the worker cannot reach storage s3://{bucket}/p" in message, message
     assert "AWS_ENDPOINT_URL_S3" in message and "failed after 1 attempt(s)" in message, message
     assert took < 30, f"the job took {took:.0f} s to fail"
+
+
+@pytest.mark.parametrize("error", ["EndpointConnectionError", "ConnectTimeoutError"])
+def test_the_s3_client_gives_up_on_an_endpoint_it_cannot_connect_to_after_a_few_attempts(error, monkeypatch):
+    """Refused, unresolvable, or silently dropped (a function with no route to S3): a few attempts of at most
+    10 s each, not botocore's ten adaptive attempts of 60 s, so the worker reports the storage URL in time."""
+    import botocore.exceptions
+
+    from fnmap.storage.s3 import UNREACHABLE_ATTEMPTS, make_s3_client
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    client = make_s3_client()
+    assert client.meta.config.connect_timeout <= 10
+    caught = getattr(botocore.exceptions, error)(endpoint_url="http://10.255.255.1:9000/b/k")
+
+    def retry_asked(attempts: int):
+        return client.meta.events.emit("needs-retry.s3.GetObject", response=None, endpoint=None,
+                                       operation=client.meta.service_model.operation_model("GetObject"),
+                                       attempts=attempts, caught_exception=caught, request_dict={"context": {}})
+
+    retry_asked(1)  # botocore's own retry mode decides the first attempts
+    with pytest.raises(type(caught)):
+        retry_asked(UNREACHABLE_ATTEMPTS)

@@ -213,22 +213,28 @@ def make_s3_client():
     import boto3
     from botocore.config import Config
 
-    config = Config(retries={"mode": "adaptive", "max_attempts": 10}, max_pool_connections=64)
+    config = Config(retries={"mode": "adaptive", "max_attempts": 10}, max_pool_connections=64,
+                    connect_timeout=CONNECT_TIMEOUT)
     endpoint = os.environ.get("FNMAP_S3_ENDPOINT_URL") or None
     client = boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
     client.meta.events.register_first("needs-retry.s3", _give_up_on_an_unreachable_endpoint)
     return client
 
 
-#: Attempts at an endpoint that refuses connections (or has no address) before giving up; the ten
-#: attempts kept for throttling would wait over a minute for a storage that is not there.
+#: Attempts at an endpoint that refuses connections, has no address or never answers before giving
+#: up; the ten attempts kept for throttling would wait minutes for a storage that is not there.
 UNREACHABLE_ATTEMPTS = 3
+#: Seconds to wait for a TCP connection to S3 (botocore's default is 60): a network that drops the
+#: packets (a function in a VPC with no route to S3) fails in UNREACHABLE_ATTEMPTS x this, not 10 minutes.
+CONNECT_TIMEOUT = 10
+#: botocore's errors for an endpoint that could not be connected to at all.
+_UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError")
 
 
 def _give_up_on_an_unreachable_endpoint(attempts, caught_exception=None, **_kwargs):
     """botocore's retry hook: re-raise a connection failure after a few attempts; otherwise no opinion
     (None), so botocore's own retry mode decides."""
-    if type(caught_exception).__name__ == "EndpointConnectionError" and attempts >= UNREACHABLE_ATTEMPTS:
+    if type(caught_exception).__name__ in _UNREACHABLE and attempts >= UNREACHABLE_ATTEMPTS:
         raise caught_exception
     return None
 
