@@ -107,3 +107,15 @@ def test_the_s3_client_gives_up_on_an_endpoint_it_cannot_connect_to_after_a_few_
     retry_asked(1)  # botocore's own retry mode decides the first attempts
     with pytest.raises(type(caught)):
         retry_asked(UNREACHABLE_ATTEMPTS)
+
+
+def test_without_moto_the_error_names_the_extra_to_install(tmp_path):
+    fake = tmp_path / "site" / "moto"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("No module named moto")\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FNMAP_", "AWS_"))}
+    env["PYTHONPATH"] = str(fake.parent)
+    done = subprocess.run([sys.executable, "-m", "fnmap", "emulator", "--aws", "--port", "0"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=60)
+    assert done.returncode != 0 and done.stdout == ""
+    assert "pip install 'fnmap[aws-offline]'" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
