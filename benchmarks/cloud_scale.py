@@ -100,14 +100,6 @@ def _instrument(backend_name: str, registered: dict, profilers: list | None) -> 
     return marks, counts
 
 
-def _rss_kb() -> int:
-    with open(f"/proc/{os.getpid()}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
 def measure(backend: str, n: int, options: dict, registered: dict, profile: str | None, fanout: int | None) -> dict:
     import fnmap
 
@@ -121,6 +113,8 @@ def measure(backend: str, n: int, options: dict, registered: dict, profile: str 
     fnmap.map(noop, range(20), backend=backend, progress=False, **options)  # client, connections, imports
     counts.clear()
     marks["invoke_cpu_s"] = 0.0
+    from client_scale import _rss_kb  # this folder is on sys.path (see main)
+
     rss_before = _rss_kb()
     marks["profiling"] = True
     wall, cpu = time.perf_counter(), time.process_time()

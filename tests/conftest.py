@@ -146,6 +146,30 @@ def use_backend(platform_emulator, monkeypatch):
     return use
 
 
+@pytest.fixture
+def aws_backend_on(monkeypatch):
+    """``aws_backend_on(emu)`` points the aws backend and boto3 at an emulator's Lambda API through the
+    settings a user sets; returns ``emu``.  The aws clients' connections are closed after the test."""
+
+    def point(emu):
+        for key, value in {**_TEST_CREDENTIALS, "AWS_ENDPOINT_URL_LAMBDA": emu.url, "FNMAP_BACKEND": "aws",
+                           "FNMAP_SECRET": emu.secret}.items():
+            monkeypatch.setenv(key, value)
+        return emu
+
+    yield point
+    from fnmap import client
+
+    for c in list(client._clients.values()):  # their keep-alive connections would hold the emulator up
+        if c.config.backend == "aws":
+            c.close()
+
+
+def lambda_stats(emu) -> dict:
+    """The emulator's Lambda API counters (invocations by type, spawners, throttles...)."""
+    return requests.get(emu.url + "/lambda/stats", timeout=5).json()
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """moto's S3-compatible server on loopback; yields its endpoint URL."""

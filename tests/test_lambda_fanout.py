@@ -10,7 +10,7 @@ import types
 
 import boto3
 import pytest
-import requests
+from conftest import lambda_stats
 
 import fnmap
 from fnmap.backends.aws import AwsBackend
@@ -25,29 +25,8 @@ def square(x):
     return x * x
 
 
-@pytest.fixture
-def lambda_env(monkeypatch):
-    def point(emu):
-        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_LAMBDA": emu.url,
-                           "FNMAP_BACKEND": "aws", "FNMAP_SECRET": emu.secret}.items():
-            monkeypatch.setenv(key, value)
-        return emu
-
-    yield point
-    from fnmap import client
-
-    for c in list(client._clients.values()):  # their keep-alive connections would hold the emulator up
-        if c.config.backend == "aws":
-            c.close()
-
-
-def _stats(emu) -> dict:
-    return requests.get(emu.url + "/lambda/stats", timeout=5).json()
-
-
-def test_a_fanned_out_job_gives_every_result_once_under_faults(emulator_process, lambda_env, monkeypatch):
-    emu = lambda_env(emulator_process("--lambda-runtime", "pool", "--fail-rate", "0.15", "--kill-rate", "0.1",
+def test_a_fanned_out_job_gives_every_result_once_under_faults(emulator_process, aws_backend_on, monkeypatch):
+    emu = aws_backend_on(emulator_process("--lambda-runtime", "pool", "--fail-rate", "0.15", "--kill-rate", "0.1",
                                       "--seed", "3", workers=4))
     monkeypatch.setenv("FNMAP_LAMBDA_FANOUT", "10")  # the user's setting: jobs of 10+ calls fan out
     monkeypatch.setattr(AwsBackend, "fanout_slice", 8)
@@ -55,7 +34,7 @@ def test_a_fanned_out_job_gives_every_result_once_under_faults(emulator_process,
     # timeout=2: an invoked call that never ran is declared lost 12 s after it was accepted.
     job = fnmap.map(square, items, timeout=2, retries=5, speculation=False, return_job=True)
     assert job.results() == [x * x for x in items]
-    stats = _stats(emu)
+    stats = lambda_stats(emu)
     assert stats["spawners"] == 5 and stats["spawned"] == len(items), stats  # 40 calls, 8 per spawner
     summary = job.summary()
     assert summary["retries"] >= 1, summary  # the injected faults hit some calls; they were retried
@@ -63,22 +42,22 @@ def test_a_fanned_out_job_gives_every_result_once_under_faults(emulator_process,
     assert len(open_store(job.store.url).list(keys.results_prefix(job.id))) == len(items)
 
 
-def test_a_small_job_is_not_fanned_out(emulator_process, lambda_env, monkeypatch):
-    emu = lambda_env(emulator_process("--lambda-runtime", "pool", workers=2))
+def test_a_small_job_is_not_fanned_out(emulator_process, aws_backend_on, monkeypatch):
+    emu = aws_backend_on(emulator_process("--lambda-runtime", "pool", workers=2))
     assert fnmap.map(square, range(5), speculation=False, lambda_fanout=10) == [x * x for x in range(5)]
-    stats = _stats(emu)
+    stats = lambda_stats(emu)
     assert stats.get("spawners", 0) == 0 and stats.get("RequestResponse", 0) + stats.get("Event", 0) == 5, stats
 
 
-def test_the_handler_invokes_a_spawners_calls_as_events(emulator_process, lambda_env, monkeypatch):
+def test_the_handler_invokes_a_spawners_calls_as_events(emulator_process, aws_backend_on, monkeypatch):
     """``handlers/aws_lambda.py`` itself, with boto3 pointed at the emulator: each call becomes an Event."""
-    emu = lambda_env(emulator_process("--lambda-runtime", "pool", workers=2))
+    emu = aws_backend_on(emulator_process("--lambda-runtime", "pool", workers=2))
     from handlers import aws_lambda
 
     calls = [encode_event(b"not a signed request", "0" * 64) for _ in range(5)]
     context = types.SimpleNamespace(invoked_function_arn="arn:aws:lambda:us-east-1:000000000000:function:fnmap")
-    before = _stats(emu).get("Event", 0)
+    before = lambda_stats(emu).get("Event", 0)
     answer = aws_lambda.handler(json.loads(encode_spawn_event(calls)), context)
     assert answer["status"] == 200 and answer["body"] == "W10="  # base64 of [] : every call invoked
-    assert _stats(emu)["Event"] - before == len(calls)
+    assert lambda_stats(emu)["Event"] - before == len(calls)
     boto3.client("lambda").close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-import requests
+from conftest import lambda_stats
 
 import fnmap
 from fnmap.runtime import keys
@@ -25,23 +25,9 @@ def nap_square(x):
 
 
 @pytest.fixture
-def scaled(emulator_process, monkeypatch):
+def scaled(emulator_process, aws_backend_on):
     """An emulator whose Lambda API scales by 2 environments per 10 s; the aws backend pointed at it."""
-    emu = emulator_process("--lambda-runtime", "pool", "--scaling-rate", "2", workers=4)
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_LAMBDA": emu.url,
-                       "FNMAP_BACKEND": "aws", "FNMAP_SECRET": emu.secret}.items():
-        monkeypatch.setenv(key, value)
-    yield emu
-    from fnmap import client
-
-    for c in list(client._clients.values()):  # their keep-alive connections would hold the emulator up
-        if c.config.backend == "aws":
-            c.close()
-
-
-def _stats(emu) -> dict:
-    return requests.get(emu.url + "/lambda/stats", timeout=5).json()
+    return aws_backend_on(emulator_process("--lambda-runtime", "pool", "--scaling-rate", "2", workers=4))
 
 
 def _committed(job) -> list[str]:
@@ -53,7 +39,7 @@ def test_calls_beyond_the_scaling_rate_are_throttled_and_the_job_completes(scale
     job = fnmap.map(nap_square, items, workers=8, lambda_invocation="RequestResponse", speculation=False,
                     return_job=True)
     assert job.results() == [x * x for x in items]
-    stats = _stats(scaled)
+    stats = lambda_stats(scaled)
     assert stats["throttled"] >= 1 and stats["scaling_throttled"] >= 1, stats
     assert stats["scaled_to"]["fnmap"] < len(items), stats  # the burst reused the environments it had
     summary = job.summary()
@@ -66,7 +52,7 @@ def test_events_beyond_the_scaling_rate_wait_in_the_queue(scaled):
     items = range(6)
     job = fnmap.map(nap_square, items, workers=6, lambda_invocation="Event", speculation=False, return_job=True)
     assert job.results() == [x * x for x in items]
-    stats = _stats(scaled)
+    stats = lambda_stats(scaled)
     assert stats["Event"] == len(items) and stats["scaling_waits"] >= 1, stats
     assert stats.get("throttled", 0) == 0 and stats["scaled_to"]["fnmap"] < len(items), stats
     assert len(_committed(job)) == len(items)
