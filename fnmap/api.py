@@ -188,11 +188,11 @@ def _start(
 ):
     """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix)."""
     job = client.new_job(config, kind)
-    func_key = client.upload_function(func, job)
     records.label(job, getattr(func, "map_func", None) or getattr(func, "reduce_func", None) or func)
     index = 0
     states = []
     try:
+        func_key = client.upload_function(func, job)  # a function that does not pickle: recorded too
         for chunk in policy.chunks(make_items(job.id), config.chunksize):
             states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), CallOutcome()))
             index += len(chunk)

@@ -53,11 +53,14 @@ class Client:
 
     # -- the front-ends' API -------------------------------------------------------
 
-    def new_job(self, config, kind: str = "map", open_ended: bool = False) -> Job:
+    def new_job(self, config, kind: str = "map") -> Job:
         """A new, empty job of this deployment (``kind`` names the front-end in its record).
-        ``open_ended``: calls keep coming after the first ones run (an Executor, a Dask graph)."""
+
+        Its "running" index entry is written now, before any function or input is looked up: a
+        ``fnmap gc`` in another process then sees a job being built and keeps every shared object
+        (one small PUT per job; it is rewritten with the counts when the job is sealed)."""
         job = Job(self.scheduler, self.store, config, kind)
-        job.open_ended = open_ended
+        job.save_record(final=False)
         return job
 
     def upload_function(self, func, job: Job) -> str:
@@ -96,8 +99,6 @@ class Client:
         state = CallState(len(job.calls), first_index, n_items, func_key, payload, items_key,
                           future or Future(), unwrap)
         self.scheduler.add(job, state)
-        if state.call_id == 0 and job.open_ended:  # in `fnmap jobs` (and kept by `fnmap gc`) from its
-            job.save_record(final=False)             # first call on, not only once it is sealed
         return state
 
     def submit(self, job: Job, states: list[CallState]) -> None:

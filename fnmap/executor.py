@@ -41,7 +41,7 @@ class Executor(futures.Executor):
         self._client = get_client(self._config)
         #: How many calls run at once; Dask reads this to size its parallelism.
         self._max_workers = self._client.max_workers
-        self._job = self._client.new_job(self._config, kind="executor", open_ended=True)
+        self._job = self._client.new_job(self._config, kind="executor")
         self._shutdown = False
         self._lock = threading.Lock()
         self._index = itertools.count()

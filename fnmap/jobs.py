@@ -168,8 +168,6 @@ class Job:
         self.abandoned = False
         #: Stragglers get speculative copies before the job is sealed (the Dask shim sets it).
         self.speculate_open = False
-        #: Calls keep coming after the first ones run (see :meth:`fnmap.client.Client.new_job`).
-        self.open_ended = False
         #: Who asked another process to stop this job (``fnmap cancel``), once the client saw it.
         self.cancel_reason: str | None = None
         self.cancel_checked = 0.0

@@ -8,8 +8,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 import fnmap
 from fnmap.observe import records
 from fnmap.runtime import keys
@@ -138,8 +136,6 @@ def store_keys(url: str, prefix: str) -> list[str]:
     return open_store(url).list(prefix)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the job's running index entry written before its first shared "
-                   "object is looked up (Client.new_job: job.save_record(final=False)); strict: remove once done")
 def test_a_job_being_submitted_keeps_the_old_objects_it_reuses(tmp_path):
     """A map still storing its inputs has no record yet; the function and an input it found already stored
     (written by an older job, before the cutoff) must survive a gc that runs meanwhile."""
@@ -165,8 +161,9 @@ def second_byte(blob: bytes) -> int:
     return blob[1]
 
 
-def test_objects_written_after_the_cutoff_are_kept_while_their_job_has_no_record_yet(tmp_path):
-    """A map still storing its inputs is in no index yet: what it wrote since the cutoff survives a gc."""
+def test_a_gc_while_a_job_is_being_submitted_keeps_every_shared_object(tmp_path):
+    """A map still storing its inputs has only its "running" index entry: a gc meanwhile removes the
+    old job but no function or input (the new job may use any of them); once it is done, they go."""
     url = (tmp_path / "store").as_uri()
     store = open_store(url)
     old = fnmap.map(first_byte, [os.urandom(1024 * 1024)], storage=url, inline_limit=SMALL, return_job=True)
@@ -185,4 +182,7 @@ def test_objects_written_after_the_cutoff_are_kept_while_their_job_has_no_record
 
     results = fnmap.map(second_byte, items(), storage=url, inline_limit=SMALL, chunksize=1, backend="local")
     assert results[0] == fresh[1]
-    assert reports[0]["deleted_jobs"] == [old.id] and sorted(reports[0]["deleted_shared"]) == sorted(old_shared)
+    assert reports[0]["deleted_jobs"] == [old.id]
+    assert reports[0]["deleted_shared"] == [] and reports[0]["kept_shared_because_running"]
+    later = records.collect_garbage(store, older_than=time.time() - between)
+    assert sorted(later["deleted_shared"]) == sorted(old_shared)  # no job left uses them

@@ -235,7 +235,7 @@ class _Run:
     # -- dispatch ------------------------------------------------------------
 
     def _start_job(self) -> None:
-        self.job = self.client.new_job(self.config, kind="dask", open_ended=True)
+        self.job = self.client.new_job(self.config, kind="dask")
         self.job.speculate_open = True  # the graph's frontier is what waits on a straggler (issue 4)
         self.func_key = self.client.upload_function(run_batch, self.job)
         self.prefix = _keys.blob_key(self.job.id, "dask/")
