@@ -17,6 +17,12 @@ from fnmap.storage import open_store
 SMALL = 64 * 1024
 
 
+def gc_since(store, cutoff: float, **options) -> dict:
+    """``fnmap gc`` of the jobs created before ``cutoff`` (a clock reading), whatever the delay until it runs."""
+    now = time.time()
+    return records.collect_garbage(store, older_than=now - cutoff, now=now, **options)
+
+
 def first_byte(blob: bytes) -> int:
     return blob[0]
 
@@ -63,8 +69,7 @@ def test_gc_removes_shared_objects_no_kept_job_uses_and_reports_bytes(tmp_path):
     assert len(function) == 1 and len(old_input) == 1
     assert records.load(store, new.id)["shared"] == function
 
-    age = time.time() - between
-    dry = records.collect_garbage(store, older_than=age, dry_run=True)
+    dry = gc_since(store, between, dry_run=True)
     assert dry["deleted_jobs"] == [old.id]
     # The old job's 1 MB input goes; the function stays, though written before the cutoff: the
     # kept job uses it.
@@ -72,7 +77,7 @@ def test_gc_removes_shared_objects_no_kept_job_uses_and_reports_bytes(tmp_path):
     assert dry["deleted_bytes"] > 1024 * 1024 and dry["deleted_job_bytes"][old.id] > 0
     assert store.list(keys.job_prefix(old.id)) and store.list("inputs/") == old_input
 
-    done = records.collect_garbage(store, older_than=age)
+    done = gc_since(store, between)
     assert done["deleted_bytes"] == dry["deleted_bytes"]
     assert store.list("inputs/") == [] and store.list(keys.job_prefix(old.id)) == []
     assert store.list("functions/") == function
@@ -96,11 +101,11 @@ def test_while_a_kept_job_runs_no_shared_object_is_removed(tmp_path):
         assert ex.submit(len, b"abc").result() == 3
         # Listed from its first call on, not only once it is shut down: gc sees it running.
         assert any(j["job_id"] == ex.job.id and j["status"] == "running" for j in records.list_jobs(store))
-        report = records.collect_garbage(store, older_than=time.time() - between)
+        report = gc_since(store, between)
         assert report["deleted_jobs"] == [old.id]
         assert report["kept_shared_because_running"] and report["deleted_shared"] == []
         assert store.list("inputs/")
-    after = records.collect_garbage(store, older_than=time.time() - between)
+    after = gc_since(store, between)
     assert after["deleted_jobs"] == [] and len(after["deleted_shared"]) == 2  # old's input and function
     assert store.list("inputs/") == []
 
@@ -150,7 +155,7 @@ def test_a_job_being_submitted_keeps_the_old_objects_it_reuses(tmp_path):
 
     def items():
         yield big  # stored already: found, not written again
-        reports.append(records.collect_garbage(store, older_than=time.time() - between))  # another process's gc
+        reports.append(gc_since(store, between))  # another process's gc
         yield os.urandom(1024 * 1024)
 
     results = fnmap.map(first_byte, items(), storage=url, inline_limit=SMALL, chunksize=1, backend="local")
@@ -177,12 +182,12 @@ def test_a_gc_while_a_job_is_being_submitted_keeps_every_shared_object(tmp_path)
 
     def items():
         yield fresh  # a new function and a new input, stored now
-        reports.append(records.collect_garbage(store, older_than=time.time() - between))  # another process's gc
+        reports.append(gc_since(store, between))  # another process's gc
         yield os.urandom(1024 * 1024)
 
     results = fnmap.map(second_byte, items(), storage=url, inline_limit=SMALL, chunksize=1, backend="local")
     assert results[0] == fresh[1]
     assert reports[0]["deleted_jobs"] == [old.id]
     assert reports[0]["deleted_shared"] == [] and reports[0]["kept_shared_because_running"]
-    later = records.collect_garbage(store, older_than=time.time() - between)
+    later = gc_since(store, between)
     assert sorted(later["deleted_shared"]) == sorted(old_shared)  # no job left uses them
