@@ -12,10 +12,11 @@ from __future__ import annotations
 import time
 from concurrent.futures import CancelledError
 
-from .errors import KeyNotFound, PlatformError, RemoteExit
+from .errors import KeyNotFound, PlatformError
+from .jobs import remote_exception
 from .observe import records
 from .runtime import compression, keys
-from .runtime.serialization import loads, unpack_exception
+from .runtime.serialization import loads
 
 #: Statuses after which nothing about a job changes any more.
 FINAL = ("succeeded", "failed", "cancelled", "incomplete", records.ABANDONED)
@@ -94,10 +95,7 @@ class AttachedJob:
                 values.append(outcome[1])
                 continue
             item = (call.get("first_item") or 0) + offset
-            exc = unpack_exception(outcome[1], outcome[2])
-            if not isinstance(exc, Exception):
-                exc = RemoteExit.of(exc, item)
-            exc.add_note(f"fnmap: raised remotely by item {item} (job {self.id}, call {call['call']})")
+            exc = remote_exception(outcome, item, f"job {self.id}, call {call['call']}")
             if not return_exceptions:
                 raise exc
             values.append(exc)
@@ -105,9 +103,7 @@ class AttachedJob:
 
     def logs(self, call: int | None = None) -> str:
         """The captured output of every call (or of call ``call``), by attempt."""
-        found = records.read_logs(self.store, self.id, call)
-        return "".join(f"--- call {c} attempt {a} ---\n{text}" + ("" if text.endswith("\n") else "\n")
-                       for c, a, text in found)
+        return records.logs_text(self.store, self.id, call)
 
     def cancel(self) -> None:
         """Ask the client running this job to cancel it (no effect on a job that has ended)."""

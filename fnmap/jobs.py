@@ -197,15 +197,13 @@ class Job:
 
     # -- what the scheduler's decisions become ------------------------------------
 
-    def deliver(self, state: CallState) -> None:
-        """A call's outcome is final (``state.result``: its outcomes, or the fault that failed it):
-        complete its future, tell ``imap`` and the progress bar."""
+    def deliver(self, state: CallState, failed: int) -> None:
+        """A call's outcome is final (``state.result``: its outcomes, or the fault that failed it;
+        ``failed`` of its items failed): complete its future, tell ``imap`` and the progress bar."""
         result, state.result = state.result, None
         if isinstance(result, PlatformFault):
-            failed = state.n_items
             _set(state.future, exception=self._fault_error(state, result))
         else:
-            failed = sum(1 for outcome in result if outcome[0] != "ok")
             if not state.unwrap:
                 _set(state.future, result=result)
             elif result[0][0] == "ok":
@@ -258,13 +256,7 @@ class Job:
 
     def item_exception(self, state: CallState, offset: int, outcome: tuple) -> BaseException:
         """The exception an item raised remotely, ready to raise here (an ``Exception`` always)."""
-        exc = unpack_exception(outcome[1], outcome[2])
-        if not isinstance(exc, Exception):  # sys.exit, KeyboardInterrupt: the item's failure only
-            exc = RemoteExit.of(exc, state.first_index + offset)
-        exc.add_note(
-            f"fnmap: raised remotely by item {state.first_index + offset} "
-            f"(job {self.id}, {state.describe()})"
-        )
+        exc = remote_exception(outcome, state.first_index + offset, f"job {self.id}, {state.describe()}")
         tail = state.stats.get("log_tail") if state.stats else self._stored_log_tail(state)
         if tail:  # the call's own output, shown with its exception (issue 8)
             lines = tail.rstrip("\n").splitlines()[-_LOG_NOTE_LINES:]
@@ -395,9 +387,7 @@ class Job:
 
     def logs(self, call: int | None = None) -> str:
         """The captured stdout and stderr of every call (or of call ``call``), by attempt."""
-        found = records.read_logs(self.store, self.id, call)
-        return "".join(f"--- call {c} attempt {a} ---\n{text}"
-                       + ("" if text.endswith("\n") else "\n") for c, a, text in found)
+        return records.logs_text(self.store, self.id, call)
 
     @property
     def cost(self) -> dict:
@@ -413,6 +403,16 @@ class Job:
 
     def __repr__(self) -> str:
         return f"<fnmap.Job {self.id} {self.done_count}/{len(self.calls)} calls done>"
+
+
+def remote_exception(outcome: tuple, item: int, where: str) -> Exception:
+    """The exception an item raised remotely (an ``("err", ...)`` outcome), ready to raise here: an
+    ``Exception`` always (a remote ``sys.exit`` becomes :class:`RemoteExit`), noting the item."""
+    exc = unpack_exception(outcome[1], outcome[2])
+    if not isinstance(exc, Exception):  # sys.exit, KeyboardInterrupt: the item's failure only
+        exc = RemoteExit.of(exc, item)
+    exc.add_note(f"fnmap: raised remotely by item {item} ({where})")
+    return exc
 
 
 def _set(future: Future, result=None, exception=None) -> None:

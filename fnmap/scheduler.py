@@ -387,7 +387,7 @@ class Scheduler:
                                                                        job.config.retries))
             if not retry:
                 self._fail_locked(job, state, fault)
-                after = self._settle(job, state)
+                after = (state.n_items, *self._settle(job, state))
         if retry:
             if fault.retry_after is not None:
                 delay = fault.retry_after
@@ -417,7 +417,7 @@ class Scheduler:
             _end_attempt(state, attempt, "ok" if not failed else "error")
             state.payload = None
             state.result = answer.outcomes
-            after = self._settle(job, state)
+            after = (failed, *self._settle(job, state))
         self._deliver(job, state, *after)
 
     def _fail_locked(self, job, state, fault: PlatformFault) -> None:
@@ -428,12 +428,13 @@ class Scheduler:
         state.payload = None
         state.result = fault
 
-    def _deliver(self, job, state, write: bool, all_done: bool, others: list[int]) -> None:
-        """After a call's outcome is final (outside the lock, with what :meth:`_settle` found):
-        complete its future, update the progress and the record, stop copies still out."""
+    def _deliver(self, job, state, failed: int, write: bool, all_done: bool, others: list[int]) -> None:
+        """After a call's outcome is final (outside the lock; ``failed`` of its items failed, the
+        rest is what :meth:`_settle` found): complete its future, update the progress and the
+        record, stop copies still out."""
         if write:  # before the last result is out: a returned map has its record
             job.save_record(final=True)
-        job.deliver(state)
+        job.deliver(state, failed)
         if all_done:
             job.all_done()
         if others:

@@ -212,7 +212,7 @@ def watch(store, job_id: str, period: float = 1.0) -> int:
 
 
 def run_cancel(args) -> int:
-    from ..attach import FINAL
+    from ..attach import FINAL, AttachedJob
     from ..observe import records
 
     store = _store(args)
@@ -224,9 +224,9 @@ def run_cancel(args) -> int:
     records.request_cancel(store, job_id)
     print(f"asked the client running job {job_id} to cancel it")
     if args.wait:
-        while records.load(store, job_id)["summary"]["status"] not in FINAL:
-            time.sleep(0.5)
-        print(f"job {job_id} stopped: {records.load(store, job_id)['summary']['status']}")
+        job = AttachedJob(store, job_id)
+        job.wait()
+        print(f"job {job_id} stopped: {job.status}")
     return 0
 
 

@@ -552,6 +552,12 @@ def cancel_requested(store, job_id: str) -> str | None:
         return None
 
 
+def logs_text(store, job_id: str, call: int | None = None) -> str:
+    """Every call's (or call ``call``'s) captured output, by attempt, under a header each."""
+    return "".join(f"--- call {c} attempt {a} ---\n{text}" + ("" if text.endswith("\n") else "\n")
+                   for c, a, text in read_logs(store, job_id, call))
+
+
 def read_logs(store, job_id: str, call: int | None = None) -> list[tuple[int, int, str]]:
     """Captured output as ``(call, attempt, text)``, by call then attempt."""
     prefix = keys.call_logs_prefix(job_id, call) if call is not None else keys.logs_prefix(job_id)
