@@ -61,8 +61,10 @@ _BACKENDS_ON_THIS_TERMINAL = ("emulator", "local")
 LOST_GRACE_SECONDS = 10.0
 #: The monitor's polling period grows from the first to the second value while nothing changes.
 POLL_SECONDS = (0.05, 1.0)
-#: How long calls submitted one by one wait to be sent together where the backend batches calls.
+#: How long calls submitted one by one wait for the next before being sent together where the
+#: backend batches calls, and the longest the first of them waits.
 COALESCE_SECONDS = 0.1
+COALESCE_MAX_SECONDS = 2.0
 #: Results of asynchronous calls read from storage at once by one poll.
 FETCH_THREADS = 16
 
@@ -251,17 +253,32 @@ class Scheduler:
             self._decide(job, state, attempt, self._read(answer))
 
     def _coalesce(self, job, states: list) -> None:
+        """Hold calls submitted one at a time until none has come for ``COALESCE_SECONDS`` (at most
+        ``COALESCE_MAX_SECONDS`` after the first), then send them together: a loop of submits is one
+        array job however slowly each submit pickles its arguments."""
+        now = time.monotonic()
         with self._pending_lock:
-            pending = self._pending.setdefault(job, [])
-            first = not pending
-            pending.extend(states)
+            pending = self._pending.get(job)
+            first = pending is None
+            if first:
+                pending = self._pending[job] = [[], now, now]  # calls, first came, last came
+            pending[0].extend(states)
+            pending[2] = now
         if first:
             self._after(COALESCE_SECONDS, self._flush_pending, job, None)
 
     def _flush_pending(self, job, _states) -> None:
+        now = time.monotonic()
         with self._pending_lock:
-            states = self._pending.pop(job, [])
-        if states:
+            states, since, last = self._pending.get(job, ([], now, 0.0))
+            wait = COALESCE_SECONDS - (now - last)
+            if states and wait > 0 and now - since < COALESCE_MAX_SECONDS:
+                states = None  # still coming: look again when this one has waited its turn
+            else:
+                self._pending.pop(job, None)
+        if states is None:
+            self._after(wait, self._flush_pending, job, None)
+        elif states:
             self._queue(self._send_many, job, states)
 
     def _invocation(self, job, state, attempt: int) -> Invocation | None:

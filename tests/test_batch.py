@@ -318,6 +318,19 @@ def test_executor_submits_in_a_loop_become_one_array_job(batch_emulator):
     assert len(jobs) == 1 and jobs[0]["arrayProperties"]["size"] == 12
 
 
+def test_submits_that_keep_coming_slowly_are_still_one_array_job(batch_emulator):
+    """The calls wait until no submit has come for a moment, not a fixed time from the first one:
+    a loop that takes 50 ms per submit (pickling big arguments, say) still makes one array job."""
+    with fnmap.Executor(backend="batch") as ex:
+        futures = []
+        for i in range(8):
+            futures.append(ex.submit(_square, i))
+            time.sleep(0.05)
+        assert [f.result(timeout=120) for f in futures] == [i * i for i in range(8)]
+    jobs = _jobs(batch_emulator.batch, "SUCCEEDED", 1)
+    assert len(jobs) == 1 and jobs[0]["arrayProperties"]["size"] == 8
+
+
 def test_unknown_job_definition_is_a_clear_error(batch_emulator):
     try:
         with pytest.raises(
