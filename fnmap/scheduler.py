@@ -63,7 +63,7 @@ LOST_GRACE_SECONDS = 10.0
 POLL_SECONDS = (0.05, 1.0)
 #: How long calls submitted one by one wait for the next before being sent together where the
 #: backend batches calls, and the longest the first of them waits.
-COALESCE_SECONDS = 0.1
+COALESCE_SECONDS = 0.25
 COALESCE_MAX_SECONDS = 2.0
 #: Results of asynchronous calls read from storage at once by one poll.
 FETCH_THREADS = 16
