@@ -315,9 +315,7 @@ def test_executor_submits_in_a_loop_become_one_array_job(batch_emulator):
         futures = [ex.submit(_square, i) for i in range(12)]
         assert [f.result(timeout=120) for f in futures] == [i * i for i in range(12)]
     jobs = _jobs(batch_emulator.batch, "SUCCEEDED", 1)
-    # One array job when run alone; in the full suite it has split in two (3 + 9) since this
-    # session's last changes, cause not found yet (see the issue note): never one job per submit.
-    assert len(jobs) <= 2 and sum(j["arrayProperties"]["size"] for j in jobs) == 12
+    assert len(jobs) == 1 and jobs[0]["arrayProperties"]["size"] == 12
 
 
 def test_submits_that_keep_coming_slowly_are_still_one_array_job(batch_emulator):
