@@ -20,8 +20,8 @@ from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageErr
 from .jobs import CallState, Job
 from .observe import records
 from .runtime import keys
-from .runtime.serialization import dumps, dumps_checked, pickle_function
-from .runtime.worker import MODE_ARGS
+from .runtime.serialization import dump_parts, dumps_checked, out_of_band, parts_size, pickle_function
+from .runtime.worker import MODE_ARGS, MODE_ONE
 from .scheduler import Scheduler
 from .storage import open_store
 
@@ -72,7 +72,7 @@ class Client:
         self._put_shared(key, data, job, "store the function")
         return key
 
-    def _put_shared(self, key: str, data: bytes, job: Job, doing: str) -> None:
+    def _put_shared(self, key: str, data: bytes | list, job: Job, doing: str) -> None:
         """Store a content-addressed object (a function, a large input) unless it is there, looked
         up once per job: ``fnmap gc`` removes those no job uses, so a later job looks again.  A job
         names it in its index entry from its first call on, and gc keeps what kept jobs name."""
@@ -88,14 +88,21 @@ class Client:
         """Pickle a chunk (storing it if it is large) and add the call to ``job``; not sent until
         :meth:`submit`.  An item that cannot be pickled is named, with its index, before anything runs."""
         try:
-            payload = dumps(chunk)
+            parts = dump_parts(_large_values_out_of_band(chunk))
         except Exception:
             _raise_unpicklable(chunk, first_index)
         items_key = None
-        if len(payload) > job.config.inline_limit:
-            items_key = keys.shared_input_key(hashlib.sha256(payload).hexdigest())
-            self._put_shared(items_key, payload, job, "store the input of the call")
+        if parts_size(parts) > job.config.inline_limit:
+            # Stored once by content (the request names it and is signed); its large buffers go
+            # from the caller's memory to storage without a copy (see serialization.dump_parts).
+            digest = hashlib.sha256()
+            for part in parts:
+                digest.update(part)
+            items_key = keys.shared_input_key(digest.hexdigest())
+            self._put_shared(items_key, parts, job, "store the input of the call")
             payload = b""
+        else:
+            payload = parts[0] if len(parts) == 1 else b"".join(parts)
         state = CallState(len(job.calls), first_index, n_items, func_key, payload, items_key,
                           future or Future(), unwrap)
         self.scheduler.add(job, state)
@@ -142,6 +149,18 @@ class Client:
     def close(self) -> None:
         self.scheduler.close()
         self.backend.close()
+
+
+def _large_values_out_of_band(chunk: tuple) -> tuple:
+    """The chunk with its items' (or their arguments') large ``bytes`` marked to be pickled out of
+    band; arrays and other protocol-5 buffers are out of band wherever they are."""
+    mode, items = chunk
+    if mode == MODE_ONE:
+        return mode, [out_of_band(item) for item in items]
+    if mode == MODE_ARGS:
+        return mode, [(tuple(out_of_band(a) for a in args), {k: out_of_band(v) for k, v in kwargs.items()})
+                      for args, kwargs in items]
+    return chunk
 
 
 def _raise_unpicklable(chunk: tuple, first_index: int) -> None:

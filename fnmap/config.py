@@ -59,7 +59,7 @@ class Config:
     #: Worker processes of an auto-started emulator / concurrent calls of the client.
     workers: int | None = None
     #: Arguments and results larger than this (bytes) travel through storage, not in request bodies.
-    inline_limit: int = 4 << 20
+    inline_limit: int = 256 << 10
     #: Extra command-line options for an auto-started emulator (e.g. "--fail-rate 0.1 --seed 1").
     emulator_options: str = ""
     #: AWS Lambda function name (aws backend).

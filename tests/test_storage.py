@@ -42,6 +42,20 @@ def test_missing_key_is_one_error(store):
         store.get_range("nope/missing", 0, 3)
 
 
+def test_parts_are_written_as_one_object_and_read_back_as_a_stream(store):
+    """A large argument is written as parts (no join on disk) and read with ``reader`` (each
+    buffer into its own object): both must see exactly the bytes of the parts, in order."""
+    parts = [b"head:", memoryview(b"middle:"), bytearray(b"tail")]
+    store.put("p/one", parts)
+    assert store.get("p/one") == b"head:middle:tail"
+    assert store.put_if_absent("p/two", parts) and not store.put_if_absent("p/two", [b"other"])
+    with store.reader("p/two") as stream:
+        assert stream.read(5) == b"head:"
+        assert stream.read() == b"middle:tail"
+    with pytest.raises(KeyNotFound):
+        store.reader("p/missing")
+
+
 def test_get_range(store):
     store.put("r", b"0123456789")
     assert store.get_range("r", 2, 5) == b"234"

@@ -11,6 +11,7 @@ import linecache
 import os
 import pickle
 import re
+import struct
 import sys
 import traceback
 import types
@@ -63,8 +64,135 @@ def _code_reduce_keeping_filename(code: types.CodeType):
     return constructor, args
 
 
-def loads(data: bytes) -> Any:
+def loads(data: bytes | memoryview) -> Any:
+    """Unpickle what :func:`dumps` or :func:`dump_parts` (joined) wrote."""
+    if bytes(data[: len(FRAMED_MAGIC)]) == FRAMED_MAGIC:
+        return _load_framed(memoryview(data))
     return pickle.loads(data)
+
+
+# -- large buffers out of band ---------------------------------------------------------------
+#
+# A 1 MB argument pickled in-band is copied into the pickle, and a fresh megabyte costs as much
+# as hashing it on this kind of machine (page faults); the copy then travels through the request,
+# the emulator and the worker's pipe, each adding one.  With pickle protocol 5 a buffer (a NumPy
+# array, a DataFrame's blocks, a bytes argument) can stay where it is: the pickle holds a
+# placeholder and the buffers are written after it, straight from the caller's memory, and read
+# back each into its own object, so the worker's ``bytes`` argument *is* the bytes it read.
+#
+# Framed layout:  FRAMED_MAGIC | u32 count | u64 pickle length | count x (u64 length, u8 writable)
+#                 | pickle | buffer 0 | buffer 1 | ...
+# A plain pickle starts with b"\x80", so the two never look alike.
+
+FRAMED_MAGIC = b"FNB1"
+_FRAME_HEAD = struct.Struct("<IQ")
+_FRAME_BUFFER = struct.Struct("<QB")
+#: Buffers smaller than this stay inside the pickle (framing a few bytes saves nothing).
+OUT_OF_BAND_MIN = 64 << 10
+
+
+class _OutOfBandBytes:
+    """Marks a large ``bytes`` value for out-of-band pickling (pickle never asks a reducer about
+    exact ``bytes``, so the chunk's top-level values are wrapped before pickling)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def __reduce_ex__(self, protocol):
+        return _as_bytes, (pickle.PickleBuffer(self.data),)
+
+
+def _as_bytes(buffer) -> bytes:
+    return buffer if type(buffer) is bytes else bytes(buffer)
+
+
+def out_of_band(value: Any) -> Any:
+    """``value``, marked to travel out of band if it is a large ``bytes`` (anything else already
+    does where its type supports protocol 5: NumPy arrays, pandas blocks)."""
+    if type(value) is bytes and len(value) >= OUT_OF_BAND_MIN:
+        return _OutOfBandBytes(value)
+    return value
+
+
+def dump_parts(obj: Any) -> list:
+    """Pickle ``obj`` as a list of parts to be written one after another: ``[pickle]`` when it has
+    no large buffers, else the framed layout whose large buffers are views of ``obj``'s own memory
+    (no copy: they must not change until the parts are written)."""
+    buffers: list[pickle.PickleBuffer] = []
+
+    def keep(buffer: pickle.PickleBuffer) -> bool:  # True keeps it in-band
+        if buffer.raw().nbytes < OUT_OF_BAND_MIN:
+            return True
+        buffers.append(buffer)
+        return False
+
+    stream = io.BytesIO()
+    _Pickler(stream, protocol=PROTOCOL, buffer_callback=keep).dump(obj)
+    data = stream.getvalue()
+    if not buffers:
+        return [data]
+    raws = [b.raw() for b in buffers]
+    head = [FRAMED_MAGIC, _FRAME_HEAD.pack(len(raws), len(data))]
+    head += [_FRAME_BUFFER.pack(raw.nbytes, not raw.readonly) for raw in raws]
+    return [b"".join(head), data, *raws]
+
+
+def parts_size(parts: list) -> int:
+    return sum(memoryview(part).nbytes for part in parts)
+
+
+def _frame_layout(head: bytes | memoryview) -> tuple[int, int]:
+    count, pickle_size = _FRAME_HEAD.unpack_from(head, len(FRAMED_MAGIC))
+    return count, pickle_size
+
+
+def _load_framed(view: memoryview) -> Any:
+    offset = len(FRAMED_MAGIC) + _FRAME_HEAD.size
+    count, pickle_size = _frame_layout(view)
+    sizes = [_FRAME_BUFFER.unpack_from(view, offset + i * _FRAME_BUFFER.size) for i in range(count)]
+    offset += count * _FRAME_BUFFER.size
+    data = view[offset : offset + pickle_size]
+    offset += pickle_size
+    buffers = []
+    for size, writable in sizes:
+        part = view[offset : offset + size]
+        buffers.append(bytearray(part) if writable else part)  # a writable array stays writable
+        offset += size
+    return pickle.loads(data, buffers=buffers)
+
+
+def load_stream(stream) -> Any:
+    """Unpickle what :func:`dump_parts` wrote, reading from a binary file object: each large buffer
+    is read into its own object (``bytes``, or a ``bytearray`` where the original was writable),
+    so nothing is copied after the read."""
+    magic = stream.read(len(FRAMED_MAGIC))
+    if magic != FRAMED_MAGIC:
+        return pickle.loads(magic + stream.read())
+    head = _read_exactly(stream, _FRAME_HEAD.size)
+    count, pickle_size = _FRAME_HEAD.unpack(head)
+    sizes = [_FRAME_BUFFER.unpack(_read_exactly(stream, _FRAME_BUFFER.size)) for _ in range(count)]
+    data = _read_exactly(stream, pickle_size)
+    buffers = []
+    for size, writable in sizes:
+        if writable and hasattr(stream, "readinto"):
+            buffer = bytearray(size)
+            if stream.readinto(buffer) != size:
+                raise pickle.UnpicklingError("stored object ends inside a buffer")
+            buffers.append(buffer)
+        elif writable:
+            buffers.append(bytearray(_read_exactly(stream, size)))
+        else:
+            buffers.append(_read_exactly(stream, size))
+    return pickle.loads(data, buffers=buffers)
+
+
+def _read_exactly(stream, size: int) -> bytes:
+    data = stream.read(size)
+    if len(data) != size:
+        raise pickle.UnpicklingError(f"stored object ends early: {len(data)} of {size} bytes")
+    return data
 
 
 def runtime_info() -> dict:

@@ -29,7 +29,7 @@ from ..errors import TimeoutError as CallTimeout
 from ..storage import open_store
 from . import compression, keys, signing
 from .peakmem import PeakMemory
-from .serialization import dumps, loads, pack_exception, runtime_mismatch
+from .serialization import dumps, load_stream, loads, pack_exception, runtime_mismatch
 from .wire import CallRequest, CallResponse, decode_request, encode
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
@@ -174,7 +174,11 @@ def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
             _functions.popitem(last=False)
     else:
         _functions.move_to_end(req.func_key)
-    chunk = loads(store.get(req.items_key)) if req.items_key else loads(payload)
+    if req.items_key:
+        with store.reader(req.items_key) as stream:  # large buffers read each into its own object
+            chunk = load_stream(stream)
+    else:
+        chunk = loads(payload)
     if not (isinstance(chunk, tuple) and len(chunk) == 2 and isinstance(chunk[1], (list, tuple))):
         raise ValueError(f"the call's chunk is not a (mode, items) pair: {type(chunk).__name__}")
     mode, items = chunk

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
 from ..errors import KeyNotFound, UnknownStorage
@@ -32,14 +32,20 @@ class Store(Protocol):
 
     url: str
 
-    def put(self, key: str, data: bytes) -> None:
-        """Write atomically (readers see the old object or the new one, never a part)."""
+    def put(self, key: str, data: bytes | list) -> None:
+        """Write atomically (readers see the old object or the new one, never a part).  ``data`` may
+        be a list of bytes-like parts, written one after another without joining them where the
+        storage allows (a large argument goes from the caller's memory to the file)."""
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Write only if the key does not exist yet; True if this call wrote it (first writer wins)."""
 
     def get(self, key: str) -> bytes:
         """Read a whole object; raises :class:`KeyNotFound`."""
+
+    def reader(self, key: str) -> BinaryIO:
+        """A binary file object reading the whole object from its start (close it after use), so a
+        reader can take its parts into separate objects; raises :class:`KeyNotFound`."""
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Read bytes ``[start, end)`` of an object; raises :class:`KeyNotFound`."""

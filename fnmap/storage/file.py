@@ -34,7 +34,7 @@ class FileStore:
         _check_key(key)
         return os.path.join(self.root, *key.split("/"))
 
-    def _write_temp(self, path: str, data: bytes) -> str:
+    def _write_temp(self, path: str, data: bytes | list) -> str:
         # A unique name from pid, thread and a counter, and the folder created only when the
         # open says it is missing: tempfile.mkstemp's random names and makedirs' stats were
         # half of a worker's time on a noop call (issue 9).
@@ -47,9 +47,10 @@ class FileStore:
             os.makedirs(directory, exist_ok=True)
             fd = os.open(tmp, flags, 0o600)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            for part in data if isinstance(data, list) else [data]:
+                view = memoryview(part).cast("B")
+                while view:
+                    view = view[os.write(fd, view):]
         except BaseException:
             os.close(fd)
             os.unlink(tmp)
@@ -57,11 +58,11 @@ class FileStore:
         os.close(fd)
         return tmp
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | list) -> None:
         path = self._path(key)
         os.replace(self._write_temp(path, data), path)
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, data: bytes | list) -> bool:
         path = self._path(key)
         if os.path.exists(path):
             return False
@@ -78,6 +79,12 @@ class FileStore:
         try:
             with open(self._path(key), "rb") as f:
                 return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            raise _not_found(self.url, key) from None
+
+    def reader(self, key: str):
+        try:
+            return open(self._path(key), "rb")
         except (FileNotFoundError, NotADirectoryError):
             raise _not_found(self.url, key) from None
 

@@ -80,11 +80,11 @@ class S3Store:
         return self.prefix + key
 
     @_bucket_must_exist
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | list) -> None:
         self._write(self._key(key), data)
 
     @_bucket_must_exist
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, data: bytes | list) -> bool:
         from botocore.exceptions import ClientError
 
         full_key = self._key(key)
@@ -103,9 +103,11 @@ class S3Store:
             # 409: no write is known to have won (a delete may have raced ours); wait a moment, write again.
             time.sleep(random.uniform(0, 0.05 * 2**attempts))
 
-    def _write(self, full_key: str, data: bytes, **conditions) -> None:
+    def _write(self, full_key: str, data: bytes | list, **conditions) -> None:
         """One PutObject, or a multipart upload for a large object; ``conditions`` go on the request
         that makes the object visible."""
+        if isinstance(data, list):  # botocore wants one body; the join costs little beside the upload
+            data = b"".join(data)
         if len(data) <= MULTIPART_THRESHOLD:
             self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data, **conditions)
         else:
@@ -146,6 +148,17 @@ class S3Store:
 
         try:
             return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except ClientError as e:
+            if _code(e) in _MISSING:
+                raise _not_found(self.url, key) from None
+            raise
+
+    @_bucket_must_exist
+    def reader(self, key: str):
+        from botocore.exceptions import ClientError
+
+        try:
+            return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
         except ClientError as e:
             if _code(e) in _MISSING:
                 raise _not_found(self.url, key) from None
