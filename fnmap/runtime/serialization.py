@@ -44,6 +44,12 @@ class _Pickler(cloudpickle.CloudPickler):
     """
 
     def reducer_override(self, obj):
+        if isinstance(obj, BaseException):
+            # The exception's own reduction, never one registered globally in copyreg: tblib's
+            # pickling support (installed by ``distributed`` and ``dask.multiprocessing`` when
+            # imported) rebuilds every exception without calling ``__init__``, so a remote
+            # ``SystemExit(4)`` came back with no exit code, and it ships the traceback's frames.
+            return obj.__reduce_ex__(self.proto)
         if isinstance(obj, types.CodeType):
             return _code_reduce_keeping_filename(obj)
         if isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)) and (
