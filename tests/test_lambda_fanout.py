@@ -61,3 +61,22 @@ def test_the_handler_invokes_a_spawners_calls_as_events(emulator_process, aws_ba
     assert answer["status"] == 200 and answer["body"] == "W10="  # base64 of [] : every call invoked
     assert lambda_stats(emu)["Event"] - before == len(calls)
     boto3.client("lambda").close()
+
+
+def test_spawners_under_awslambdaric_invoke_their_calls_back_through_the_lambda_api(
+        emulator_process, aws_backend_on, monkeypatch):
+    """With the platform's own runtime client (``--lambda-runtime ric``) the spawner is the real
+    handler in a real execution environment: it reaches the Lambda API the way it would on AWS
+    (the endpoint and the execution role's credentials are in its environment), and every call it
+    invokes runs, once."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)  # the emulator starts with no credentials of its own
+    emu = aws_backend_on(emulator_process("--lambda-runtime", "ric", workers=2))
+    monkeypatch.setattr(AwsBackend, "fanout_slice", 4)
+    items = range(12)
+    job = fnmap.map(square, items, lambda_fanout=10, speculation=False, timeout=30, return_job=True)
+    assert job.results() == [x * x for x in items]
+    stats = lambda_stats(emu)
+    # 3 spawners (RequestResponse), 12 Events sent by them; none fell back to the client.
+    assert stats["spawners"] == 3 and stats.get("Event") == len(items), stats
+    assert stats["RequestResponse"] == 3 and job.summary()["retries"] == 0, (stats, job.summary())

@@ -59,7 +59,7 @@ import time
 
 from flask import Response, jsonify, request
 
-from ..runtime.lambda_event import decode_event, encode_result, is_spawn_event, spawn
+from ..runtime.lambda_event import SPAWN_PREFIX, decode_event, encode_result, is_spawn_event, spawn
 from ..runtime.serialization import runtime_info
 from ..runtime.wire import ERROR_KIND_HEADER
 
@@ -103,6 +103,8 @@ class LambdaApi:
         #: The access key ids that signed Invoke requests (SigV4's ``Credential=``), first seen first.
         self.access_keys: dict[str, None] = {}
         self._runners: list[threading.Thread] = []
+        #: This emulator's URL as its first Lambda client reached it; execution environments call it back.
+        self.own_url: str | None = None
 
     def _acquire(self, name: str, wait: bool) -> bool:
         with self._cond:
@@ -161,6 +163,8 @@ class LambdaApi:
             return json.dumps(function_error or result).encode(), bool(function_error)
         if len(payload) < 65536 and "key" in (_json_object(payload) or {}):
             self.stats["by_reference"] += 1
+        if payload.startswith(SPAWN_PREFIX):  # the handler invokes its calls back through this API
+            self.stats["spawners"] += 1
         return self.runtime.invoke(name, payload, client_context)
 
     def run_in_pool(self, name: str, payload: bytes) -> tuple[dict | None, dict]:
@@ -228,6 +232,24 @@ class LambdaApi:
                 self.stats["events_done"] += 1
 
 
+#: What an execution environment gets from Lambda's execution role: session credentials, so that
+#: boto3 in the handler (a spawner invoking its calls) signs its requests.  The emulator's Lambda API
+#: takes any; credentials already in the emulator's environment are kept.
+EXECUTION_ROLE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "ASIAEMULATEDROLE", "AWS_SECRET_ACCESS_KEY": "emulated-role-secret",
+                              "AWS_SESSION_TOKEN": "emulated-role-session"}
+
+
+def _platform_environment(base_env: dict, own_url: str | None) -> dict:
+    """The emulator's environment as Lambda's environments see theirs: with credentials, and with
+    the Lambda API at hand (this emulator's, unless ``AWS_ENDPOINT_URL_LAMBDA`` names another)."""
+    env = dict(base_env)
+    if not any(env.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI")):
+        env.update(EXECUTION_ROLE_CREDENTIALS)
+    if own_url:
+        env.setdefault("AWS_ENDPOINT_URL_LAMBDA", own_url)
+    return env
+
+
 def lambda_error(error_type: str, message: str) -> bytes:
     """Lambda's error payload (what an Invoke with ``X-Amz-Function-Error: Unhandled`` carries)."""
     return json.dumps({"errorType": error_type, "errorMessage": message}).encode()
@@ -286,10 +308,17 @@ def register(app, emulator) -> None:
         def make_runtime():
             from .lambda_runtime import LambdaRuntime
 
-            return LambdaRuntime(emulator.pool.env or {}, emulator.pool.size)
+            return LambdaRuntime(_platform_environment(emulator.pool.env or {}, api.own_url), emulator.pool.size)
 
     api = LambdaApi(emulator, make_runtime, getattr(emulator, "lambda_scaling_rate", None))
     app.extensions["fnmap_lambda"] = api
+
+    @app.before_request
+    def note_own_url():
+        # Before any execution environment starts (the first Lambda request makes them): their
+        # handlers call this API back (spawners), as a function on AWS calls AWS's.
+        if api.own_url is None:
+            api.own_url = request.host_url.rstrip("/")
 
     @app.post("/2015-03-31/functions/<name>/invocations")
     def lambda_invoke(name):

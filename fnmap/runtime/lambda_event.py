@@ -37,6 +37,8 @@ import json
 from .signing import SIGNATURE_HEADER
 
 VERSION = 1
+#: How a spawner event begins (see :func:`encode_spawn_event`).
+SPAWN_PREFIX = b'{"fnmap": %d, "spawn": [' % VERSION
 
 
 def encode_event(body: bytes, signature: str) -> bytes:
@@ -53,7 +55,7 @@ def encode_reference_event(store_url: str, key: str, signature: str) -> bytes:
 
 def encode_spawn_event(payloads: list[bytes]) -> bytes:
     """The Invoke payload of a spawner: ``payloads`` are call events (:func:`encode_event`)."""
-    return b'{"fnmap": %d, "spawn": [' % VERSION + b", ".join(payloads) + b"]}"
+    return SPAWN_PREFIX + b", ".join(payloads) + b"]}"
 
 
 def is_spawn_event(event) -> bool:
