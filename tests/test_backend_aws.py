@@ -311,9 +311,13 @@ def test_emulator_enforces_lambdas_request_limits(aws):
     lam = boto3.client("lambda", endpoint_url=aws.url)
     with pytest.raises(lam.exceptions.RequestTooLargeException):
         lam.invoke(FunctionName="fnmap", InvocationType="Event", Payload=b"{" + b" " * 2**20 + b"}")
-    # Through fnmap, a 2 MiB argument fits neither limit inline as an event: it goes by reference.
     blob = os.urandom(2 * 2**20)
+    # By default an argument over inline_limit (256 KiB) is stored and the small request names it.
     assert fnmap.map(size_of, [blob], lambda_invocation="Event") == [len(blob)]
+    assert aws.stats().get("by_reference", 0) == 0
+    # Carried inline, a 2 MiB argument fits neither of Lambda's limits as an event: the whole signed
+    # request goes by reference.
+    assert fnmap.map(size_of, [blob], lambda_invocation="Event", inline_limit=4 << 20) == [len(blob)]
     assert aws.stats()["by_reference"] == 1
 
 

@@ -167,7 +167,7 @@ def _scaled_in_place(array):
 
 
 @pytest.mark.parametrize("backend", ["emulator", "local"])
-def test_large_arguments_go_through_storage_by_reference(backend, storage_root):
+def test_large_arguments_go_through_storage_by_reference(backend, tmp_path):
     """Arguments over ``inline_limit`` (256 KiB by default) are stored once, framed, and named by
     the signed request; the worker reads them back as the types they were."""
     import numpy as np
@@ -175,12 +175,40 @@ def test_large_arguments_go_through_storage_by_reference(backend, storage_root):
     import fnmap
     from fnmap.runtime.serialization import FRAMED_MAGIC
 
+    storage = tmp_path.as_uri()
     blobs = [_big_bytes(i) for i in (3, 4, 5)]
-    assert fnmap.map(_length_and_first, blobs, backend=backend) == [(1 << 20, i, "bytes") for i in (3, 4, 5)]
-    with fnmap.Executor(backend=backend) as ex:
+    assert fnmap.map(_length_and_first, blobs, backend=backend, storage=storage) == [
+        (1 << 20, i, "bytes") for i in (3, 4, 5)]
+    with fnmap.Executor(backend=backend, storage=storage) as ex:
         assert ex.submit(_length_and_first, blobs[0]).result() == (1 << 20, 3, "bytes")
         assert ex.submit(_scaled_in_place, np.ones(100_000)).result() == 200_000.0
-    stored = sorted((storage_root / "inputs").rglob("*"))
+    stored = sorted((tmp_path / "inputs").rglob("*"))
     framed = [p for p in stored if p.is_file() and p.read_bytes()[:4] == FRAMED_MAGIC]
     # three map inputs; the Executor's first blob is its own chunk (args mode); the array its own
     assert len(framed) == 5 and all(p.stat().st_size < (1 << 20) + 4096 for p in framed)
+
+
+def _exits_with_4(x):
+    sys.exit(4)
+
+
+def test_a_reducer_another_library_registers_for_exceptions_is_not_used(monkeypatch):
+    """``distributed`` and ``dask.multiprocessing`` install tblib's pickling support, a copyreg
+    reducer for every exception class that rebuilds it without ``__init__``: a remote
+    ``sys.exit(4)`` then came back with no exit code.  fnmap pickles exceptions their own way."""
+    import copyreg
+
+    import fnmap
+
+    def lossy(exc):  # as tblib's: the class and its args, but no __init__ on the way back
+        return (_new_without_init, (type(exc), exc.args))
+
+    monkeypatch.setitem(copyreg.dispatch_table, SystemExit, lossy)
+    [out] = fnmap.map(_exits_with_4, [0], backend="local", return_exceptions=True)
+    assert isinstance(out, fnmap.RemoteExit) and out.exit_code == 4, repr(out)
+
+
+def _new_without_init(cls, args):
+    exc = cls.__new__(cls)
+    exc.args = args
+    return exc
