@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable, Iterable
+from concurrent import futures
 from typing import Any
 
 from . import policy
@@ -191,12 +192,16 @@ def _start(
     records.label(job, getattr(func, "map_func", None) or getattr(func, "reduce_func", None) or func)
     index = 0
     states = []
+    stores: list = []  # large inputs being stored meanwhile, by the client's input threads
     try:
         func_key = client.upload_function(func, job)  # a function that does not pickle: recorded too
         for chunk in policy.chunks(make_items(job.id), config.chunksize):
-            states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), CallOutcome()))
+            states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), CallOutcome(),
+                                          stores=stores))
             index += len(chunk)
+        client.finish_stores(stores)
     except BaseException as e:
+        futures.wait(stores)  # nothing is left writing for a job that will not run
         job.setup_error = f"{type(e).__name__}: {e}"  # the record says why nothing ran
         job.cancel()
         client.seal(job)

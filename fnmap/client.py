@@ -13,7 +13,8 @@ import contextlib
 import hashlib
 import threading
 import time
-from concurrent.futures import Future
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from .backends import create_backend
 from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageError, storage_fix
@@ -27,6 +28,8 @@ from .storage import open_store
 
 #: Seconds between two looks for a ``fnmap cancel`` request of a running job.
 CANCEL_CHECK_SECONDS = 1.0
+#: Threads storing a map's large inputs at once (SHA-256 and file writes release the GIL).
+INPUT_THREADS = 4
 
 
 class Client:
@@ -46,6 +49,9 @@ class Client:
         self.scheduler.on_poll = self._cancel_if_asked
         #: Shared objects this process stored or found: key -> the job it last looked for.
         self._uploaded: dict[str, str] = {}
+        self._lock = threading.Lock()
+        #: Threads that store large inputs (started on first need; see ``add_call``).
+        self._inputs: ThreadPoolExecutor | None = None
 
     @property
     def closed(self) -> bool:
@@ -84,29 +90,57 @@ class Client:
         self._uploaded[key] = job.id
 
     def add_call(self, job: Job, func_key: str, chunk: tuple, first_index: int, n_items: int,
-                 future: Future | None = None, unwrap: bool = False) -> CallState:
+                 future: Future | None = None, unwrap: bool = False, stores: list | None = None) -> CallState:
         """Pickle a chunk (storing it if it is large) and add the call to ``job``; not sent until
-        :meth:`submit`.  An item that cannot be pickled is named, with its index, before anything runs."""
+        :meth:`submit`.  An item that cannot be pickled is named, with its index, before anything runs.
+
+        ``stores``: store a large chunk on the client's input threads and add the pending store
+        here; the caller calls :meth:`finish_stores` before submitting (a map stores its inputs
+        two or more at a time: hashing and writing release the GIL)."""
         try:
             parts = dump_parts(_large_values_out_of_band(chunk))
         except Exception:
             _raise_unpicklable(chunk, first_index)
         items_key = None
-        if parts_size(parts) > job.config.inline_limit:
-            # Stored once by content (the request names it and is signed); its large buffers go
-            # from the caller's memory to storage without a copy (see serialization.dump_parts).
-            digest = hashlib.sha256()
-            for part in parts:
-                digest.update(part)
-            items_key = keys.shared_input_key(digest.hexdigest())
-            self._put_shared(items_key, parts, job, "store the input of the call")
+        by_reference = parts_size(parts) > job.config.inline_limit
+        if by_reference:
             payload = b""
+            if stores is None:
+                items_key = self._store_input(parts, job)
         else:
             payload = parts[0] if len(parts) == 1 else b"".join(parts)
         state = CallState(len(job.calls), first_index, n_items, func_key, payload, items_key,
                           future or Future(), unwrap)
+        if by_reference and stores is not None:
+            stores.append(self._input_threads().submit(self._store_input_of, state, parts, job))
         self.scheduler.add(job, state)
         return state
+
+    def _store_input(self, parts: list, job: Job) -> str:
+        """Store a chunk once by content (the signed request names it); its large buffers go from
+        the caller's memory to storage without a copy (see ``serialization.dump_parts``)."""
+        digest = hashlib.sha256()
+        for part in parts:
+            digest.update(part)
+        key = keys.shared_input_key(digest.hexdigest())
+        self._put_shared(key, parts, job, "store the input of the call")
+        return key
+
+    def _store_input_of(self, state: CallState, parts: list, job: Job) -> None:
+        state.items_key = self._store_input(parts, job)
+
+    def _input_threads(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._inputs is None:
+                self._inputs = ThreadPoolExecutor(INPUT_THREADS, thread_name_prefix="fnmap-store")
+            return self._inputs
+
+    @staticmethod
+    def finish_stores(stores: list) -> None:
+        """Wait until every pending store of :meth:`add_call` has ended; raise the first error."""
+        futures.wait(stores)
+        for pending in stores:
+            pending.result()
 
     def submit(self, job: Job, states: list[CallState]) -> None:
         """Send these calls of ``job``; their futures complete as they finish."""
@@ -149,6 +183,8 @@ class Client:
     def close(self) -> None:
         self.scheduler.close()
         self.backend.close()
+        if self._inputs is not None:
+            self._inputs.shutdown(wait=False)
 
 
 def _large_values_out_of_band(chunk: tuple) -> tuple:
