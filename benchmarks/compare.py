@@ -87,6 +87,7 @@ def child(system_name: str, workload_name: str, n: int, spin_n: int) -> dict:
         t1 = time.perf_counter()
         ok_cold = wl.check(items, list(first))
         del first
+        items = wl.make_items(n, {"spin_n": spin_n})  # bigarg's are new bytes: nothing is stored already
         t2 = time.perf_counter()
         second = system.map(wl.func, items)
         t3 = time.perf_counter()

@@ -7,6 +7,7 @@ every system does the same work; every result is checked in closed form.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,7 +69,8 @@ def _numpy_items(n: int, params: dict) -> list:
 
 
 def _bigarg_items(n: int, params: dict) -> list:
-    return [bytes([i % 256]) * (1 << 20) for i in range(n)]
+    """New bytes on every call (a random head): no system may find a job's data stored already."""
+    return [os.urandom(16) + bytes([i % 256]) * ((1 << 20) - 16) for i in range(n)]
 
 
 WORKLOADS: dict[str, Workload] = {
