@@ -201,7 +201,9 @@ def _start(
             index += len(chunk)
         client.finish_stores(stores)
     except BaseException as e:
-        futures.wait(stores)  # nothing is left writing for a job that will not run
+        for pending in stores:  # nothing is left writing for a job that will not run
+            pending.cancel()
+        futures.wait(stores)
         job.setup_error = f"{type(e).__name__}: {e}"  # the record says why nothing ran
         job.cancel()
         client.seal(job)

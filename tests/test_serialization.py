@@ -212,3 +212,21 @@ def _new_without_init(cls, args):
     exc = cls.__new__(cls)
     exc.args = args
     return exc
+
+
+def test_an_unpicklable_item_after_large_ones_still_fails_before_anything_runs(tmp_path):
+    """The large items before it were being stored on the client's threads; the map names the bad
+    item, and no call ran."""
+    import threading
+
+    import fnmap
+
+    items = [_big_bytes(i) for i in range(6)] + [threading.Lock()]
+    with pytest.raises(fnmap.SerializationError, match="item 6"):
+        fnmap.map(_length_and_first, items, backend="local", storage=tmp_path.as_uri())
+    from fnmap.runtime import keys
+
+    results = f"/{keys.result_key('x', 0).split('/')[2]}/"  # the folder of a job's committed results
+    ran = [p for p in tmp_path.glob("jobs/*/**/*") if p.is_file() and results in str(p)]
+    assert not ran, f"a call ran: {ran}"
+    assert any(tmp_path.glob("jobs/*")), "the failed job's record is there: the check looked in the right place"
