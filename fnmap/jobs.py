@@ -128,6 +128,9 @@ class CallOutcome:
         raise RuntimeError("the call has not finished; wait on its job first")
 
 
+#: Longest a waiting user thread sleeps at once: a SIGINT the kernel delivers to another thread of
+#: the process only sets CPython's flag, run when the main thread next wakes (then Ctrl-C works).
+SIGNAL_CHECK_SECONDS = 0.25
 #: Lines of a failing call's output added to its exception's notes.
 _LOG_NOTE_LINES = 20
 #: Stored outputs read per job for exception notes when results came without stats.
@@ -280,7 +283,11 @@ class Job:
         return data.decode("utf-8", errors="replace")[-2000:]
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._all_done.wait(timeout)
+        if timeout is not None:
+            return self._all_done.wait(timeout)
+        while not self._all_done.wait(SIGNAL_CHECK_SECONDS):  # interruptible by Ctrl-C (see _wait_call)
+            pass
+        return True
 
     @property
     def done(self) -> bool:
@@ -337,7 +344,9 @@ class Job:
             if self._wake.is_set():
                 self._all_done.wait(0.05)
             else:
-                self._wake.wait()
+                # Not an endless wait: a Ctrl-C the kernel hands to one of the client's other threads
+                # only sets a flag, and the main thread runs the KeyboardInterrupt when it wakes.
+                self._wake.wait(SIGNAL_CHECK_SECONDS)
 
     def cancel(self, stop_platform: bool = False) -> None:
         """Stop starting this job's calls; those running end with their own results.  With

@@ -212,6 +212,37 @@ def test_a_sigint_to_the_process_group_leaves_the_session_working(tmp_path):
         proc.wait()
 
 
+def test_a_ctrl_c_the_kernel_hands_to_another_thread_still_interrupts_the_map(tmp_path):
+    """A process-directed SIGINT may be delivered to any thread; CPython then only sets a flag that
+    the main thread acts on when it wakes.  The map's wait wakes regularly, so it is interrupted
+    (it used to sleep until its calls ended: a flaky "not interrupted" under load)."""
+    script = _script(tmp_path, """
+        import signal, threading, time
+        import fnmap
+
+        def slow(x):
+            time.sleep(600)  # the map ends only if it is interrupted (the old wait slept it out)
+            return x
+
+        fnmap.map(abs, [-1])  # the emulator is up
+
+        def interrupt_from_this_thread():
+            time.sleep(1)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # not the main thread
+
+        threading.Thread(target=interrupt_from_this_thread, daemon=True).start()
+        try:
+            fnmap.map(slow, range(2))
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """)
+    proc = subprocess.run([sys.executable, script], env=_clean_env(FNMAP_WORKERS="2"), cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["interrupted"], proc.stderr
+
+
 def _emulators_of(pid: int) -> set[int]:
     """The ``fnmap emulator`` processes among the children of ``pid``."""
     found = set()
