@@ -181,8 +181,13 @@ def test_a_sigint_to_the_process_group_leaves_the_session_working(tmp_path):
     """Ctrl-C (or a Jupyter interrupt) sends SIGINT to the whole process group: the map ends with
     KeyboardInterrupt, and the next map in the same process works."""
     script = _script(tmp_path, """
-        import time
+        import signal, time
         import fnmap
+
+        # Ctrl-C as an interactive Python has it, whatever the test runner's process passed down
+        # (a blocked or ignored SIGINT is inherited across exec).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
         def slow(x):
             time.sleep(120)
@@ -219,6 +224,9 @@ def test_a_ctrl_c_the_kernel_hands_to_another_thread_still_interrupts_the_map(tm
     script = _script(tmp_path, """
         import signal, threading, time
         import fnmap
+
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # as in the test above
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
         def slow(x):
             time.sleep(600)  # the map ends only if it is interrupted (the old wait slept it out)
