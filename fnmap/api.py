@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable, Iterable
-from concurrent import futures
 from typing import Any
 
 from . import policy
@@ -201,9 +200,7 @@ def _start(
             index += len(chunk)
         client.finish_stores(stores)
     except BaseException as e:
-        for pending in stores:  # nothing is left writing for a job that will not run
-            pending.cancel()
-        futures.wait(stores)
+        client.finish_stores(stores, abandon=True)  # nothing is left writing for a job that will not run
         job.setup_error = f"{type(e).__name__}: {e}"  # the record says why nothing ran
         job.cancel()
         client.seal(job)

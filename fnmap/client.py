@@ -49,9 +49,8 @@ class Client:
         self.scheduler.on_poll = self._cancel_if_asked
         #: Shared objects this process stored or found: key -> the job it last looked for.
         self._uploaded: dict[str, str] = {}
-        self._lock = threading.Lock()
-        #: Threads that store large inputs (started on first need; see ``add_call``).
-        self._inputs: ThreadPoolExecutor | None = None
+        #: Threads that store a map's large inputs (a pool starts its threads on first use).
+        self._inputs = ThreadPoolExecutor(INPUT_THREADS, thread_name_prefix="fnmap-store")
 
     @property
     def closed(self) -> bool:
@@ -101,45 +100,33 @@ class Client:
             parts = dump_parts(_large_values_out_of_band(chunk))
         except Exception:
             _raise_unpicklable(chunk, first_index)
-        items_key = None
         by_reference = parts_size(parts) > job.config.inline_limit
-        if by_reference:
-            payload = b""
-            if stores is None:
-                items_key = self._store_input(parts, job)
-        else:
-            payload = parts[0] if len(parts) == 1 else b"".join(parts)
-        state = CallState(len(job.calls), first_index, n_items, func_key, payload, items_key,
-                          future or Future(), unwrap)
-        if by_reference and stores is not None:
-            stores.append(self._input_threads().submit(self._store_input_of, state, parts, job))
+        payload = b"" if by_reference else parts[0] if len(parts) == 1 else b"".join(parts)
+        state = CallState(len(job.calls), first_index, n_items, func_key, payload, None, future or Future(), unwrap)
+        if by_reference and stores is None:
+            self._store_input(state, parts, job)
+        elif by_reference:
+            stores.append(self._inputs.submit(self._store_input, state, parts, job))
         self.scheduler.add(job, state)
         return state
 
-    def _store_input(self, parts: list, job: Job) -> str:
-        """Store a chunk once by content (the signed request names it); its large buffers go from
-        the caller's memory to storage without a copy (see ``serialization.dump_parts``)."""
+    def _store_input(self, state: CallState, parts: list, job: Job) -> None:
+        """Store a call's chunk once by content and name it in the call (its signed request names it);
+        its large buffers go from the caller's memory to storage without a copy (``dump_parts``)."""
         digest = hashlib.sha256()
         for part in parts:
             digest.update(part)
-        key = keys.shared_input_key(digest.hexdigest())
-        self._put_shared(key, parts, job, "store the input of the call")
-        return key
-
-    def _store_input_of(self, state: CallState, parts: list, job: Job) -> None:
-        state.items_key = self._store_input(parts, job)
-
-    def _input_threads(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._inputs is None:
-                self._inputs = ThreadPoolExecutor(INPUT_THREADS, thread_name_prefix="fnmap-store")
-            return self._inputs
+        state.items_key = keys.shared_input_key(digest.hexdigest())
+        self._put_shared(state.items_key, parts, job, "store the input of the call")
 
     @staticmethod
-    def finish_stores(stores: list) -> None:
-        """Wait until every pending store of :meth:`add_call` has ended; raise the first error."""
+    def finish_stores(stores: list, abandon: bool = False) -> None:
+        """Wait until every pending store of :meth:`add_call` has ended and raise the first error;
+        ``abandon``: the job will not run, so cancel those not started and raise nothing."""
+        for pending in stores if abandon else ():
+            pending.cancel()
         futures.wait(stores)
-        for pending in stores:
+        for pending in stores if not abandon else ():
             pending.result()
 
     def submit(self, job: Job, states: list[CallState]) -> None:
@@ -183,8 +170,7 @@ class Client:
     def close(self) -> None:
         self.scheduler.close()
         self.backend.close()
-        if self._inputs is not None:
-            self._inputs.shutdown(wait=False)
+        self._inputs.shutdown(wait=False)
 
 
 def _large_values_out_of_band(chunk: tuple) -> tuple:

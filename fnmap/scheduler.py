@@ -115,7 +115,7 @@ class Scheduler:
         #: Called by the monitor for each active job on each poll (``fnmap cancel`` requests).
         self.on_poll = None
         #: Threads that read asynchronous calls' results from storage (started on first need).
-        self._fetchers: ThreadPoolExecutor | None = None
+        self._fetchers = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="fnmap-fetch")
 
     # -- the front door: jobs and their calls ------------------------------------
 
@@ -639,8 +639,6 @@ class Scheduler:
 
         if len(states) < 2:
             return [fetch(state) for state in states]
-        if self._fetchers is None:
-            self._fetchers = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="fnmap-fetch")
         return self._fetchers.map(fetch, states)
 
     def _platform_failures(self, jobs: list) -> None:
@@ -675,8 +673,7 @@ class Scheduler:
 
     def close(self) -> None:
         self.closed = True
-        if self._fetchers is not None:
-            self._fetchers.shutdown(wait=False)
+        self._fetchers.shutdown(wait=False)
         for _ in self._threads:
             self._sends.put(None)
         with self._wake:

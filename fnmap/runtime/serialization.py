@@ -72,10 +72,9 @@ def _code_reduce_keeping_filename(code: types.CodeType):
 
 def loads(data: bytes | memoryview) -> Any:
     """Unpickle what :func:`dumps` or :func:`dump_parts` (joined) wrote."""
-    if bytes(data[: len(FRAMED_MAGIC)]) == FRAMED_MAGIC:
-        return _load_framed(memoryview(data))
+    if data[: len(FRAMED_MAGIC)] == FRAMED_MAGIC:
+        return load_stream(_ViewReader(memoryview(data)))
     return pickle.loads(data)
-
 
 # -- large buffers out of band ---------------------------------------------------------------
 #
@@ -149,24 +148,22 @@ def parts_size(parts: list) -> int:
     return sum(memoryview(part).nbytes for part in parts)
 
 
-def _frame_layout(head: bytes | memoryview) -> tuple[int, int]:
-    count, pickle_size = _FRAME_HEAD.unpack_from(head, len(FRAMED_MAGIC))
-    return count, pickle_size
+class _ViewReader:
+    """``read`` and ``readinto`` over a memoryview; what ``read`` returns is a view, not a copy."""
 
+    def __init__(self, view: memoryview):
+        self._view, self._at = view, 0
 
-def _load_framed(view: memoryview) -> Any:
-    offset = len(FRAMED_MAGIC) + _FRAME_HEAD.size
-    count, pickle_size = _frame_layout(view)
-    sizes = [_FRAME_BUFFER.unpack_from(view, offset + i * _FRAME_BUFFER.size) for i in range(count)]
-    offset += count * _FRAME_BUFFER.size
-    data = view[offset : offset + pickle_size]
-    offset += pickle_size
-    buffers = []
-    for size, writable in sizes:
-        part = view[offset : offset + size]
-        buffers.append(bytearray(part) if writable else part)  # a writable array stays writable
-        offset += size
-    return pickle.loads(data, buffers=buffers)
+    def read(self, size: int = -1) -> memoryview:
+        end = len(self._view) if size < 0 else self._at + size
+        part = self._view[self._at : end]
+        self._at += len(part)
+        return part
+
+    def readinto(self, buffer) -> int:
+        part = self.read(len(buffer))
+        buffer[: len(part)] = part
+        return len(part)
 
 
 def load_stream(stream) -> Any:
@@ -175,20 +172,18 @@ def load_stream(stream) -> Any:
     so nothing is copied after the read."""
     magic = stream.read(len(FRAMED_MAGIC))
     if magic != FRAMED_MAGIC:
-        return pickle.loads(magic + stream.read())
+        return pickle.loads(bytes(magic) + stream.read())
     head = _read_exactly(stream, _FRAME_HEAD.size)
     count, pickle_size = _FRAME_HEAD.unpack(head)
     sizes = [_FRAME_BUFFER.unpack(_read_exactly(stream, _FRAME_BUFFER.size)) for _ in range(count)]
     data = _read_exactly(stream, pickle_size)
     buffers = []
     for size, writable in sizes:
-        if writable and hasattr(stream, "readinto"):
+        if writable:  # a writable array stays writable
             buffer = bytearray(size)
             if stream.readinto(buffer) != size:
                 raise pickle.UnpicklingError("stored object ends inside a buffer")
             buffers.append(buffer)
-        elif writable:
-            buffers.append(bytearray(_read_exactly(stream, size)))
         else:
             buffers.append(_read_exactly(stream, size))
     return pickle.loads(data, buffers=buffers)

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import STORAGE_REFUSED_ERRNOS, SerializationError, storage_fix
 from ..errors import TimeoutError as CallTimeout
-from ..storage import open_store
+from ..storage import is_unreachable, open_store
 from . import compression, keys, signing
 from .peakmem import PeakMemory
 from .serialization import dumps, load_stream, loads, pack_exception, runtime_mismatch
@@ -98,7 +98,7 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
     # An unpicklable/unimportable function or chunk fails every item alike; a sys.exit or
     # KeyboardInterrupt while it loads (module code, __setstate__) is the user's code too.
     except BaseException as e:  # noqa: B036
-        if _is_unreachable_storage(e):  # botocore has retried already; more attempts only wait longer
+        if is_unreachable(e):  # botocore has retried already; more attempts only wait longer
             return _platform_error(resp, "storage", _unreachable_message(req.store_url, e)), b""
         if _is_storage_error(e):
             return _platform_error(resp, "server", f"storage read failed: {e!r}"), b""
@@ -130,7 +130,7 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
         store.put(keys.status_key(req.job_id, req.call_id, req.attempt), json.dumps(resp.stats).encode())
         _add_output(resp.stats, req, logs)  # not in the stored status: the log object has it all
     except Exception as e:
-        if _is_unreachable_storage(e):
+        if is_unreachable(e):
             return _platform_error(resp, "storage", _unreachable_message(req.store_url, e)), b""
         if isinstance(e, OSError) and e.errno in STORAGE_REFUSED_ERRNOS:  # full or read-only: not retried
             return _platform_error(resp, "storage", f"cannot write to storage {req.store_url}: "
@@ -146,10 +146,6 @@ def _platform_error(resp: CallResponse, kind: str, message: str) -> CallResponse
     resp.ok, resp.error_kind, resp.error = False, kind, message
     return resp
 
-
-def _is_unreachable_storage(e: BaseException) -> bool:
-    """botocore could not connect to the storage endpoint at all (after its own retries)."""
-    return type(e).__name__ in ("EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError")
 
 
 def _unreachable_message(store_url: str, e: BaseException) -> str:

@@ -37,7 +37,7 @@ class Store(Protocol):
         be a list of bytes-like parts, written one after another without joining them where the
         storage allows (a large argument goes from the caller's memory to the file)."""
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, data: bytes | list) -> bool:
         """Write only if the key does not exist yet; True if this call wrote it (first writer wins)."""
 
     def get(self, key: str) -> bytes:
@@ -103,6 +103,11 @@ def _create(url: str) -> Store:
 
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(url)
+
+
+def is_unreachable(e: BaseException) -> bool:
+    """botocore could not connect to the storage endpoint at all (no address, refused, no answer)."""
+    return type(e).__name__ in ("EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError")
 
 
 def _check_key(key: str) -> None:

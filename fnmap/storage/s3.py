@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 from ..errors import UnknownStorage
-from . import _check_key, _not_found
+from . import _check_key, _not_found, is_unreachable
 
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _EXISTS = {"412", "PreconditionFailed"}
@@ -240,14 +240,12 @@ UNREACHABLE_ATTEMPTS = 3
 #: Seconds to wait for a TCP connection to S3 (botocore's default is 60): a network that drops the
 #: packets (a function in a VPC with no route to S3) fails in UNREACHABLE_ATTEMPTS x this, not 10 minutes.
 CONNECT_TIMEOUT = 10
-#: botocore's errors for an endpoint that could not be connected to at all.
-_UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError")
 
 
 def _give_up_on_an_unreachable_endpoint(attempts, caught_exception=None, **_kwargs):
     """botocore's retry hook: re-raise a connection failure after a few attempts; otherwise no opinion
     (None), so botocore's own retry mode decides."""
-    if type(caught_exception).__name__ in _UNREACHABLE and attempts >= UNREACHABLE_ATTEMPTS:
+    if is_unreachable(caught_exception) and attempts >= UNREACHABLE_ATTEMPTS:
         raise caught_exception
     return None
 
