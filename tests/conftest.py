@@ -44,12 +44,13 @@ def _stop_embedded_emulators():
 class EmulatorProcess(EmulatorLauncher):
     """``fnmap emulator`` run as a subprocess on a free loopback port, with a fresh secret."""
 
-    def __init__(self, *args: str, workers: int = 2, env: dict | None = None):
+    def __init__(self, *args: str, workers: int = 2, env: dict | None = None,
+                 aws_credentials: tuple[str, str] | None = None):
         # stderr (the emulator's and its workers' output) goes to a file: an unread pipe would fill
         # up and block a worker that prints a lot.
         self.log = tempfile.TemporaryFile()
         try:
-            super().__init__(workers, options=list(args), env=env, stderr=self.log)
+            super().__init__(workers, options=list(args), env=env, stderr=self.log, aws_credentials=aws_credentials)
         except FnmapError as e:
             raise RuntimeError(f"{e}\n{self.output()}") from None
 
@@ -97,8 +98,11 @@ def use_emulator(emulator_process, monkeypatch):
 
 #: The five backends the behaviour suites (test_map, test_executor) run on; see ``use_backend``.
 ALL_BACKENDS = ("emulator", "local", "http", "aws", "batch")
-_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def aws_credentials_of(emu) -> dict:
+    """The settings boto3 signs with for an emulator's Lambda and Batch APIs (its credentials, a region)."""
+    return {**emu.aws_environment, "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 @pytest.fixture(scope="session")
@@ -127,7 +131,7 @@ def use_backend(platform_emulator, monkeypatch):
         assert name in ALL_BACKENDS, name
         if name in ("http", "aws", "batch"):
             monkeypatch.setenv("FNMAP_SECRET", platform_emulator.secret)
-            for key, value in _TEST_CREDENTIALS.items():
+            for key, value in aws_credentials_of(platform_emulator).items():
                 monkeypatch.setenv(key, value)
         if name == "http":
             monkeypatch.setenv("FNMAP_HTTP_URL", platform_emulator.url + "/invoke")
@@ -152,7 +156,7 @@ def aws_backend_on(monkeypatch):
     settings a user sets; returns ``emu``.  The aws clients' connections are closed after the test."""
 
     def point(emu):
-        for key, value in {**_TEST_CREDENTIALS, "AWS_ENDPOINT_URL_LAMBDA": emu.url, "FNMAP_BACKEND": "aws",
+        for key, value in {**aws_credentials_of(emu), "AWS_ENDPOINT_URL_LAMBDA": emu.url, "FNMAP_BACKEND": "aws",
                            "FNMAP_SECRET": emu.secret}.items():
             monkeypatch.setenv(key, value)
         return emu

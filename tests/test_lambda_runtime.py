@@ -19,6 +19,7 @@ import zipfile
 import boto3
 import pytest
 import requests
+from conftest import aws_credentials_of
 
 import fnmap
 
@@ -80,8 +81,7 @@ def emulator():
 
 @pytest.fixture
 def lam(emulator, monkeypatch):
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for name, value in aws_credentials_of(emulator).items():
         monkeypatch.setenv(name, value)
     client = boto3.client("lambda", endpoint_url=emulator.url)
     yield client
@@ -234,8 +234,7 @@ def square(x):
 
 def test_pool_mode_keeps_the_worker_pool(emulator_process, monkeypatch):
     emu = emulator_process("--lambda-runtime", "pool", workers=1)
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_LAMBDA": emu.url,
+    for name, value in {**aws_credentials_of(emu), "AWS_ENDPOINT_URL_LAMBDA": emu.url,
                         "FNMAP_SECRET": emu.secret}.items():
         monkeypatch.setenv(name, value)
     assert fnmap.map(square, range(3), backend="aws", lambda_invocation="RequestResponse") == [0, 1, 4]

@@ -248,11 +248,14 @@ def batch_emulator(emulator_process, monkeypatch):
     emu = emulator_process(workers=1, env={batch_api.CONCURRENCY_ENV: "2"})
     monkeypatch.setenv("AWS_ENDPOINT_URL_BATCH", emu.url)
     monkeypatch.setenv("FNMAP_SECRET", emu.secret)
+    for key, value in emu.aws_environment.items():  # fnmap's own Batch client signs with them
+        monkeypatch.setenv(key, value)
     monkeypatch.setattr(batch_backend.BatchBackend, "status_interval", 0.2)
     import boto3
 
     emu.batch = boto3.client("batch", endpoint_url=emu.url, region_name="us-east-1",
-                             aws_access_key_id="x", aws_secret_access_key="x")
+                             aws_access_key_id=emu.aws_environment["AWS_ACCESS_KEY_ID"],
+                             aws_secret_access_key=emu.aws_environment["AWS_SECRET_ACCESS_KEY"])
     yield emu
     emu.batch.close()
     get_client(resolve(backend="batch")).close()

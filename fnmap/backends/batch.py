@@ -16,8 +16,8 @@ takes to start an instance.
 
 The endpoint comes from boto3's own settings, so ``AWS_ENDPOINT_URL_BATCH``
 pointing at ``fnmap emulator`` runs everything offline; for a loopback
-endpoint, missing AWS credentials and region get placeholders (the emulator
-checks neither).
+endpoint, a missing region gets a placeholder; the emulator accepts only requests signed
+with its own credentials (those it printed; the embedded emulator's are used directly).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class BatchBackend(BaseBackend):
         emulator = self._emulator = _offline_emulator(config)
         if emulator is not None:
             self.secret = emulator.secret.encode()
-        self.client, self.endpoint, local = _batch_client(config, emulator.url if emulator else None)
+        self.client, self.endpoint, local = _batch_client(config, emulator)
         if not local and self.store.url.startswith("file://"):
             raise ConfigError(
                 f"the batch backend runs calls in containers on {self.endpoint}, which cannot "
@@ -417,15 +417,20 @@ def _cloud_configured(config) -> bool:
     return boto3.Session().region_name is not None
 
 
-def _batch_client(config, endpoint: str | None = None):
-    """A boto3 Batch client from boto3's settings, or for ``endpoint`` (an embedded emulator);
-    returns ``(client, endpoint, is_loopback)``."""
+def _batch_client(config, emulator=None):
+    """A boto3 Batch client from boto3's settings, or for ``emulator`` (an embedded one, signing with
+    its credentials); returns ``(client, endpoint, is_loopback)``."""
     import boto3
     from botocore.config import Config as BotoConfig
 
     # AWS_REGION is the SDKs' newer name; the botocore here reads only AWS_DEFAULT_REGION.
     session = boto3.Session(region_name=config.region or os.environ.get("AWS_REGION") or None)
-    extra: dict = {"endpoint_url": endpoint} if endpoint else {}
+    endpoint = emulator.url if emulator is not None else None
+    extra: dict = {}
+    if emulator is not None:
+        env = emulator.aws_environment
+        extra.update(endpoint_url=endpoint, aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                     aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], aws_session_token=None)
     endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_BATCH") or os.environ.get("AWS_ENDPOINT_URL")
     local = bool(endpoint) and _is_loopback(endpoint)
     if session.region_name is None:
@@ -436,14 +441,17 @@ def _batch_client(config, endpoint: str | None = None):
                 "to run container jobs offline"
             )
         extra["region_name"] = "us-east-1"
-    if session.get_credentials() is None:
+    if emulator is None and session.get_credentials() is None:
         if not local:
             raise ConfigError(
                 "the batch backend found no AWS credentials: configure them as for the AWS CLI, "
                 "or set "
                 "AWS_ENDPOINT_URL_BATCH to a local `fnmap emulator` to run container jobs offline"
             )
-        extra.update(aws_access_key_id="fnmap-emulator", aws_secret_access_key="fnmap-emulator")
+        raise ConfigError(
+            f"the batch backend found no AWS credentials for the emulator at {endpoint}: export the "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY that `fnmap emulator` printed when it started"
+        )
     retries = BotoConfig(retries={"mode": "standard", "max_attempts": 8})
     client = session.client("batch", config=retries, **extra)
     return client, client.meta.endpoint_url, local

@@ -6,7 +6,9 @@ Point boto3 here with ``AWS_ENDPOINT_URL_BATCH=http://127.0.0.1:PORT``.  Routes
 ``/v1/registerjobdefinition``, ``/v1/describejobdefinitions``.  Any job queue
 name is accepted (the emulator is one local queue); job definition ``fnmap``
 (revision 1) is registered from the start with the command the ``fnmap deploy
-batch`` definition has.  Jobs run as local processes, at most
+batch`` definition has, and the secret as a reference (``secrets``), never its
+value.  Every request must be signed with SigV4 and credentials the emulator
+knows (:mod:`.sigv4`), or it is refused with 403 and nothing runs.  Jobs run as local processes, at most
 ``FNMAP_BATCH_CONCURRENCY`` at once (default: CPU count); see
 :mod:`fnmap.emulator.batch_jobs`.
 """
@@ -14,10 +16,12 @@ batch`` definition has.  Jobs run as local processes, at most
 from __future__ import annotations
 
 import os
+import re
 import threading
 
 from flask import jsonify, request
 
+from . import sigv4
 from .batch_jobs import (
     ARN,
     TERMINAL,
@@ -30,6 +34,8 @@ from .batch_jobs import (
 )
 
 CONCURRENCY_ENV = "FNMAP_BATCH_CONCURRENCY"
+#: Every Batch API path: each request to one must carry a valid SigV4 signature.
+API_PATH = re.compile(r"/v1/")
 
 
 def job_detail(job: Job, child: Child | None) -> dict:
@@ -114,6 +120,7 @@ def register(app, emulator) -> None:
         )
     started: list[BatchEmulator] = []
     lock = threading.Lock()
+    sigv4.require_signatures(app, sigv4.known_credentials(app, emulator), API_PATH, "batch")
 
     def get() -> BatchEmulator:  # started on the first Batch request: other uses pay nothing
         with lock:

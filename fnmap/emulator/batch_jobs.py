@@ -32,6 +32,9 @@ from ..runtime.container import COMMAND, MAX_ARRAY_SIZE
 from ..runtime.signing import SECRET_ENV
 
 ARN = "arn:aws:batch:us-east-1:000000000000"
+#: Where the built-in job definition's ``secrets`` take ``FNMAP_SECRET`` from (an emulated Secrets
+#: Manager secret): DescribeJobDefinitions shows this reference, never the value.
+SECRET_ARN = "arn:aws:secretsmanager:us-east-1:000000000000:secret:fnmap-emulator-secret"
 TERMINAL = ("SUCCEEDED", "FAILED")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 _TIMED_OUT = "Job attempt duration exceeded timeout"
@@ -142,6 +145,8 @@ class Job:
         self.command = overrides.get("command") or props["command"]
         self.environment = {e["name"]: e["value"] for e in props.get("environment", [])}
         self.environment.update({e["name"]: e["value"] for e in overrides.get("environment", [])})
+        #: ``{variable: valueFrom}``: resolved when a child starts, as Batch's ``secrets`` are.
+        self.secrets = {s["name"]: s["valueFrom"] for s in props.get("secrets", [])}
         needs = {r["type"]: r["value"] for r in props.get("resourceRequirements", [])}
         needs.update({r["type"]: r["value"] for r in overrides.get("resourceRequirements", [])})
         self.resources = [{"type": k, "value": v} for k, v in needs.items()]
@@ -170,10 +175,12 @@ class BatchEmulator:
     def __init__(self, env: dict, concurrency: int, gpus: list[str]):
         # A child sees the machine's environment and what its job definition sets, not the emulator's
         # secret: a job definition that `fnmap deploy batch` registered without it must fail here as it
-        # would on AWS.  The emulator's own definition ("fnmap") carries the secret in its environment.
+        # would on AWS.  The emulator's own definition ("fnmap") names the secret in its ``secrets``.
         self.env = {k: v for k, v in env.items() if k != SECRET_ENV}
         self.gpus, self.concurrency = gpus, concurrency
         secret = env.get(SECRET_ENV)
+        #: The emulated Secrets Manager: ``valueFrom`` -> value, for the job definitions' ``secrets``.
+        self.secret_values = {SECRET_ARN: secret} if secret else {}
         self.jobs: dict[str, Job] = {}
         self.definitions: dict[str, list[dict]] = {}
         self.logs = tempfile.mkdtemp(prefix="fnmap-batch-logs-")
@@ -188,7 +195,7 @@ class BatchEmulator:
                 "containerProperties": {
                     "image": "fnmap-gpu (emulated: this machine's Python)",
                     "command": COMMAND,
-                    "environment": [{"name": SECRET_ENV, "value": secret}] if secret else [],
+                    "secrets": [{"name": SECRET_ENV, "valueFrom": SECRET_ARN}] if secret else [],
                     "resourceRequirements": [
                         {"type": "VCPU", "value": "1"},
                         {"type": "MEMORY", "value": "2048"},
@@ -214,6 +221,10 @@ class BatchEmulator:
             raise BatchRequestError(
                 "the emulator runs container job definitions with a command only"
             )
+        for entry in spec["containerProperties"].get("secrets") or []:
+            if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                    and isinstance(entry.get("valueFrom"), str)):
+                raise BatchRequestError(f"secrets entry {entry!r} must be {{'name': ..., 'valueFrom': ARN}}")
         with self._lock:
             revisions = self.definitions.setdefault(name, [])
             definition = {
@@ -304,9 +315,14 @@ class BatchEmulator:
             gpus = assign_gpus(slot, job.gpus, self.gpus)
         except ValueError as e:
             return self._finish(child, "FAILED", f"CannotStartContainerError: {e}", None, None)
+        try:
+            secrets = self._secrets_of(job)
+        except ValueError as e:
+            return self._finish(child, "FAILED", str(e), None, None)
         env = {
             **self.env,
             **job.environment,
+            **secrets,
             "CUDA_VISIBLE_DEVICES": gpus,
             "AWS_BATCH_JOB_ID": job.child_id(child),
             "AWS_BATCH_JQ_NAME": job.queue,
@@ -340,6 +356,14 @@ class BatchEmulator:
                 != "RETRY"
             ):
                 return self._finish(child, "FAILED", child.terminate or status_reason, code, reason)
+
+    def _secrets_of(self, job: Job) -> dict:
+        """The job definition's ``secrets`` resolved, as the container agent does when a child starts."""
+        missing = sorted(ref for ref in job.secrets.values() if ref not in self.secret_values)
+        if missing:
+            raise ValueError(f"ResourceInitializationError: unable to pull secrets: {missing[0]} does not exist "
+                             f"(the emulator knows {SECRET_ARN})")
+        return {name: self.secret_values[ref] for name, ref in job.secrets.items()}
 
     def _attempt(self, job: Job, child: Child, env: dict, limit: int | None):
         command = command_for(job.command, job.parameters)

@@ -1,7 +1,9 @@
 """AWS Lambda's API on the emulator, so the ``aws`` backend runs unchanged through boto3.
 
 Point boto3 here with ``AWS_ENDPOINT_URL_LAMBDA=<emulator URL>`` (and storage at
-any S3 server with ``AWS_ENDPOINT_URL_S3``).  Routes, with botocore's paths:
+any S3 server with ``AWS_ENDPOINT_URL_S3``).  Every request to a Lambda API path (``/20YY-MM-DD/...``)
+must be signed with SigV4 and credentials the emulator knows (:mod:`.sigv4`), or it is refused
+with 403 before any route sees it.  Routes, with botocore's paths:
 
 * ``POST /2015-03-31/functions/<name>/invocations`` (Invoke), by
   ``X-Amz-Invocation-Type``: ``RequestResponse`` answers 200 with the handler's
@@ -62,11 +64,16 @@ from flask import Response, jsonify, request
 from ..runtime.lambda_event import SPAWN_PREFIX, decode_event, encode_result, is_spawn_event, spawn
 from ..runtime.serialization import runtime_info
 from ..runtime.wire import ERROR_KIND_HEADER
+from . import sigv4
 
 ACCOUNT = "000000000000"
 #: The date prefix of Lambda's REST paths (2015-03-31, 2017-10-31, ...).
 _API_VERSION = re.compile(r"20\d\d-\d\d-\d\d")
-#: The access key id in a SigV4 ``Authorization`` header (the emulator checks no signature).
+#: Every Lambda API path: each request to one must carry a valid SigV4 signature (:mod:`.sigv4`).
+API_PATH = re.compile(r"/20\d\d-\d\d-\d\d/")
+#: The one route an execution role's credentials may use (a spawner's Invoke).
+_INVOKE_PATH = re.compile(r"/2015-03-31/functions/[^/]+/invocations")
+#: The access key id in a SigV4 ``Authorization`` header.
 _ACCESS_KEY = re.compile(r"Credential=([^/,\s]+)/")
 REGION = "us-east-1"
 #: The handler every function runs (what ``fnmap deploy aws`` configures).
@@ -232,19 +239,13 @@ class LambdaApi:
                 self.stats["events_done"] += 1
 
 
-#: What an execution environment gets from Lambda's execution role: session credentials, so that
-#: boto3 in the handler (a spawner invoking its calls) signs its requests.  The emulator's Lambda API
-#: takes any; credentials already in the emulator's environment are kept.
-EXECUTION_ROLE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "ASIAEMULATEDROLE", "AWS_SECRET_ACCESS_KEY": "emulated-role-secret",
-                              "AWS_SESSION_TOKEN": "emulated-role-session"}
-
-
-def _platform_environment(base_env: dict, own_url: str | None) -> dict:
-    """The emulator's environment as Lambda's environments see theirs: with credentials, and with
-    the Lambda API at hand (this emulator's, unless ``AWS_ENDPOINT_URL_LAMBDA`` names another)."""
+def _platform_environment(base_env: dict, own_url: str | None, role: dict) -> dict:
+    """The emulator's environment as Lambda's environments see theirs: with credentials (``role``, the
+    execution role's, unless the emulator's environment has its own, which the emulator also accepts),
+    and with the Lambda API at hand (this emulator's, unless ``AWS_ENDPOINT_URL_LAMBDA`` names another)."""
     env = dict(base_env)
     if not any(env.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI")):
-        env.update(EXECUTION_ROLE_CREDENTIALS)
+        env.update(role)
     if own_url:
         env.setdefault("AWS_ENDPOINT_URL_LAMBDA", own_url)
     return env
@@ -308,16 +309,22 @@ def register(app, emulator) -> None:
         def make_runtime():
             from .lambda_runtime import LambdaRuntime
 
-            return LambdaRuntime(_platform_environment(emulator.pool.env or {}, api.own_url), emulator.pool.size)
+            return LambdaRuntime(_platform_environment(emulator.pool.env or {}, api.own_url, known.role_environment),
+                                 emulator.pool.size)
 
     api = LambdaApi(emulator, make_runtime, getattr(emulator, "lambda_scaling_rate", None))
     app.extensions["fnmap_lambda"] = api
+    known = sigv4.known_credentials(app, emulator)
+    # One check for every Lambda API path, before any route (those added later included) is reached.
+    sigv4.require_signatures(app, known, API_PATH, "lambda",
+                             role_may=lambda method, path: method == "POST" and bool(_INVOKE_PATH.fullmatch(path)))
 
     @app.before_request
     def note_own_url():
         # Before any execution environment starts (the first Lambda request makes them): their
-        # handlers call this API back (spawners), as a function on AWS calls AWS's.
-        if api.own_url is None:
+        # handlers call this API back (spawners), as a function on AWS calls AWS's.  Only a signed
+        # Lambda request gets here and names it.
+        if api.own_url is None and API_PATH.match(request.path):
             api.own_url = request.host_url.rstrip("/")
 
     @app.post("/2015-03-31/functions/<name>/invocations")

@@ -17,6 +17,7 @@ import time
 
 from ..errors import FnmapError
 from ..runtime.signing import SECRET_ENV, new_secret
+from .sigv4 import ACCESS_KEY_ENV, SECRET_KEY_ENV, new_credentials
 
 #: Seconds an emulator may take to print its URL (a cold start on a loaded machine).
 STARTUP_TIMEOUT = 60.0
@@ -27,7 +28,9 @@ STOP_TIMEOUT = 10.0
 class EmulatorLauncher:
     """``fnmap emulator`` running as a child process of this one.
 
-    ``secret``: the signing secret both ends use (a fresh one when None).  ``options``: extra
+    ``secret``: the signing secret both ends use (a fresh one when None).  ``aws_credentials``
+    (``(access key id, secret access key)``, fresh ones when None): what its Lambda and Batch APIs
+    accept; :attr:`aws_environment` is what a boto3 client exports to sign with them.  ``options``: extra
     command-line options, a string or a list (e.g. ``"--fail-rate 0.1 --seed 1"``).  ``env``:
     variables added to this process's environment for it.  ``stderr``: where its (and its
     workers') stderr goes, as for :class:`subprocess.Popen` (default: this process's).
@@ -39,8 +42,11 @@ class EmulatorLauncher:
 
     def __init__(self, workers: int | None = None, *, secret: str | None = None, options: str | list = "",
                  env: dict | None = None, host: str = "127.0.0.1", port: int = 0, stderr=None,
-                 embedded: bool = False):
+                 embedded: bool = False, aws_credentials: tuple[str, str] | None = None):
         self.secret = secret or new_secret()
+        key_id, secret_key = aws_credentials or new_credentials()
+        #: ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` of the emulator's Lambda and Batch APIs.
+        self.aws_environment = {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret_key}
         extra = shlex.split(options) if isinstance(options, str) else list(options)
         cmd = [sys.executable, "-m", "fnmap", "emulator", "--host", host, "--port", str(port)]
         if workers is not None:
@@ -48,7 +54,7 @@ class EmulatorLauncher:
         if embedded:
             cmd.append("--watch-stdin")
         full_env = dict(os.environ, **(env or {}))
-        full_env[SECRET_ENV] = self.secret
+        full_env.update({SECRET_ENV: self.secret, ACCESS_KEY_ENV: key_id, SECRET_KEY_ENV: secret_key})
         self.proc = subprocess.Popen(cmd + extra, stdin=subprocess.PIPE if embedded else subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=stderr, env=full_env,
                                      start_new_session=embedded)

@@ -13,11 +13,20 @@ import os
 
 from ..errors import ConfigError
 from ..runtime.signing import SECRET_ENV, new_secret
+from .sigv4 import ACCESS_KEY_ENV, SECRET_KEY_ENV, new_credentials
 
 BUCKET = "fnmap-offline"
 REGION = "us-east-1"
-#: boto3 signs every request; moto and the emulator accept any key.
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "offline", "AWS_SECRET_ACCESS_KEY": "offline", "AWS_DEFAULT_REGION": REGION}
+
+
+def offline_credentials() -> dict:
+    """The AWS credentials of the rehearsal: the emulator's (``FNMAP_EMULATOR_ACCESS_KEY_ID`` and
+    ``FNMAP_EMULATOR_SECRET_ACCESS_KEY`` when set, else fresh ones).  boto3 signs every request with
+    them; the emulator's Lambda and Batch APIs accept only these (moto's S3 takes any)."""
+    key_id, secret = os.environ.get(ACCESS_KEY_ENV), os.environ.get(SECRET_KEY_ENV)
+    if not (key_id and secret):
+        key_id, secret = new_credentials()
+    return {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": REGION}
 
 
 class OfflineAws:
@@ -38,7 +47,10 @@ class OfflineAws:
         self._server.start()
         s3_host, s3_port = self._server.get_host_and_port()
         self.s3_url = f"http://{s3_host}:{s3_port}"
-        os.environ.update(CREDENTIALS)
+        self.credentials = offline_credentials()
+        os.environ.update(self.credentials)
+        os.environ.update({ACCESS_KEY_ENV: self.credentials["AWS_ACCESS_KEY_ID"],
+                           SECRET_KEY_ENV: self.credentials["AWS_SECRET_ACCESS_KEY"]})
         os.environ["AWS_ENDPOINT_URL_S3"] = self.s3_url  # the emulator's Lambda environments use it
         os.environ.setdefault(SECRET_ENV, new_secret())
         boto3.client("s3", endpoint_url=self.s3_url, region_name=REGION).create_bucket(Bucket=BUCKET)
@@ -51,7 +63,7 @@ class OfflineAws:
             SECRET_ENV: os.environ[SECRET_ENV],
             "AWS_ENDPOINT_URL_LAMBDA": emulator_url,
             "AWS_ENDPOINT_URL_S3": self.s3_url,
-            **CREDENTIALS,
+            **self.credentials,
         }
         return [f"export {name}={value}" for name, value in settings.items()]
 

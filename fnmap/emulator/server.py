@@ -14,6 +14,7 @@ from . import default_workers
 from .faults import FaultPlan
 from .httpserver import WSGIServer
 from .pool import WorkerPool
+from .sigv4 import take_credentials
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,11 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     if not env.get(SECRET_ENV):
         env[SECRET_ENV] = new_secret()
         print(f"{SECRET_ENV}={env[SECRET_ENV]}  (no secret was set; clients must use this one)", flush=True)
+    credentials = take_credentials(env)  # the Lambda and Batch APIs accept requests signed with them
+    if credentials.generated:
+        print(" ".join(f"{k}={v}" for k, v in credentials.environment().items())
+              + "  (AWS credentials of the emulator's Lambda and Batch APIs; boto3 clients must sign with them)",
+              flush=True)
     _warn_if_exposed(host)
     limit_blas_threads(env, workers)
     pool = _start_pool_while(workers, env, _import_app)
@@ -41,6 +47,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     from .app import Emulator, create_emulator_app
 
     emulator = Emulator(pool, faults)
+    emulator.aws_credentials = credentials
     emulator.lambda_runtime = lambda_runtime
     emulator.lambda_scaling_rate = scaling_rate
     app = create_emulator_app(emulator)
