@@ -1,0 +1,216 @@
+"""The emulated AWS control planes (Lambda API, Batch API) run nothing, change nothing and reveal no
+configuration without a valid SigV4 signature made with credentials the emulator knows (issue 26).
+
+Each attack is a raw ``requests`` post, as a local process or a web page would send it; each refusal is
+checked against its effect (a marker file a command or an uploaded package would create, a concurrency
+setting, the secret in an answer), and a signed request of the same kind shows the effect is real.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import os
+import time
+import zipfile
+from unittest import mock
+
+import boto3
+import pytest
+import requests
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from botocore.exceptions import ClientError
+
+import fnmap
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _client(emu, service: str, key_id: str | None = None, secret: str | None = None):
+    env = emu.aws_environment
+    return boto3.client(service, endpoint_url=emu.url, region_name="us-east-1",
+                        aws_access_key_id=key_id or env["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=secret or env["AWS_SECRET_ACCESS_KEY"])
+
+
+def _signed_headers(emu, service: str, path: str, body: bytes, when: datetime.datetime | None = None,
+                    secret: str | None = None) -> dict:
+    """The headers botocore's signer gives a POST of ``body`` to ``path`` (at ``when``, default now)."""
+    env = emu.aws_environment
+    request = AWSRequest("POST", emu.url + path, data=body, headers={"Content-Type": "application/json"})
+    signer = SigV4Auth(Credentials(env["AWS_ACCESS_KEY_ID"], secret or env["AWS_SECRET_ACCESS_KEY"]), service,
+                       "us-east-1")
+    if when is None:
+        signer.add_auth(request)
+    else:
+        with mock.patch("botocore.auth.get_current_datetime", return_value=when):
+            signer.add_auth(request)
+    return dict(request.headers.items())
+
+
+def _until(predicate, seconds: float = 60.0):
+    deadline = time.monotonic() + seconds
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+    return value
+
+
+@pytest.fixture
+def platform(emulator_process):
+    """An emulator (Lambda under awslambdaric, Batch) and boto3 clients signing with its credentials."""
+    emu = emulator_process("--lambda-runtime", "ric", workers=1)
+    emu.lam, emu.batch = _client(emu, "lambda"), _client(emu, "batch")
+    yield emu
+    emu.lam.close()
+    emu.batch.close()
+
+
+def _submit_body(marker) -> dict:
+    command = ["python", "-c", f"open({str(marker)!r}, 'w').close()"]
+    return {"jobName": "probe", "jobQueue": "q", "jobDefinition": "fnmap", "containerOverrides": {"command": command}}
+
+
+def _jobs(batch) -> list[str]:
+    return [job["jobId"] for status in ("RUNNABLE", "RUNNING", "SUCCEEDED", "FAILED")
+            for job in batch.list_jobs(jobQueue="q", jobStatus=status)["jobSummaryList"]]
+
+
+def test_an_unsigned_submitjob_runs_nothing(platform, tmp_path):
+    body = json.dumps(_submit_body(tmp_path / "unsigned")).encode()
+    plain = requests.post(platform.url + "/v1/submitjob", data=body, timeout=10)
+    # What a web page can send cross-origin without a preflight.
+    browser = requests.post(platform.url + "/v1/submitjob", data=body, headers={"Content-Type": "text/plain"},
+                            timeout=10)
+    for answer in (plain, browser):
+        assert answer.status_code == 403, answer.text
+        assert answer.headers["x-amzn-ErrorType"] == "MissingAuthenticationTokenException"
+    # The same command, signed, runs: the marker of the unsigned one would have been made too.
+    job = platform.batch.submit_job(**_submit_body(tmp_path / "signed"))["jobId"]
+    _until(lambda: (tmp_path / "signed").exists())
+    assert _jobs(platform.batch) == [job]
+    assert not (tmp_path / "unsigned").exists()
+
+
+def test_wrong_stale_or_tampered_signatures_run_nothing(platform, tmp_path):
+    body = json.dumps(_submit_body(tmp_path / "refused")).encode()
+    other = json.dumps(_submit_body(tmp_path / "tampered")).encode()
+    stale = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=10)
+    attempts = {
+        "InvalidSignatureException": [
+            _signed_headers(platform, "batch", "/v1/submitjob", body, secret="not-the-secret"),
+            _signed_headers(platform, "batch", "/v1/submitjob", body, when=stale),
+            _signed_headers(platform, "lambda", "/v1/submitjob", body),  # signed for another service
+        ],
+    }
+    for code, headers_list in attempts.items():
+        for headers in headers_list:
+            answer = requests.post(platform.url + "/v1/submitjob", data=body, headers=headers, timeout=10)
+            assert (answer.status_code, answer.headers["x-amzn-ErrorType"]) == (403, code), answer.text
+    tampered = requests.post(platform.url + "/v1/submitjob", data=other, timeout=10,
+                             headers=_signed_headers(platform, "batch", "/v1/submitjob", body))
+    assert tampered.status_code == 403 and tampered.headers["x-amzn-ErrorType"] == "InvalidSignatureException"
+    assert "Signature expired" in requests.post(
+        platform.url + "/v1/submitjob", data=body, timeout=10,
+        headers=_signed_headers(platform, "batch", "/v1/submitjob", body, when=stale)).json()["message"]
+    with pytest.raises(ClientError, match="UnrecognizedClientException"):
+        _client(platform, "batch", key_id="AKIANOTKNOWN00000000").submit_job(**_submit_body(tmp_path / "refused"))
+    with pytest.raises(ClientError, match="InvalidSignatureException"):
+        _client(platform, "batch", secret="wrong").submit_job(**_submit_body(tmp_path / "refused"))
+    assert _jobs(platform.batch) == []
+    assert not (tmp_path / "refused").exists() and not (tmp_path / "tampered").exists()
+
+
+def test_job_definitions_reference_the_secret_and_never_reveal_it(platform):
+    unsigned = requests.post(platform.url + "/v1/describejobdefinitions", data=b"{}", timeout=10)
+    assert unsigned.status_code == 403 and platform.secret not in unsigned.text
+    body = b"{}"
+    signed = requests.post(platform.url + "/v1/describejobdefinitions", data=body, timeout=10,
+                           headers=_signed_headers(platform, "batch", "/v1/describejobdefinitions", body))
+    assert signed.status_code == 200, signed.text
+    assert platform.secret not in signed.text
+    (definition,) = signed.json()["jobDefinitions"]
+    properties = definition["containerProperties"]
+    assert properties["secrets"] == [{"name": "FNMAP_SECRET", "valueFrom": properties["secrets"][0]["valueFrom"]}]
+    assert properties["secrets"][0]["valueFrom"].startswith("arn:aws:secretsmanager:")
+
+
+def _package(marker) -> bytes:
+    """A deployment package whose handler module creates ``marker`` when it is imported."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("handlers/__init__.py", "")
+        zf.writestr("handlers/aws_lambda.py", f"open({str(marker)!r}, 'w').close()\n"
+                                              "def handler(event, context):\n    return {'ran': True}\n")
+    return buffer.getvalue()
+
+
+def test_unsigned_lambda_api_requests_create_run_and_change_nothing(platform, tmp_path):
+    import base64
+
+    spec = {"FunctionName": "planted", "Runtime": "python3.11", "Role": "arn:aws:iam::000000000000:role/x",
+            "Handler": "handlers.aws_lambda.handler",
+            "Code": {"ZipFile": base64.b64encode(_package(tmp_path / "unsigned")).decode()}}
+    url = platform.url
+    refused = [
+        requests.post(url + "/2015-03-31/functions", json=spec, timeout=10),
+        requests.post(url + "/2015-03-31/functions", data=json.dumps(spec), headers={"Content-Type": "text/plain"},
+                      timeout=10),
+        requests.put(url + "/2015-03-31/functions/fnmap/code", json={"ZipFile": spec["Code"]["ZipFile"]}, timeout=10),
+        requests.put(url + "/2015-03-31/functions/fnmap/configuration", json={"Timeout": 1}, timeout=10),
+        requests.post(url + "/2018-10-31/layers/planted/versions", json={"Content": spec["Code"]}, timeout=10),
+        requests.put(url + "/2017-10-31/functions/fnmap/concurrency", json={"ReservedConcurrentExecutions": 0},
+                     timeout=10),
+        requests.delete(url + "/2017-10-31/functions/fnmap/concurrency", timeout=10),
+        requests.post(url + "/2015-03-31/functions/planted/invocations", data=b"{}", timeout=10),
+        requests.get(url + "/2015-03-31/functions/fnmap/configuration", timeout=10),
+        requests.get(url + "/2015-03-31/functions/fnmap", timeout=10),  # any Lambda path, routes added later too
+    ]
+    for answer in refused:
+        assert answer.status_code == 403, (answer.request.method, answer.request.url, answer.text)
+        assert answer.headers["x-amzn-ErrorType"] == "MissingAuthenticationTokenException"
+        assert platform.secret not in answer.text
+    lam = platform.lam
+    assert "ReservedConcurrentExecutions" not in lam.get_function_concurrency(FunctionName="fnmap")
+    assert lam.get_function_configuration(FunctionName="fnmap")["Timeout"] != 1
+    with pytest.raises(ClientError, match="InvalidSignatureException"):
+        _client(platform, "lambda", secret="wrong").put_function_concurrency(
+            FunctionName="fnmap", ReservedConcurrentExecutions=0)
+    assert "ReservedConcurrentExecutions" not in lam.get_function_concurrency(FunctionName="fnmap")
+    assert not (tmp_path / "unsigned").exists()
+    # Signed, the same package is created and runs: its marker is what the refusals prevented.
+    lam.create_function(**{**spec, "Code": {"ZipFile": _package(tmp_path / "signed")}})
+    assert json.loads(lam.invoke(FunctionName="planted", Payload=b"{}")["Payload"].read()) == {"ran": True}
+    assert (tmp_path / "signed").exists() and not (tmp_path / "unsigned").exists()
+
+
+def _ten_times(x):
+    return x * 10
+
+
+def test_the_emulator_fnmap_map_starts_for_gpu_jobs_signs_and_is_refused_unsigned(monkeypatch, tmp_path):
+    """``gpu=`` with no cloud configuration: fnmap's Batch client signs with its embedded emulator's
+    credentials, and that emulator refuses unsigned requests and keeps the secret."""
+    from fnmap.client import get_client
+    from fnmap.config import resolve
+
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert fnmap.map(_ten_times, range(3), gpu=1) == [0, 10, 20]
+    emu = get_client(resolve(gpu=1)).backend._emulator
+    body = json.dumps(_submit_body(tmp_path / "unsigned")).encode()
+    answer = requests.post(emu.url + "/v1/submitjob", data=body, headers={"Content-Type": "text/plain"}, timeout=10)
+    assert answer.status_code == 403
+    definitions = requests.post(emu.url + "/v1/describejobdefinitions", data=b"{}", timeout=10)
+    assert definitions.status_code == 403 and emu.secret not in definitions.text
+    batch = _client(emu, "batch")
+    try:
+        assert emu.secret not in json.dumps(batch.describe_job_definitions(), default=str)
+    finally:
+        batch.close()
+    assert not (tmp_path / "unsigned").exists()
