@@ -37,10 +37,11 @@ def _client(emu, service: str, key_id: str | None = None, secret: str | None = N
 
 
 def _signed_headers(emu, service: str, path: str, body: bytes, when: datetime.datetime | None = None,
-                    secret: str | None = None) -> dict:
+                    secret: str | None = None, extra: dict | None = None) -> dict:
     """The headers botocore's signer gives a POST of ``body`` to ``path`` (at ``when``, default now)."""
     env = emu.aws_environment
-    request = AWSRequest("POST", emu.url + path, data=body, headers={"Content-Type": "application/json"})
+    request = AWSRequest("POST", emu.url + path, data=body, headers={"Content-Type": "application/json",
+                                                                      **(extra or {})})
     signer = SigV4Auth(Credentials(env["AWS_ACCESS_KEY_ID"], secret or env["AWS_SECRET_ACCESS_KEY"]), service,
                        "us-east-1")
     if when is None:
@@ -113,6 +114,11 @@ def test_wrong_stale_or_tampered_signatures_run_nothing(platform, tmp_path):
     tampered = requests.post(platform.url + "/v1/submitjob", data=other, timeout=10,
                              headers=_signed_headers(platform, "batch", "/v1/submitjob", body))
     assert tampered.status_code == 403 and tampered.headers["x-amzn-ErrorType"] == "InvalidSignatureException"
+    # A signature that claims not to cover the body (S3's UNSIGNED-PAYLOAD) covers nothing here.
+    unsigned_payload = _signed_headers(platform, "batch", "/v1/submitjob", body,
+                                       extra={"X-Amz-Content-SHA256": "UNSIGNED-PAYLOAD"})
+    answer = requests.post(platform.url + "/v1/submitjob", data=other, headers=unsigned_payload, timeout=10)
+    assert answer.status_code == 403 and answer.headers["x-amzn-ErrorType"] == "InvalidSignatureException"
     assert "Signature expired" in requests.post(
         platform.url + "/v1/submitjob", data=body, timeout=10,
         headers=_signed_headers(platform, "batch", "/v1/submitjob", body, when=stale)).json()["message"]
@@ -214,3 +220,45 @@ def test_the_emulator_fnmap_map_starts_for_gpu_jobs_signs_and_is_refused_unsigne
     finally:
         batch.close()
     assert not (tmp_path / "unsigned").exists()
+
+
+_ROLE_PROBE = ("import os\n"
+               "def handler(event, context):\n"
+               "    return {k: os.environ.get(k) for k in ('AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY', "
+               "'AWS_SESSION_TOKEN')}\n")
+
+
+def test_the_execution_roles_credentials_may_invoke_and_nothing_else(emulator_process, monkeypatch):
+    """A function's environment gets an execution role's credentials (its spawners invoke with them):
+    they Invoke, and are refused every other Lambda and Batch operation."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)  # the emulator starts with no credentials of its own
+    emu = emulator_process("--lambda-runtime", "ric", workers=1)
+    lam = _client(emu, "lambda")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("handlers/__init__.py", "")
+        zf.writestr("handlers/aws_lambda.py", _ROLE_PROBE)
+    lam.create_function(FunctionName="probe", Runtime="python3.11", Role="arn:aws:iam::000000000000:role/x",
+                        Handler="handlers.aws_lambda.handler", Code={"ZipFile": buffer.getvalue()})
+    role = json.loads(lam.invoke(FunctionName="probe", Payload=b"{}")["Payload"].read())
+    lam.close()
+    assert role["AWS_ACCESS_KEY_ID"] not in (None, emu.aws_environment["AWS_ACCESS_KEY_ID"])
+    as_role = {"endpoint_url": emu.url, "region_name": "us-east-1", "aws_access_key_id": role["AWS_ACCESS_KEY_ID"],
+               "aws_secret_access_key": role["AWS_SECRET_ACCESS_KEY"], "aws_session_token": role["AWS_SESSION_TOKEN"]}
+    role_lambda, role_batch = boto3.client("lambda", **as_role), boto3.client("batch", **as_role)
+    try:
+        assert role_lambda.invoke(FunctionName="probe", Payload=b"{}")["StatusCode"] == 200
+        with pytest.raises(ClientError, match="AccessDeniedException"):
+            role_lambda.put_function_concurrency(FunctionName="fnmap", ReservedConcurrentExecutions=0)
+        with pytest.raises(ClientError, match="AccessDeniedException"):
+            role_lambda.update_function_code(FunctionName="probe", ZipFile=buffer.getvalue())
+        with pytest.raises(ClientError, match="AccessDeniedException"):
+            role_batch.describe_job_definitions()
+        forged = boto3.client("lambda", **{**as_role, "aws_session_token": "not-the-token"})
+        with pytest.raises(ClientError, match="UnrecognizedClientException"):
+            forged.invoke(FunctionName="probe", Payload=b"{}")
+        forged.close()
+    finally:
+        role_lambda.close()
+        role_batch.close()
