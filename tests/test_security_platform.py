@@ -119,6 +119,9 @@ def test_wrong_stale_or_tampered_signatures_run_nothing(platform, tmp_path):
                                        extra={"X-Amz-Content-SHA256": "UNSIGNED-PAYLOAD"})
     answer = requests.post(platform.url + "/v1/submitjob", data=other, headers=unsigned_payload, timeout=10)
     assert answer.status_code == 403 and answer.headers["x-amzn-ErrorType"] == "InvalidSignatureException"
+    other_service = requests.post(platform.url + "/v1/submitjob", data=body, timeout=10,
+                                  headers=_signed_headers(platform, "lambda", "/v1/submitjob", body))
+    assert "Credential should be scoped to service 'batch'" in other_service.json()["message"]
     assert "Signature expired" in requests.post(
         platform.url + "/v1/submitjob", data=body, timeout=10,
         headers=_signed_headers(platform, "batch", "/v1/submitjob", body, when=stale)).json()["message"]
@@ -225,7 +228,7 @@ def test_the_emulator_fnmap_map_starts_for_gpu_jobs_signs_and_is_refused_unsigne
 _ROLE_PROBE = ("import os\n"
                "def handler(event, context):\n"
                "    return {k: os.environ.get(k) for k in ('AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY', "
-               "'AWS_SESSION_TOKEN')}\n")
+               "'AWS_SESSION_TOKEN', 'AWS_ENDPOINT_URL_LAMBDA')}\n")
 
 
 def test_the_execution_roles_credentials_may_invoke_and_nothing_else(emulator_process, monkeypatch):
@@ -234,6 +237,9 @@ def test_the_execution_roles_credentials_may_invoke_and_nothing_else(emulator_pr
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)  # the emulator starts with no credentials of its own
     emu = emulator_process("--lambda-runtime", "ric", workers=1)
+    # Unsigned requests, first of all, do not choose the Lambda endpoint the environments call back.
+    for path in ("/health", "/2015-03-31/functions/probe/invocations"):
+        requests.post(emu.url + path, data=b"{}", headers={"Host": "attacker.example:1"}, timeout=10)
     lam = _client(emu, "lambda")
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as zf:
@@ -244,6 +250,7 @@ def test_the_execution_roles_credentials_may_invoke_and_nothing_else(emulator_pr
     role = json.loads(lam.invoke(FunctionName="probe", Payload=b"{}")["Payload"].read())
     lam.close()
     assert role["AWS_ACCESS_KEY_ID"] not in (None, emu.aws_environment["AWS_ACCESS_KEY_ID"])
+    assert role["AWS_ENDPOINT_URL_LAMBDA"] == emu.url
     as_role = {"endpoint_url": emu.url, "region_name": "us-east-1", "aws_access_key_id": role["AWS_ACCESS_KEY_ID"],
                "aws_secret_access_key": role["AWS_SECRET_ACCESS_KEY"], "aws_session_token": role["AWS_SESSION_TOKEN"]}
     role_lambda, role_batch = boto3.client("lambda", **as_role), boto3.client("batch", **as_role)
