@@ -159,8 +159,8 @@ def _emulator(args):
 
 def _client_env(emu, storage: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FNMAP_", "AWS_"))}
-    env.update(AWS_ENDPOINT_URL_LAMBDA=emu.url, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-               AWS_DEFAULT_REGION="us-east-1", FNMAP_EMULATOR_URL=emu.url, FNMAP_SECRET=emu.secret,
+    env.update(AWS_ENDPOINT_URL_LAMBDA=emu.url, **emu.aws_environment, AWS_DEFAULT_REGION="us-east-1",
+               FNMAP_EMULATOR_URL=emu.url, FNMAP_SECRET=emu.secret,
                FNMAP_STORAGE=storage, PYTHONPATH=os.pathsep.join([HERE, env.get("PYTHONPATH", "")]))
     return env
 

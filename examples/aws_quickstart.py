@@ -32,8 +32,8 @@ def start_emulator() -> EmulatorLauncher:
     emulator = EmulatorLauncher(embedded=True)
     os.environ.update(
         AWS_ENDPOINT_URL_LAMBDA=emulator.url, FNMAP_SECRET=emulator.secret, AWS_DEFAULT_REGION="us-east-1",
-        # boto3 signs every request; the emulator accepts any key.
-        AWS_ACCESS_KEY_ID="emulator", AWS_SECRET_ACCESS_KEY="emulator",
+        # boto3 signs every request; the emulator's Lambda API accepts only its own credentials.
+        **emulator.aws_environment,
     )
     print(f"no AWS account in use: emulator's Lambda API at {emulator.url} (calls run under awslambdaric "
           "when it is installed)")

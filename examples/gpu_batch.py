@@ -74,7 +74,8 @@ def start_emulator():
     from fnmap.emulator.launcher import EmulatorLauncher
 
     emulator = EmulatorLauncher(1, secret=os.environ.get("FNMAP_SECRET"), embedded=True)
-    os.environ.update(AWS_ENDPOINT_URL_BATCH=emulator.url, FNMAP_SECRET=emulator.secret)
+    # boto3 signs with the emulator's credentials: its Batch API accepts no others.
+    os.environ.update(AWS_ENDPOINT_URL_BATCH=emulator.url, FNMAP_SECRET=emulator.secret, **emulator.aws_environment)
     print(f"emulator with the Batch API at {emulator.url}")
     return emulator
 
