@@ -269,3 +269,45 @@ def test_the_execution_roles_credentials_may_invoke_and_nothing_else(emulator_pr
     finally:
         role_lambda.close()
         role_batch.close()
+
+
+def _emulator_credentials_seen(_):
+    return [os.environ.get(name) for name in ("FNMAP_EMULATOR_ACCESS_KEY_ID", "FNMAP_EMULATOR_SECRET_ACCESS_KEY")]
+
+
+def test_the_emulators_credentials_stay_out_of_its_workers(use_emulator):
+    emu = use_emulator(workers=1)
+    assert fnmap.map(_emulator_credentials_seen, [0]) == [[None, None]]
+    assert emu.aws_environment["AWS_SECRET_ACCESS_KEY"] not in emu.output()
+
+
+def test_an_emulator_given_no_credentials_prints_the_ones_it_accepts(tmp_path):
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FNMAP_", "AWS_"))}
+    proc = subprocess.Popen([sys.executable, "-m", "fnmap", "emulator", "--port", "0", "--workers", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "listening on" in line:
+                break
+        printed = dict(word.split("=", 1) for line in lines if line.startswith("AWS_ACCESS_KEY_ID=")
+                       for word in line.split("  ")[0].split())
+        emu = SimpleNamespace(url=line.split("listening on ", 1)[1].split()[0], aws_environment=printed)
+        assert sorted(printed) == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"], lines
+        batch = _client(emu, "batch")
+        assert batch.describe_job_definitions()["jobDefinitions"]
+        batch.close()
+        with pytest.raises(ClientError, match="InvalidSignatureException"):
+            _client(emu, "batch", secret="not-the-printed-one").describe_job_definitions()
+    finally:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
