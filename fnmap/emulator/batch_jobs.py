@@ -10,7 +10,10 @@ to children that ask for GPUs; children that do not, and every child on a
 machine without GPUs, get ``CUDA_VISIBLE_DEVICES=""``.  The attempt timeout
 and the retry strategy (``evaluateOnExit`` globs included) are honoured; a
 child's output goes to a log file named by ``logStreamName``, and the last
-line of a failed child's output becomes its ``container.reason``.
+line of a failed child's output becomes its ``container.reason``.  A job
+definition's ``secrets`` (``{name, valueFrom}``) are resolved from the emulated
+Secrets Manager when a child starts (the built-in definition's ``FNMAP_SECRET``
+is one), so no answer of the API carries the value.
 """
 
 from __future__ import annotations
