@@ -7,7 +7,6 @@ access key ids signed the Invokes it served.
 
 from __future__ import annotations
 
-import json
 import sys
 import textwrap
 
@@ -57,9 +56,12 @@ def test_each_invoke_is_signed_with_the_chains_current_credentials(lambda_pool, 
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
 
+    def keys_seen() -> int:  # how many access key ids signed Invokes (the unsigned route tells no ids)
+        return requests.get(lambda_pool.url + "/lambda/stats", timeout=5).json()["access_keys"]
+
+    before = keys_seen()
     assert fnmap.map(square, range(3), workers=1, lambda_invocation="RequestResponse") == [0, 1, 4]
-    seen = requests.get(lambda_pool.url + "/lambda/stats", timeout=5).json()["access_keys"]
     issued = int(counter.read_text())
-    # Credentials that expire within botocore's refresh window are refreshed when a request takes them.
-    assert issued >= 3 and len(seen) >= 3, (issued, seen)
-    assert all(key.startswith("AKIDFNMAPTEST") for key in seen), json.dumps(seen)
+    # Credentials that expire within botocore's refresh window are refreshed when a request takes them;
+    # no other credentials are in reach, so every new key is one the process issued.
+    assert issued >= 3 and keys_seen() - before >= 3, (issued, keys_seen(), before)

@@ -10,6 +10,12 @@ speaks HTTP/1.1 with keep-alive, ``Content-Length`` and chunked request bodies,
 sent with one.  Requests are parsed by :mod:`fnmap.runtime.httpwire` (httptools, or h11):
 a malformed one is answered 400 (413, 431, 501, 505) and its connection closed
 (issue 12).  It binds where it is told (the CLI warns when that is not loopback).
+
+Connections are bounded (issue 26): a connection silent between requests is closed after
+``TimeLimits.idle`` seconds, a request's head must arrive within ``TimeLimits.head`` seconds of its
+first byte and its body at a minimum rate, and at ``max_connections`` the connection waiting longest
+without a request is given up for the new one: a thousand silent or byte-a-second connections do
+not lock other clients out.
 """
 
 from __future__ import annotations
@@ -24,26 +30,40 @@ from io import BytesIO
 from ..runtime import httpwire
 from ..runtime.httpwire import BadRequest, reason_phrase
 
-#: Connections served at once; more are answered 503 and closed.
+#: Connections served at once; when a new one would pass it, the idle connection waiting longest is
+#: given up (a client's keep-alive connection: fnmap's client sends again on a new one); when
+#: every connection is answering a request, the new one is answered 503 and closed.
 MAX_CONNECTIONS = 1000
 
 
 class WSGIServer:
     """Serve ``app`` on ``host:port`` (0: any free port) until :meth:`close`.  ``parser`` is
-    ``httptools`` or ``h11`` (default: :data:`fnmap.runtime.httpwire.PARSER`)."""
+    ``httptools`` or ``h11`` (default: :data:`fnmap.runtime.httpwire.PARSER`).
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, idle_timeout: float = 600.0,
-                 max_body: int = 64 << 20, parser: str | None = None):
+    ``limits`` (:class:`~fnmap.runtime.httpwire.TimeLimits`) bounds how long a connection may stay
+    silent between requests and how long a request's head and body may take to arrive, so that
+    silent or byte-a-second connections (a thread each) cannot lock other clients out;
+    ``max_connections`` bounds how many are held at once.
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, limits: httpwire.TimeLimits | None = None,
+                 max_body: int = 64 << 20, parser: str | None = None, max_connections: int = MAX_CONNECTIONS):
         self.app = app
         self.parser = httpwire.check_parser(parser or httpwire.PARSER)
-        self.idle_timeout = idle_timeout
+        self.limits = limits or httpwire.TimeLimits()
         self.max_body = max_body
+        if max_connections < 1:
+            raise ValueError(f"max_connections={max_connections} must be at least 1")
+        self.max_connections = max_connections
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.listener = socket.create_server((host, port), family=family, backlog=1024)
         self.host, self.port = self.listener.getsockname()[:2]
-        self._connections: set[socket.socket] = set()
+        #: Open connections, each with where its request stands.
+        self._connections: dict[socket.socket, httpwire.TimedConnection] = {}
         self._lock = threading.Lock()
         self._closed = False
+        #: Connections given up to make room for new ones (idle first).
+        self.evicted = 0
 
     def serve_forever(self) -> None:
         while not self._closed:
@@ -51,18 +71,36 @@ class WSGIServer:
                 sock, peer = self.listener.accept()
             except OSError:
                 return  # closed
+            conn = httpwire.TimedConnection(sock, self.limits, self.max_body)
             with self._lock:
-                crowded = len(self._connections) >= MAX_CONNECTIONS
-                if not crowded:
-                    self._connections.add(sock)
-            if crowded:
+                victim = self._make_room()
+                admitted = len(self._connections) < self.max_connections
+                if admitted:
+                    self._connections[sock] = conn
+            if victim is not None:
+                with contextlib.suppress(OSError):
+                    victim.sock.shutdown(socket.SHUT_RDWR)  # its thread wakes from recv and ends
+            if not admitted:
                 with contextlib.suppress(OSError):
                     sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
                                  b"Connection: close\r\n\r\n")
                 sock.close()
                 continue
-            threading.Thread(target=self._serve_connection, args=(sock, peer), daemon=True,
+            threading.Thread(target=self._serve_connection, args=(conn, peer), daemon=True,
                              name="fnmap-emulator-connection").start()
+
+    def _make_room(self) -> httpwire.TimedConnection | None:
+        """At the limit, take the connection that waited longest without a request in hand off the
+        table (idle ones first, then those still sending a head, then a body) and return it."""
+        if len(self._connections) < self.max_connections:
+            return None
+        waiting = [c for c in self._connections.values() if c.phase != c.BUSY]
+        if not waiting:
+            return None
+        victim = min(waiting, key=lambda c: (c.phase, c.since))
+        del self._connections[victim.sock]
+        self.evicted += 1
+        return victim
 
     def close(self) -> None:
         """Stop accepting and hang up every open connection (their threads then end)."""
@@ -79,24 +117,29 @@ class WSGIServer:
 
     # -- one connection ----------------------------------------------------------
 
-    def _serve_connection(self, sock: socket.socket, peer) -> None:
+    def _serve_connection(self, conn: httpwire.TimedConnection, peer) -> None:
+        sock = conn.sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            reader = httpwire.request_reader(sock, self.max_body, self.parser)
+            reader = httpwire.request_reader(conn, self.max_body, self.parser)
             while not self._closed:
-                sock.settimeout(self.idle_timeout)
+                conn.waiting()
                 try:
                     request = reader.read()
                 except BadRequest as e:
                     self._send_simple(sock, e.status, str(e))
                     return
-                if request is None or not self._serve_request(sock, request, peer):
+                if request is None:
+                    return
+                conn.answering()
+                if not self._serve_request(sock, request, peer):
                     return
         except (OSError, ValueError):
-            return  # the client hung up, timed out, or the server is closing
+            return  # the client hung up, was too slow (TimeoutError), or the server is closing
         finally:
             with self._lock:
-                self._connections.discard(sock)
+                if self._connections.get(sock) is conn:
+                    del self._connections[sock]
             with contextlib.suppress(OSError):
                 sock.close()
 
@@ -160,6 +203,7 @@ class WSGIServer:
             head.append("Connection: keep-alive")
         data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
         state["sent"] = True
+        sock.settimeout(self.limits.transfer_seconds(len(data) + len(body)))  # a client that never reads
         if method == "HEAD":
             sock.sendall(data)
         elif len(body) <= 65536:
@@ -172,6 +216,7 @@ class WSGIServer:
     def _send_simple(self, sock: socket.socket, status: int, text: str) -> None:
         body = text.encode()
         with contextlib.suppress(OSError):
+            sock.settimeout(self.limits.head)
             sock.sendall(f"HTTP/1.1 {status} {reason_phrase(status)}\r\nContent-Type: text/plain; "
                          f"charset=utf-8\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
                          .encode("latin-1") + body)

@@ -20,7 +20,9 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from collections import deque
+from dataclasses import dataclass
 from http import HTTPStatus
 
 PARSERS = ("httptools", "h11")
@@ -139,9 +141,89 @@ def _body_too_large(size: int, max_body: int) -> BadRequest:
 # -- the server side: requests -------------------------------------------------------
 
 
-def request_reader(sock: socket.socket, max_body: int, parser: str | None = None):
-    """A reader of the requests that arrive on ``sock``: ``read()`` returns the next
-    :class:`Request`, None once the client has closed, or raises :class:`BadRequest`."""
+@dataclass(frozen=True)
+class TimeLimits:
+    """How long a server waits on a client, so that silent or slow connections cannot hold it.
+
+    ``idle``: seconds a connection may wait for its next request (keep-alive).  ``head``: seconds
+    from a request's first byte to the end of its head.  ``body_rate``: the slowest upload, in
+    bytes per second, a body is given time for (after ``head`` seconds of grace); a chunked body
+    of unknown length gets the time of the largest allowed.  Answers are written under the same rate.
+    """
+
+    idle: float = 10.0
+    head: float = 10.0
+    body_rate: float = 1 << 20
+
+    def __post_init__(self):
+        for name in ("idle", "head", "body_rate"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"{name}={value!r} must be a positive number of seconds (bytes/s for body_rate)")
+
+    def transfer_seconds(self, size: int) -> float:
+        """Seconds a body (or an answer) of ``size`` bytes is given."""
+        return self.head + size / self.body_rate
+
+
+class TimedConnection:
+    """A server's connection, read under :class:`TimeLimits` and telling where its request stands.
+
+    ``phase`` is ``IDLE`` (waiting for a request), ``HEAD`` (its first byte came), ``BODY`` (the
+    head is complete), or ``BUSY`` (the request is being answered: no limit applies, a call may
+    run for hours).  ``since`` is when that phase began.  The server gives up idle connections
+    first when it is crowded.  A read past its deadline raises ``TimeoutError``.
+    """
+
+    IDLE, HEAD, BODY, BUSY = 0, 1, 2, 3
+    __slots__ = ("sock", "limits", "max_body", "phase", "since", "_until")
+
+    def __init__(self, sock: socket.socket, limits: TimeLimits, max_body: int):
+        self.sock, self.limits, self.max_body = sock, limits, max_body
+        self.phase, self.since, self._until = self.IDLE, time.monotonic(), 0.0
+
+    def recv(self, size: int) -> bytes:
+        if self.phase == self.IDLE:
+            self.sock.settimeout(self.limits.idle)
+        else:
+            left = self._until - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the client sent its request too slowly")
+            self.sock.settimeout(left)
+        data = self.sock.recv(size)
+        if data and self.phase == self.IDLE:
+            self._enter(self.HEAD, self.limits.head)
+        return data
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.settimeout(self.limits.transfer_seconds(len(data)))
+        self.sock.sendall(data)
+
+    def head_complete(self, length: int | None) -> None:
+        """The head is in: the body (``length`` bytes, None when chunked) must follow in time."""
+        self._enter(self.BODY, self.limits.transfer_seconds(self.max_body if length is None else length))
+
+    def answering(self) -> None:
+        self.phase, self.since = self.BUSY, time.monotonic()
+
+    def waiting(self) -> None:
+        self.phase, self.since = self.IDLE, time.monotonic()
+
+    def _enter(self, phase: int, seconds: float) -> None:
+        now = time.monotonic()
+        self.phase, self.since, self._until = phase, now, now + seconds
+
+
+def _head_complete(sock, length: int | None) -> None:
+    mark = getattr(sock, "head_complete", None)
+    if mark is not None:
+        mark(length)
+
+
+def request_reader(sock, max_body: int, parser: str | None = None):
+    """A reader of the requests that arrive on ``sock`` (a socket, or a :class:`TimedConnection`):
+    ``read()`` returns the next :class:`Request`, None once the client has closed, or raises
+    :class:`BadRequest` (``TimeoutError`` past a :class:`TimedConnection`'s deadline)."""
     if check_parser(parser or PARSER) == "httptools":
         return _HttptoolsRequestReader(sock, max_body)
     return _H11RequestReader(sock, max_body)
@@ -229,6 +311,7 @@ class _HttptoolsRequestReader:
         if length is not None and int(length) > self.max_body:
             self._fail(_body_too_large(int(length), self.max_body))
         chunked = "transfer-encoding" in self._headers
+        _head_complete(self.sock, None if chunked else int(length or 0))
         if self._headers.get("expect", "").lower() == "100-continue" and (chunked or (length and int(length))):
             self.sock.sendall(_CONTINUE)
 
@@ -288,6 +371,8 @@ class _H11RequestReader:
                 elif isinstance(event, h11.Request):
                     request = event
                     headers = self._check(event, head)
+                    chunked = "transfer-encoding" in headers
+                    _head_complete(self.sock, None if chunked else int(headers.get("content-length", "0") or 0))
                     if headers.get("expect", "").lower() == "100-continue" and (
                             "transfer-encoding" in headers or int(headers.get("content-length", "0") or 0)):
                         self.sock.sendall(_CONTINUE)
@@ -391,6 +476,10 @@ class _HttptoolsResponseReader:
         self._received = 0
         return format_request(method, target, host, headers, len(body)), body
 
+    def answer_started(self) -> bool:
+        """Whether any byte of the answer to the last request arrived."""
+        return self._received > 0
+
     def read(self) -> Response:
         while not self._ready:
             data = self.sock.recv(READ_SIZE)
@@ -459,10 +548,16 @@ class _H11ResponseReader:
         self.h11, self.sock = h11, sock
         self._conn = None
         self._pending = b""
+        self._received = False
+
+    def answer_started(self) -> bool:
+        """Whether any byte of the answer to the last request arrived."""
+        return self._received
 
     def encode(self, method: str, target: str, host: str, headers: dict[str, str],
                body: bytes) -> tuple[bytes, bytes]:
         h11 = self.h11
+        self._received = bool(self._pending)
         self._conn = conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         fields = [("Host", host), ("Content-Length", str(len(body))), *headers.items()]
         head = conn.send(h11.Request(method=method, target=target, headers=fields))
@@ -485,7 +580,7 @@ class _H11ResponseReader:
                     data = self.sock.recv(READ_SIZE)
                     if not data and not received:
                         raise ProtocolError("the server closed the connection without answering")
-                    received = True
+                    received = self._received = True
                     if response is None:
                         head.add(data)
                     conn.receive_data(data)
