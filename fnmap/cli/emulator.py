@@ -47,8 +47,8 @@ def register(sub) -> None:
     c.add_argument("--head-timeout", type=float, default=10.0, metavar="S",
                    help="a request's line and headers must arrive within S seconds of its first byte (default 10); "
                         "its body then gets S seconds plus one per MiB")
-    c.add_argument("--max-connections", type=int, default=1000, metavar="N",
-                   help="connections held at once; past it, the one idle longest is closed (default 1000)")
+    c.add_argument("--max-connections", type=int, default=2048, metavar="N",
+                   help="connections held at once; past it, the one idle longest is closed (default 2048)")
     p.add_argument("--watch-stdin", action="store_true",
                    help="stop when standard input closes (used when a client starts the emulator)")
     f = p.add_argument_group(

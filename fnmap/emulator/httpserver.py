@@ -21,9 +21,11 @@ not lock other clients out.
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import sys
 import threading
+import time
 import traceback
 from io import BytesIO
 
@@ -32,8 +34,31 @@ from ..runtime.httpwire import BadRequest, reason_phrase
 
 #: Connections served at once; when a new one would pass it, the idle connection waiting longest is
 #: given up (a client's keep-alive connection: fnmap's client sends again on a new one); when
-#: every connection is answering a request, the new one is answered 503 and closed.
-MAX_CONNECTIONS = 1000
+#: every connection is answering a request, the new one is answered 503 and closed.  Above 64
+#: clients of 16 connections each (a thread each; :func:`raise_file_limit` makes room for them).
+MAX_CONNECTIONS = 2048
+_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+#: File descriptors kept for what is not a connection (worker pipes, files, the listener).
+_RESERVED_FILES = 256
+
+
+def raise_file_limit(connections: int) -> int:
+    """Raise this process's soft limit of open files towards ``connections`` plus a reserve (up to
+    the hard limit); return how many connections it leaves room for."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return connections
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + _RESERVED_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+        except (ValueError, OSError):
+            pass
+    return connections if soft == resource.RLIM_INFINITY else max(1, min(connections, soft - _RESERVED_FILES))
 
 
 class WSGIServer:
@@ -69,8 +94,11 @@ class WSGIServer:
         while not self._closed:
             try:
                 sock, peer = self.listener.accept()
-            except OSError:
-                return  # closed
+            except OSError as e:
+                if self._closed or e.errno not in _OUT_OF_FILES:
+                    return  # closed
+                self._out_of_files()
+                continue
             conn = httpwire.TimedConnection(sock, self.limits, self.max_body)
             with self._lock:
                 victim = self._make_room()
@@ -88,6 +116,16 @@ class WSGIServer:
                 continue
             threading.Thread(target=self._serve_connection, args=(conn, peer), daemon=True,
                              name="fnmap-emulator-connection").start()
+
+    def _out_of_files(self) -> None:
+        """accept() failed for want of file descriptors: give up the connection idle longest."""
+        with self._lock:
+            self.max_connections = max(1, len(self._connections))  # what fits, from now on
+            victim = self._make_room()
+        if victim is not None:
+            with contextlib.suppress(OSError):
+                victim.sock.shutdown(socket.SHUT_RDWR)
+        time.sleep(0.01)  # its thread closes it; the client waiting in the backlog is accepted next
 
     def _make_room(self) -> httpwire.TimedConnection | None:
         """At the limit, take the connection that waited longest without a request in hand off the

@@ -13,7 +13,7 @@ from ..runtime.httpwire import TimeLimits
 from ..runtime.signing import SECRET_ENV, new_secret
 from . import default_workers
 from .faults import FaultPlan
-from .httpserver import MAX_CONNECTIONS, WSGIServer
+from .httpserver import MAX_CONNECTIONS, WSGIServer, raise_file_limit
 from .pool import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         server = _Waitress(app, host, port, threads=2 * workers + 8, idle=limits.idle, limit=max_connections)
     else:
         server = WSGIServer(app, host=host, port=port, limits=limits, max_body=MAX_BODY_BYTES,
-                            max_connections=max_connections)
+                            max_connections=raise_file_limit(max_connections))
     actual_host, actual_port = server.host, server.port
     app.extensions["fnmap_front_door"].serve_at(str(actual_host), actual_port, allow_hosts)
     shown_host = f"[{actual_host}]" if ":" in str(actual_host) else actual_host
