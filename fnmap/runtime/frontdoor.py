@@ -68,13 +68,14 @@ class FrontDoor:
     def serve_at(self, host: str, port: int, extra_names: tuple[str, ...] = ()) -> None:
         """Allow only the ``Host`` values of a server bound to ``host:port``: its loopback names,
         the bound address, ``extra_names`` (``--allow-host``) and, bound to every address, any IP
-        address and this machine's names."""
+        address and this machine's names; each with the port or without."""
         hosts = loopback_names(port) | {host_value(host, port)} | {host_value(n, port) for n in extra_names}
         self._any_ip_port = port if host.strip("[]") in _WILDCARDS else None
         if self._any_ip_port is not None:
             hosts |= {host_value(socket.gethostname(), port), host_value(socket.getfqdn(), port)}
-        if port == 80:  # a client leaves the default port out of Host
-            hosts |= {h.rsplit(":", 1)[0] for h in hosts}
+        # The names without the port as well: a client may leave it out, and no other site's page
+        # sends one of these names.
+        hosts |= {h.rsplit(":", 1)[0] for h in hosts}
         self.hosts = frozenset(hosts)
 
     def __call__(self, environ, start_response):
@@ -90,7 +91,8 @@ class FrontDoor:
     def refusal(self, environ) -> tuple[int, str] | None:
         """``(status, why)`` when the request must be refused, else None."""
         host = environ.get("HTTP_HOST", "").lower()
-        if self.hosts is not None and not self._ours(host):
+        # No Host at all (HTTP/1.0) never comes from a browser: rebinding needs a name in it.
+        if self.hosts is not None and host and not self._ours(host):
             return 403, (f"Host {host!r} is not an address this server serves ({', '.join(sorted(self.hosts))}): "
                          "refused (a web page reaching it through DNS rebinding would send that); connect to "
                          "one of those, or start the emulator with --allow-host NAME")
@@ -109,10 +111,12 @@ class FrontDoor:
     def _ours(self, host: str) -> bool:
         if host in self.hosts:
             return True
-        if self._any_ip_port is None or not host.endswith(f":{self._any_ip_port}"):
+        if self._any_ip_port is None:
             return False
+        if host.endswith(f":{self._any_ip_port}"):
+            host = host.rsplit(":", 1)[0]
         try:
-            ipaddress.ip_address(host.rsplit(":", 1)[0].strip("[]"))
+            ipaddress.ip_address(host.strip("[]"))
         except ValueError:
             return False
         return True  # an address literal cannot be rebound to another site's name
