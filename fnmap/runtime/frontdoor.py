@@ -12,10 +12,11 @@ read the answers.  So before a route sees a request, :class:`FrontDoor` refuses:
   (``null`` included), or ``Sec-Fetch-Site`` other than ``same-origin``/``none``;
 * a body whose ``Content-Type`` is not what the route takes (415): the three types
   a browser sends cross-origin without a preflight (``text/plain``, forms) never
-  reach a route.  JSON routes (``/cancel``, the Batch API, Lambda's management
-  API) take only JSON types, as boto3 sends; ``/invoke`` takes
-  ``application/octet-stream`` (or none: plain ``requests`` posts), and Lambda's
-  Invoke the bytes boto3 sends with no type, or any type but those three.
+  reach a route.  The AWS JSON routes (the Batch API, Lambda's management API)
+  take only JSON types, as boto3 sends; the routes signed with the job's secret
+  take theirs or none (plain ``requests`` posts): ``/invoke``
+  ``application/octet-stream``, ``/cancel`` JSON; Lambda's Invoke takes the
+  bytes boto3 sends with no type, or any type but those three.
 
 It is WSGI middleware, outside Flask and the invocation fast path, so it guards
 both servers the emulator runs (its own, and waitress) and every route.
@@ -134,7 +135,9 @@ def _content_type_refusal(path: str, content_type: str) -> tuple[int, str] | Non
         allowed, wanted = media in ("", "application/octet-stream"), "application/octet-stream"
     elif _LAMBDA_INVOKE.fullmatch(path):
         allowed, wanted = media not in BROWSER_SIMPLE_TYPES, "application/octet-stream, or none as boto3 sends"
-    elif path == "/cancel" or _AWS_API.match(path):
+    elif path == "/cancel":  # signed with the secret, as /invoke
+        allowed, wanted = media in ("", "application/json"), "application/json"
+    elif _AWS_API.match(path):
         allowed, wanted = media in JSON_TYPES, "application/json"
     else:
         allowed, wanted = media not in BROWSER_SIMPLE_TYPES, "a type a web page cannot send"
