@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import threading
 import time
 
 import boto3
@@ -212,3 +213,30 @@ def test_wildcard_bind_takes_address_literals_but_no_foreign_name(emulator_proce
         assert _exchange(emu, f"GET /health HTTP/1.1\r\nHost: attacker.example:{port}")[0] == 403
     finally:
         emu.stop()
+
+
+def test_lambda_runtime_api_refuses_other_hosts_and_web_pages():
+    """Each Lambda execution environment's Runtime API (its own loopback port): a rebound page could
+    otherwise take the environment's next event (a signed request) or answer it."""
+    import http.client
+
+    from fnmap.emulator.lambda_runtime import _RuntimeApiHandler, _RuntimeApiServer
+
+    server = _RuntimeApiServer(("127.0.0.1", 0), _RuntimeApiHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        for method, headers in (("GET", {"Host": f"attacker.example:{port}"}),
+                                ("POST", {"Host": f"127.0.0.1:{port}", "Origin": "http://attacker.example"}),
+                                ("GET", {"Host": f"127.0.0.1:{port}", "Sec-Fetch-Site": "cross-site"})):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                conn.request(method, "/2018-06-01/runtime/invocation/next" if method == "GET" else
+                             "/2018-06-01/runtime/invocation/x/response", body=b"{}" if method == "POST" else None,
+                             headers={**headers, "Content-Type": "text/plain"})
+                assert conn.getresponse().status == 403, headers
+            finally:
+                conn.close()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -91,22 +91,26 @@ class FrontDoor:
 
     def refusal(self, environ) -> tuple[int, str] | None:
         """``(status, why)`` when the request must be refused, else None."""
-        host = environ.get("HTTP_HOST", "").lower()
+        refusal = self.origin_refusal(environ.get("HTTP_HOST", ""), environ.get("HTTP_ORIGIN"),
+                                      environ.get("HTTP_SEC_FETCH_SITE"))
+        if refusal is None and environ.get("REQUEST_METHOD") in _BODY_METHODS:
+            return _content_type_refusal(environ.get("PATH_INFO", ""), environ.get("CONTENT_TYPE", ""))
+        return refusal
+
+    def origin_refusal(self, host: str, origin: str | None, fetch_site: str | None) -> tuple[int, str] | None:
+        """``(403, why)`` for a foreign ``Host`` or a browser's cross-site request, else None."""
+        host = host.lower()
         # No Host at all (HTTP/1.0) never comes from a browser: rebinding needs a name in it.
         if self.hosts is not None and host and not self._ours(host):
             return 403, (f"Host {host!r} is not an address this server serves ({', '.join(sorted(self.hosts))}): "
                          "refused (a web page reaching it through DNS rebinding would send that); connect to "
                          "one of those, or start the emulator with --allow-host NAME")
-        origin = environ.get("HTTP_ORIGIN")
         if origin is not None and not self._own_origin(origin.lower(), host):
             return 403, (f"cross-origin request from {origin!r} refused: the fnmap emulator takes no "
                          "requests from web pages")
-        fetch_site = environ.get("HTTP_SEC_FETCH_SITE")
         if fetch_site is not None and fetch_site.lower() not in SAME_SITE_FETCHES:
             return 403, (f"Sec-Fetch-Site {fetch_site!r} refused: the fnmap emulator takes no requests "
                          "from web pages")
-        if environ.get("REQUEST_METHOD") in _BODY_METHODS:
-            return _content_type_refusal(environ.get("PATH_INFO", ""), environ.get("CONTENT_TYPE", ""))
         return None
 
     def _ours(self, host: str) -> bool:
