@@ -27,12 +27,14 @@ from fnmap.runtime.signing import new_secret
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(params=["cli", "embedded"])
+@pytest.fixture(params=["cli", "cli-waitress", "embedded"])
 def emulator(request, emulator_process, monkeypatch):
-    """``fnmap emulator`` (``cli``) or the emulator ``fnmap.map`` starts (``embedded``), with
-    FNMAP_SECRET (and, for ``cli``, FNMAP_EMULATOR_URL) pointing fnmap's client at it."""
-    if request.param == "cli":
-        emu = emulator_process(workers=2)
+    """``fnmap emulator`` (``cli``; serving with waitress: ``cli-waitress``) or the emulator
+    ``fnmap.map`` starts (``embedded``), with FNMAP_SECRET (and, for ``cli``, FNMAP_EMULATOR_URL)
+    pointing fnmap's client at it."""
+    if request.param.startswith("cli"):
+        emu = emulator_process(*(["--wsgi-server", "waitress"] if request.param == "cli-waitress" else []),
+                               workers=2)
         monkeypatch.setenv("FNMAP_EMULATOR_URL", emu.url)
     else:
         emu = embedded_emulator(None, "", endpoint_environment(), secret=new_secret())  # as fnmap.map asks
