@@ -242,3 +242,14 @@ def test_lambda_runtime_api_refuses_other_hosts_and_web_pages():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_exposed_warning_says_what_is_reachable_and_what_is_signed(capsys):
+    from fnmap.emulator.server import _warn_if_exposed
+
+    _warn_if_exposed("0.0.0.0")
+    err = capsys.readouterr().err
+    for claim in ("reachable from other machines", "/health, /calls and /lambda/stats", "no job ids or keys",
+                  "signed with its secret", "SigV4", "plain HTTP", "bind 127.0.0.1"):
+        assert claim in err, claim
+    assert "only signed pickles" not in err
