@@ -136,6 +136,7 @@ class WSGIServer:
         if not waiting:
             return None
         victim = min(waiting, key=lambda c: (c.phase, c.since))
+        victim.given_up = True
         del self._connections[victim.sock]
         self.evicted += 1
         return victim
@@ -169,7 +170,10 @@ class WSGIServer:
                     return
                 if request is None:
                     return
-                conn.answering()
+                with self._lock:  # either it is given up before it answers, or it answers
+                    if conn.given_up:
+                        return  # not served: the client sends it again on a new connection
+                    conn.answering()
                 if not self._serve_request(sock, request, peer):
                     return
         except (OSError, ValueError):

@@ -176,11 +176,13 @@ class TimedConnection:
     """
 
     IDLE, HEAD, BODY, BUSY = 0, 1, 2, 3
-    __slots__ = ("sock", "limits", "max_body", "phase", "since", "_until")
+    __slots__ = ("sock", "limits", "max_body", "phase", "since", "given_up", "_until")
 
     def __init__(self, sock: socket.socket, limits: TimeLimits, max_body: int):
         self.sock, self.limits, self.max_body = sock, limits, max_body
         self.phase, self.since, self._until = self.IDLE, time.monotonic(), 0.0
+        #: Set (under the server's lock) when the server gave this connection up for a new one.
+        self.given_up = False
 
     def recv(self, size: int) -> bytes:
         if self.phase == self.IDLE:
