@@ -19,6 +19,9 @@ class Hogs:
     second, each reopened as soon as the server closes it, held until :meth:`stop`."""
 
     def __init__(self, url: str, silent: int, slow: int):
+        from fnmap.emulator.httpserver import raise_file_limit
+
+        assert raise_file_limit(silent + slow) == silent + slow, "this process cannot open that many sockets"
         host, port = url.removeprefix("http://").rsplit(":", 1)
         self.address = (host, int(port))
         self.kinds = ["silent"] * silent + ["slow"] * slow

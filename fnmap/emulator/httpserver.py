@@ -174,7 +174,7 @@ class WSGIServer:
                     if conn.given_up:
                         return  # not served: the client sends it again on a new connection
                     conn.answering()
-                if not self._serve_request(sock, request, peer):
+                if not self._serve_request(conn, request, peer):
                     return
         except (OSError, ValueError):
             return  # the client hung up, was too slow (TimeoutError), or the server is closing
@@ -185,7 +185,7 @@ class WSGIServer:
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _serve_request(self, sock: socket.socket, request: httpwire.Request, peer) -> bool:
+    def _serve_request(self, conn: httpwire.TimedConnection, request: httpwire.Request, peer) -> bool:
         method, target, version, body = request.method, request.target, request.version, request.body
         path, _, query = target.partition("?")
         if path.startswith(("http://", "https://")):  # absolute form
@@ -206,10 +206,11 @@ class WSGIServer:
                 environ[key] = value
             elif key not in ("CONTENT_LENGTH", "TRANSFER_ENCODING"):
                 environ["HTTP_" + key] = value
-        return self._respond(sock, environ, method, version, request.keep_alive)
+        return self._respond(conn, environ, method, version, request.keep_alive)
 
-    def _respond(self, sock: socket.socket, environ: dict, method: str, version: str,
+    def _respond(self, conn: httpwire.TimedConnection, environ: dict, method: str, version: str,
                  keep_alive: bool) -> bool:
+        sock = conn.sock
         state: dict = {}
 
         def start_response(status, response_headers, exc_info=None):
@@ -245,7 +246,7 @@ class WSGIServer:
             head.append("Connection: keep-alive")
         data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
         state["sent"] = True
-        sock.settimeout(self.limits.transfer_seconds(len(data) + len(body)))  # a client that never reads
+        conn.allow_writing(len(data) + len(body))  # a client that never reads is given up
         if method == "HEAD":
             sock.sendall(data)
         elif len(body) <= 65536:

@@ -176,30 +176,42 @@ class TimedConnection:
     """
 
     IDLE, HEAD, BODY, BUSY = 0, 1, 2, 3
-    __slots__ = ("sock", "limits", "max_body", "phase", "since", "given_up", "_until")
+    __slots__ = ("sock", "limits", "max_body", "phase", "since", "given_up", "_until", "_timeout")
 
     def __init__(self, sock: socket.socket, limits: TimeLimits, max_body: int):
         self.sock, self.limits, self.max_body = sock, limits, max_body
         self.phase, self.since, self._until = self.IDLE, time.monotonic(), 0.0
+        self._timeout: float | None = None
         #: Set (under the server's lock) when the server gave this connection up for a new one.
         self.given_up = False
 
     def recv(self, size: int) -> bytes:
         if self.phase == self.IDLE:
-            self.sock.settimeout(self.limits.idle)
+            self._set_timeout(self.limits.idle)
         else:
             left = self._until - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the client sent its request too slowly")
-            self.sock.settimeout(left)
+            self._set_timeout(left)
         data = self.sock.recv(size)
         if data and self.phase == self.IDLE:
             self._enter(self.HEAD, self.limits.head)
         return data
 
     def sendall(self, data: bytes) -> None:
-        self.sock.settimeout(self.limits.transfer_seconds(len(data)))
+        self.allow_writing(len(data))
         self.sock.sendall(data)
+
+    def allow_writing(self, size: int) -> None:
+        """Give the client time to take ``size`` bytes: the idle time for what one second at the
+        slowest rate carries, more for more (a client that never reads is given up)."""
+        limits = self.limits
+        self._set_timeout(limits.idle if size <= limits.body_rate else limits.transfer_seconds(size))
+
+    def _set_timeout(self, seconds: float) -> None:
+        if seconds != self._timeout:  # each change costs system calls; most requests need none
+            self.sock.settimeout(seconds)
+            self._timeout = seconds
 
     def head_complete(self, length: int | None) -> None:
         """The head is in: the body (``length`` bytes, None when chunked) must follow in time."""
