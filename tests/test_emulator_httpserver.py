@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from fnmap.emulator.httpserver import WSGIServer
-from fnmap.runtime.httpwire import TimeLimits
+from fnmap.runtime.deadlines import TimeLimits
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -120,7 +120,7 @@ def run(args) -> int:
 
 def time_limits(args):
     """The connection bounds the options ask for; ValueError naming the option that is wrong."""
-    from ..runtime.httpwire import TimeLimits
+    from ..runtime.deadlines import TimeLimits
 
     for option, value in (("--idle-timeout", args.idle_timeout), ("--head-timeout", args.head_timeout)):
         if not value > 0:

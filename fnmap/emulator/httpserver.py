@@ -30,6 +30,7 @@ import traceback
 from io import BytesIO
 
 from ..runtime import httpwire
+from ..runtime.deadlines import TimedConnection, TimeLimits
 from ..runtime.httpwire import BadRequest, reason_phrase
 
 #: Connections served at once; when a new one would pass it, the idle connection waiting longest is
@@ -65,17 +66,17 @@ class WSGIServer:
     """Serve ``app`` on ``host:port`` (0: any free port) until :meth:`close`.  ``parser`` is
     ``httptools`` or ``h11`` (default: :data:`fnmap.runtime.httpwire.PARSER`).
 
-    ``limits`` (:class:`~fnmap.runtime.httpwire.TimeLimits`) bounds how long a connection may stay
+    ``limits`` (:class:`~fnmap.runtime.deadlines.TimeLimits`) bounds how long a connection may stay
     silent between requests and how long a request's head and body may take to arrive, so that
     silent or byte-a-second connections (a thread each) cannot lock other clients out;
     ``max_connections`` bounds how many are held at once.
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, limits: httpwire.TimeLimits | None = None,
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, limits: TimeLimits | None = None,
                  max_body: int = 64 << 20, parser: str | None = None, max_connections: int = MAX_CONNECTIONS):
         self.app = app
         self.parser = httpwire.check_parser(parser or httpwire.PARSER)
-        self.limits = limits or httpwire.TimeLimits()
+        self.limits = limits or TimeLimits()
         self.max_body = max_body
         if max_connections < 1:
             raise ValueError(f"max_connections={max_connections} must be at least 1")
@@ -84,7 +85,7 @@ class WSGIServer:
         self.listener = socket.create_server((host, port), family=family, backlog=1024)
         self.host, self.port = self.listener.getsockname()[:2]
         #: Open connections, each with where its request stands.
-        self._connections: dict[socket.socket, httpwire.TimedConnection] = {}
+        self._connections: dict[socket.socket, TimedConnection] = {}
         self._lock = threading.Lock()
         self._closed = False
         #: Connections given up to make room for new ones (idle first).
@@ -99,7 +100,7 @@ class WSGIServer:
                     return  # closed
                 self._out_of_files()
                 continue
-            conn = httpwire.TimedConnection(sock, self.limits, self.max_body)
+            conn = TimedConnection(sock, self.limits, self.max_body)
             with self._lock:
                 victim = self._make_room()
                 admitted = len(self._connections) < self.max_connections
@@ -127,7 +128,7 @@ class WSGIServer:
                 victim.sock.shutdown(socket.SHUT_RDWR)
         time.sleep(0.01)  # its thread closes it; the client waiting in the backlog is accepted next
 
-    def _make_room(self) -> httpwire.TimedConnection | None:
+    def _make_room(self) -> TimedConnection | None:
         """At the limit, take the connection that waited longest without a request in hand off the
         table (idle ones first, then those still sending a head, then a body) and return it."""
         if len(self._connections) < self.max_connections:
@@ -156,7 +157,7 @@ class WSGIServer:
 
     # -- one connection ----------------------------------------------------------
 
-    def _serve_connection(self, conn: httpwire.TimedConnection, peer) -> None:
+    def _serve_connection(self, conn: TimedConnection, peer) -> None:
         sock = conn.sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
@@ -185,7 +186,7 @@ class WSGIServer:
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _serve_request(self, conn: httpwire.TimedConnection, request: httpwire.Request, peer) -> bool:
+    def _serve_request(self, conn: TimedConnection, request: httpwire.Request, peer) -> bool:
         method, target, version, body = request.method, request.target, request.version, request.body
         path, _, query = target.partition("?")
         if path.startswith(("http://", "https://")):  # absolute form
@@ -208,7 +209,7 @@ class WSGIServer:
                 environ["HTTP_" + key] = value
         return self._respond(conn, environ, method, version, request.keep_alive)
 
-    def _respond(self, conn: httpwire.TimedConnection, environ: dict, method: str, version: str,
+    def _respond(self, conn: TimedConnection, environ: dict, method: str, version: str,
                  keep_alive: bool) -> bool:
         sock = conn.sock
         state: dict = {}

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from ..runtime.httpwire import TimeLimits
+from ..runtime.deadlines import TimeLimits
 from ..runtime.signing import SECRET_ENV, new_secret
 from . import default_workers
 from .faults import FaultPlan
