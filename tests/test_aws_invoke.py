@@ -2,7 +2,7 @@
 
 Credentials come from boto3's chain on every request: here from a ``credential_process`` whose
 credentials expire within a minute, so botocore refreshes them (each time the other of the two
-keys the emulator accepts), and the emulator reports which access key ids signed the Invokes it served.
+keys the emulator accepts), and the emulator reports how many access keys signed the Invokes it served.
 """
 
 from __future__ import annotations
@@ -62,8 +62,12 @@ def test_each_invoke_is_signed_with_the_chains_current_credentials(lambda_pool, 
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
 
+    def keys_seen() -> int:  # how many access key ids signed Invokes (the unsigned route tells no ids)
+        return requests.get(lambda_pool.url + "/lambda/stats", timeout=5).json()["access_keys"]
+
+    before = keys_seen()
     assert fnmap.map(square, range(3), workers=1, lambda_invocation="RequestResponse") == [0, 1, 4]
-    seen = requests.get(lambda_pool.url + "/lambda/stats", timeout=5).json()["access_keys"]
     issued = int(counter.read_text())
-    # Credentials that expire within botocore's refresh window are refreshed when a request takes them.
-    assert issued >= 3 and sorted(seen) == [key for key, _ in KEYS], (issued, seen)
+    # Credentials that expire within botocore's refresh window are refreshed when a request takes them;
+    # the chain alternates between the emulator's two keys, so both have now signed Invokes.
+    assert issued >= 3 and keys_seen() == 2, (issued, keys_seen(), before)

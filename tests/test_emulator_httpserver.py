@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from fnmap.emulator.httpserver import WSGIServer
+from fnmap.runtime.deadlines import TimeLimits
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -146,3 +147,80 @@ def test_close_hangs_up_idle_keep_alive_connections():
     finally:
         with contextlib.suppress(OSError):
             sock.close()
+
+
+# -- bounded connections (issue 26) ---------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _serving(**options):
+    srv = WSGIServer(echo_app, "127.0.0.1", 0, **options)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+        thread.join(5)
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """True once the server has closed ``sock`` (read end of file or a reset); False when
+    nothing came within the socket's timeout."""
+    try:
+        while data := sock.recv(65536):
+            assert not data.startswith(b"HTTP/1.1 200"), data
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_default_limits_are_bounded():
+    limits = WSGIServer(echo_app, "127.0.0.1", 0).limits
+    assert limits == TimeLimits()
+    assert 0 < limits.idle <= 15 and 0 < limits.head <= 10
+    assert limits.transfer_seconds(64 << 20) <= 120  # the largest body the emulator takes
+    with pytest.raises(ValueError, match="idle=0 must be a positive"):
+        TimeLimits(idle=0)
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_silent_and_byte_a_second_connections_are_closed(parser):
+    with _serving(limits=TimeLimits(idle=1.0, head=1.0), parser=parser) as srv:
+        with socket.create_connection((srv.host, srv.port), timeout=10) as silent:
+            assert _closed_by_server(silent)
+        with socket.create_connection((srv.host, srv.port), timeout=10) as slow:
+            slow.settimeout(0.2)
+            request, sent = b"GET /slow HTTP/1.1\r\nHost: x\r\nX-Thing: " + b"y" * 100, 0
+            while sent < len(request):  # a byte every 0.2 s: each read is quick, the head never ends
+                try:
+                    slow.sendall(request[sent:sent + 1])
+                except OSError:
+                    break
+                sent += 1
+                with contextlib.suppress(TimeoutError):
+                    if slow.recv(65536) == b"":
+                        break
+            assert 3 < sent < len(request), f"the server closed after {sent} bytes of a head sent a byte at a time"
+        with requests.get(f"http://{srv.host}:{srv.port}/still", timeout=10) as r:
+            assert r.status_code == 200
+
+
+def test_the_connection_idle_longest_is_given_up_for_a_new_one():
+    with _serving(limits=TimeLimits(idle=60, head=60), max_connections=3) as srv:
+        socks = [socket.create_connection((srv.host, srv.port), timeout=10) for _ in range(3)]
+        try:
+            for sock in socks:  # each served once, then idle (keep-alive), oldest first
+                sock.sendall(b"GET /once HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            with requests.get(f"http://{srv.host}:{srv.port}/new", timeout=10) as r:
+                assert r.status_code == 200  # not 503: room was made
+            assert _closed_by_server(socks[0])
+            socks[2].settimeout(0.5)
+            assert not _closed_by_server(socks[2])  # the newest idle one is kept
+            assert srv.evicted >= 1
+        finally:
+            for sock in socks:
+                sock.close()

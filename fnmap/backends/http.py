@@ -127,6 +127,18 @@ class HttpBackend(BaseBackend):
 
     def _post_plain(self, target: tuple[str, int, str], invocation: Invocation,
                     read_timeout: float | None) -> bytes:
+        try:
+            r = self._post_plain_once(target, invocation, read_timeout)
+        except rawhttp.StaleConnection:
+            # The server closed the reused connection while idle, before reading the request:
+            # it was not served; send it once more, on a new connection.
+            r = self._post_plain_once(target, invocation, read_timeout)
+        if r.status == 200:
+            return r.body
+        raise fault_from_status(r.status, r.headers, r.body.decode(errors="replace"), self.invoke_url)
+
+    def _post_plain_once(self, target: tuple[str, int, str], invocation: Invocation,
+                         read_timeout: float | None) -> rawhttp.Response:
         host, port, path = target
         conn = getattr(self._local, "conn", None)
         if conn is not None and ((conn.host, conn.port) != (host, port) or _dropped(conn)):
@@ -145,14 +157,15 @@ class HttpBackend(BaseBackend):
         except TimeoutError as e:
             self._forget(conn)
             raise PlatformFault("lost", f"no answer from {self.invoke_url} within {read_timeout} s") from e
+        except rawhttp.StaleConnection:
+            self._forget(conn)
+            raise
         except OSError as e:  # refused, reset, or cut off mid-answer (rawhttp.ProtocolError)
             self._forget(conn)
             raise PlatformFault("connection", f"cannot reach {self.invoke_url}: {e!r}") from e
         if r.will_close:
             self._forget(conn)
-        if r.status == 200:
-            return r.body
-        raise fault_from_status(r.status, r.headers, r.body.decode(errors="replace"), self.invoke_url)
+        return r
 
     def _forget(self, conn) -> None:
         if conn is not None:

@@ -15,7 +15,13 @@ import socket
 from ..runtime import httpwire
 from ..runtime.httpwire import Headers, ProtocolError, Response
 
-__all__ = ["Connection", "Headers", "ProtocolError", "Response"]
+__all__ = ["Connection", "Headers", "ProtocolError", "Response", "StaleConnection"]
+
+
+class StaleConnection(ProtocolError):
+    """A reused keep-alive connection failed before any byte of the answer came: the server had
+    closed it while idle (it closes connections idle for a few seconds), so the request was not
+    served and may be sent again on a new connection."""
 
 #: Bodies larger than this are sent with a second ``sendall`` instead of being copied onto the head.
 _JOIN_LIMIT = 64 * 1024
@@ -38,7 +44,7 @@ class Connection:
     """One keep-alive connection to ``host:port`` (not thread-safe: one per thread).  ``parser``
     is ``httptools`` or ``h11`` (default: :data:`fnmap.runtime.httpwire.PARSER`)."""
 
-    __slots__ = ("host", "port", "sock", "_wire", "_host_header")
+    __slots__ = ("host", "port", "sock", "answered", "_wire", "_host_header")
 
     def __init__(self, host: str, port: int, connect_timeout: float, parser: str | None = None):
         self.host, self.port = host, port
@@ -46,22 +52,33 @@ class Connection:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         _keep_alive_probes(self.sock)
         self._wire = httpwire.response_reader(self.sock, parser)
+        #: Answers read on this connection so far (more than none: a reused keep-alive connection).
+        self.answered = 0
         self._host_header = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
 
     def post(self, path: str, body: bytes, headers: dict[str, str], timeout: float | None) -> Response:
         """Send one POST and read its whole answer.  Raises ``TimeoutError`` when no answer
-        comes within ``timeout`` seconds, ``OSError`` (``ProtocolError``) on a broken connection."""
+        comes within ``timeout`` seconds, ``OSError`` (``ProtocolError``) on a broken connection,
+        :class:`StaleConnection` when a reused connection broke before any of the answer came."""
         head, data = self._wire.encode("POST", path, self._host_header, headers, body)
         self.sock.settimeout(timeout)
-        if len(data) <= _JOIN_LIMIT:
-            self.sock.sendall(head + data)
-        else:
-            self.sock.sendall(head)
-            self.sock.sendall(data)
-        while True:
-            response = self._wire.read()
-            if response.status != 100:
-                return response
+        try:
+            if len(data) <= _JOIN_LIMIT:
+                self.sock.sendall(head + data)
+            else:
+                self.sock.sendall(head)
+                self.sock.sendall(data)
+            while True:
+                response = self._wire.read()
+                if response.status != 100:
+                    self.answered += 1
+                    return response
+        except TimeoutError:
+            raise
+        except OSError as e:
+            if self.answered and not self._wire.answer_started():
+                raise StaleConnection(f"the server closed this idle keep-alive connection ({e!r})") from e
+            raise
 
     def close(self) -> None:
         self.sock.close()

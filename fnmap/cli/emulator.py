@@ -34,6 +34,21 @@ def register(sub) -> None:
                         "storage at this emulator: the whole AWS path offline (see --env-file)")
     p.add_argument("--env-file", metavar="PATH",
                    help="with --aws: also write the export lines to PATH (then: source PATH)")
+    c = p.add_argument_group(
+        "connections",
+        "Bounds on what one connection may hold, so that silent or slow clients cannot lock others out.",
+    )
+    c.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a host name clients may reach the emulator by, besides its address, 127.0.0.1, "
+                        "localhost and [::1] (repeatable); requests naming any other Host are refused "
+                        "(DNS rebinding)")
+    c.add_argument("--idle-timeout", type=float, default=10.0, metavar="S",
+                   help="close a keep-alive connection silent for S seconds between requests (default 10)")
+    c.add_argument("--head-timeout", type=float, default=10.0, metavar="S",
+                   help="a request's line and headers must arrive within S seconds of its first byte (default 10); "
+                        "its body then gets S seconds plus one per MiB")
+    c.add_argument("--max-connections", type=int, default=2048, metavar="N",
+                   help="connections held at once; past it, the one idle longest is closed (default 2048)")
     p.add_argument("--watch-stdin", action="store_true",
                    help="stop when standard input closes (used when a client starts the emulator)")
     f = p.add_argument_group(
@@ -82,6 +97,10 @@ def run(args) -> int:
                          "(new environments per 10 s); leave it out for no limit")
     if args.env_file and not args.aws:
         raise SystemExit("fnmap emulator: --env-file goes with --aws")
+    try:
+        limits = time_limits(args)
+    except ValueError as e:
+        raise SystemExit(f"fnmap emulator: {e}") from None
     hide_working_folder()
     offline = None
     if args.aws:
@@ -91,11 +110,24 @@ def run(args) -> int:
     try:
         serve(host=args.host, port=args.port, workers=args.workers, watch_stdin=args.watch_stdin,
               faults=faults, wsgi_server=args.wsgi_server, lambda_runtime=args.lambda_runtime,
-              on_listening=offline.announcer(args.env_file) if offline else None, scaling_rate=args.scaling_rate)
+              on_listening=offline.announcer(args.env_file) if offline else None, scaling_rate=args.scaling_rate,
+              limits=limits, max_connections=args.max_connections, allow_hosts=tuple(args.allow_host))
     finally:
         if offline is not None:
             offline.stop()
     return 0
+
+
+def time_limits(args):
+    """The connection bounds the options ask for; ValueError naming the option that is wrong."""
+    from ..runtime.deadlines import TimeLimits
+
+    for option, value in (("--idle-timeout", args.idle_timeout), ("--head-timeout", args.head_timeout)):
+        if not value > 0:
+            raise ValueError(f"{option}={value} must be a positive number of seconds")
+    if args.max_connections < 1:
+        raise ValueError(f"--max-connections={args.max_connections} must be at least 1")
+    return TimeLimits(idle=args.idle_timeout, head=args.head_timeout)
 
 
 def hide_working_folder() -> None:
@@ -152,3 +184,4 @@ def check_options(options: str) -> None:
     except _Refused as e:
         raise ValueError(f"{e}; see `fnmap emulator --help` for the fault-injection options") from None
     fault_plan(args)
+    time_limits(args)

@@ -3,7 +3,9 @@
 Routes: ``POST /invoke`` (and ``/``), the same as a deployed HTTP handler;
 ``POST /cancel`` (stop attempts whose call the client decided by another
 attempt; signed with the secret as an invocation is); ``GET /health``;
-``GET /calls`` (recent calls, newest last).  Invocations run in the
+``GET /calls`` (recent calls, newest last, without their job ids: anyone who reaches
+the port may ask).  Every request passes :mod:`fnmap.runtime.frontdoor` first.
+Invocations run in the
 :class:`~fnmap.emulator.pool.WorkerPool`.
 """
 
@@ -193,6 +195,10 @@ class Emulator:
             stopper.stop()
         return 200, {"stopped": len(stopping), "stopped_on_arrival": len(keys) - len(stopping)}
 
+    def calls(self) -> list[dict]:
+        """``GET /calls``: the recent calls' outcomes, without the job ids (not asked for a signature)."""
+        return [{k: v for k, v in record.items() if k != "job_id"} for record in list(self.recent)]
+
     def health(self) -> dict:
         return {
             "status": "ok",
@@ -213,7 +219,7 @@ class Emulator:
 def create_emulator_app(emulator: Emulator):
     app = create_app(emulator.execute, name="fnmap-emulator")
     app.add_url_rule("/health", "health", lambda: jsonify(emulator.health()))
-    app.add_url_rule("/calls", "calls", lambda: jsonify(list(emulator.recent)))
+    app.add_url_rule("/calls", "calls", lambda: jsonify(emulator.calls()))
 
     def cancel():
         status, answer = emulator.stop_attempts(request.get_data(cache=False),

@@ -10,59 +10,137 @@ speaks HTTP/1.1 with keep-alive, ``Content-Length`` and chunked request bodies,
 sent with one.  Requests are parsed by :mod:`fnmap.runtime.httpwire` (httptools, or h11):
 a malformed one is answered 400 (413, 431, 501, 505) and its connection closed
 (issue 12).  It binds where it is told (the CLI warns when that is not loopback).
+
+Connections are bounded (issue 26): a connection silent between requests is closed after
+``TimeLimits.idle`` seconds, a request's head must arrive within ``TimeLimits.head`` seconds of its
+first byte and its body at a minimum rate, and at ``max_connections`` the connection waiting longest
+without a request is given up for the new one: a thousand silent or byte-a-second connections do
+not lock other clients out.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import sys
 import threading
+import time
 import traceback
 from io import BytesIO
 
 from ..runtime import httpwire
+from ..runtime.deadlines import TimedConnection, TimeLimits
 from ..runtime.httpwire import BadRequest, reason_phrase
 
-#: Connections served at once; more are answered 503 and closed.
-MAX_CONNECTIONS = 1000
+#: Connections served at once; when a new one would pass it, the idle connection waiting longest is
+#: given up (a client's keep-alive connection: fnmap's client sends again on a new one); when
+#: every connection is answering a request, the new one is answered 503 and closed.  Above 64
+#: clients of 16 connections each (a thread each; :func:`raise_file_limit` makes room for them).
+MAX_CONNECTIONS = 2048
+_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+#: File descriptors kept for what is not a connection (worker pipes, files, the listener).
+_RESERVED_FILES = 256
+
+
+def raise_file_limit(connections: int) -> int:
+    """Raise this process's soft limit of open files towards ``connections`` plus a reserve (up to
+    the hard limit); return how many connections it leaves room for."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return connections
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + _RESERVED_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+        except (ValueError, OSError):
+            pass
+    return connections if soft == resource.RLIM_INFINITY else max(1, min(connections, soft - _RESERVED_FILES))
 
 
 class WSGIServer:
     """Serve ``app`` on ``host:port`` (0: any free port) until :meth:`close`.  ``parser`` is
-    ``httptools`` or ``h11`` (default: :data:`fnmap.runtime.httpwire.PARSER`)."""
+    ``httptools`` or ``h11`` (default: :data:`fnmap.runtime.httpwire.PARSER`).
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, idle_timeout: float = 600.0,
-                 max_body: int = 64 << 20, parser: str | None = None):
+    ``limits`` (:class:`~fnmap.runtime.deadlines.TimeLimits`) bounds how long a connection may stay
+    silent between requests and how long a request's head and body may take to arrive, so that
+    silent or byte-a-second connections (a thread each) cannot lock other clients out;
+    ``max_connections`` bounds how many are held at once.
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, limits: TimeLimits | None = None,
+                 max_body: int = 64 << 20, parser: str | None = None, max_connections: int = MAX_CONNECTIONS):
         self.app = app
         self.parser = httpwire.check_parser(parser or httpwire.PARSER)
-        self.idle_timeout = idle_timeout
+        self.limits = limits or TimeLimits()
         self.max_body = max_body
+        if max_connections < 1:
+            raise ValueError(f"max_connections={max_connections} must be at least 1")
+        self.max_connections = max_connections
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.listener = socket.create_server((host, port), family=family, backlog=1024)
         self.host, self.port = self.listener.getsockname()[:2]
-        self._connections: set[socket.socket] = set()
+        #: Open connections, each with where its request stands.
+        self._connections: dict[socket.socket, TimedConnection] = {}
         self._lock = threading.Lock()
         self._closed = False
+        #: Connections given up to make room for new ones (idle first).
+        self.evicted = 0
 
     def serve_forever(self) -> None:
         while not self._closed:
             try:
                 sock, peer = self.listener.accept()
-            except OSError:
-                return  # closed
+            except OSError as e:
+                if self._closed or e.errno not in _OUT_OF_FILES:
+                    return  # closed
+                self._out_of_files()
+                continue
+            conn = TimedConnection(sock, self.limits, self.max_body)
             with self._lock:
-                crowded = len(self._connections) >= MAX_CONNECTIONS
-                if not crowded:
-                    self._connections.add(sock)
-            if crowded:
+                victim = self._make_room()
+                admitted = len(self._connections) < self.max_connections
+                if admitted:
+                    self._connections[sock] = conn
+            if victim is not None:
+                with contextlib.suppress(OSError):
+                    victim.sock.shutdown(socket.SHUT_RDWR)  # its thread wakes from recv and ends
+            if not admitted:
                 with contextlib.suppress(OSError):
                     sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
                                  b"Connection: close\r\n\r\n")
                 sock.close()
                 continue
-            threading.Thread(target=self._serve_connection, args=(sock, peer), daemon=True,
+            threading.Thread(target=self._serve_connection, args=(conn, peer), daemon=True,
                              name="fnmap-emulator-connection").start()
+
+    def _out_of_files(self) -> None:
+        """accept() failed for want of file descriptors: give up the connection idle longest."""
+        with self._lock:
+            self.max_connections = max(1, len(self._connections))  # what fits, from now on
+            victim = self._make_room()
+        if victim is not None:
+            with contextlib.suppress(OSError):
+                victim.sock.shutdown(socket.SHUT_RDWR)
+        time.sleep(0.01)  # its thread closes it; the client waiting in the backlog is accepted next
+
+    def _make_room(self) -> TimedConnection | None:
+        """At the limit, take the connection that waited longest without a request in hand off the
+        table (idle ones first, then those still sending a head, then a body) and return it."""
+        if len(self._connections) < self.max_connections:
+            return None
+        waiting = [c for c in self._connections.values() if c.phase != c.BUSY]
+        if not waiting:
+            return None
+        victim = min(waiting, key=lambda c: (c.phase, c.since))
+        victim.given_up = True
+        del self._connections[victim.sock]
+        self.evicted += 1
+        return victim
 
     def close(self) -> None:
         """Stop accepting and hang up every open connection (their threads then end)."""
@@ -79,28 +157,36 @@ class WSGIServer:
 
     # -- one connection ----------------------------------------------------------
 
-    def _serve_connection(self, sock: socket.socket, peer) -> None:
+    def _serve_connection(self, conn: TimedConnection, peer) -> None:
+        sock = conn.sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            reader = httpwire.request_reader(sock, self.max_body, self.parser)
+            reader = httpwire.request_reader(conn, self.max_body, self.parser)
             while not self._closed:
-                sock.settimeout(self.idle_timeout)
+                conn.waiting()
                 try:
                     request = reader.read()
                 except BadRequest as e:
                     self._send_simple(sock, e.status, str(e))
                     return
-                if request is None or not self._serve_request(sock, request, peer):
+                if request is None:
+                    return
+                with self._lock:  # either it is given up before it answers, or it answers
+                    if conn.given_up:
+                        return  # not served: the client sends it again on a new connection
+                    conn.answering()
+                if not self._serve_request(conn, request, peer):
                     return
         except (OSError, ValueError):
-            return  # the client hung up, timed out, or the server is closing
+            return  # the client hung up, was too slow (TimeoutError), or the server is closing
         finally:
             with self._lock:
-                self._connections.discard(sock)
+                if self._connections.get(sock) is conn:
+                    del self._connections[sock]
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _serve_request(self, sock: socket.socket, request: httpwire.Request, peer) -> bool:
+    def _serve_request(self, conn: TimedConnection, request: httpwire.Request, peer) -> bool:
         method, target, version, body = request.method, request.target, request.version, request.body
         path, _, query = target.partition("?")
         if path.startswith(("http://", "https://")):  # absolute form
@@ -121,10 +207,11 @@ class WSGIServer:
                 environ[key] = value
             elif key not in ("CONTENT_LENGTH", "TRANSFER_ENCODING"):
                 environ["HTTP_" + key] = value
-        return self._respond(sock, environ, method, version, request.keep_alive)
+        return self._respond(conn, environ, method, version, request.keep_alive)
 
-    def _respond(self, sock: socket.socket, environ: dict, method: str, version: str,
+    def _respond(self, conn: TimedConnection, environ: dict, method: str, version: str,
                  keep_alive: bool) -> bool:
+        sock = conn.sock
         state: dict = {}
 
         def start_response(status, response_headers, exc_info=None):
@@ -160,6 +247,7 @@ class WSGIServer:
             head.append("Connection: keep-alive")
         data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
         state["sent"] = True
+        conn.allow_writing(len(data) + len(body))  # a client that never reads is given up
         if method == "HEAD":
             sock.sendall(data)
         elif len(body) <= 65536:
@@ -172,6 +260,7 @@ class WSGIServer:
     def _send_simple(self, sock: socket.socket, status: int, text: str) -> None:
         body = text.encode()
         with contextlib.suppress(OSError):
+            sock.settimeout(self.limits.head)
             sock.sendall(f"HTTP/1.1 {status} {reason_phrase(status)}\r\nContent-Type: text/plain; "
                          f"charset=utf-8\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
                          .encode("latin-1") + body)

@@ -27,8 +27,9 @@ with 403 before any route sees it.  Routes, with botocore's paths:
   ``TooManyRequestsException`` (synchronous) or waits in the event queue (``Event``).
 * Any other Lambda API path: 501 ``NotImplemented``, naming what is served.
 * ``GET /lambda/stats``: invocations by type, throttles (``scaling_throttled`` of them by the
-  scaling rate), events queued, environments by function, the access key ids that signed Invokes; with ``ric``, cold and
-  warm starts, environments, init errors, timeouts and runtime exits (emulator only).
+  scaling rate), events queued, environments by function, how many access key ids signed Invokes
+  (not which); with ``ric``, cold and warm starts, environments, init errors, timeouts and runtime
+  exits (emulator only).
 
 Two ways to run the events (``fnmap emulator --lambda-runtime``):
 
@@ -420,7 +421,7 @@ def register(app, emulator) -> None:
     def lambda_stats():
         stats = {**api.stats, "events_queued": api._events.qsize(), "running": dict(api.running),
                  "lambda_runtime": "ric" if ric else "pool", "scaling_rate": api.scaling_rate,
-                 "access_keys": list(api.access_keys)}
+                 "access_keys": len(api.access_keys)}  # how many keys, not which: the route is unsigned
         if api.scaling_rate:
             stats["scaled_to"] = dict(api.environments)
         if ric:

@@ -67,6 +67,7 @@ import uuid
 import zipfile
 from dataclasses import dataclass, field
 
+from ..runtime.frontdoor import FrontDoor
 from .lambda_api import ACCOUNT, HANDLER, REGION, lambda_error
 
 #: Lambda's limit on a synchronous response, enforced by its Runtime API.
@@ -262,6 +263,12 @@ class _RuntimeApiServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     environment: Environment
 
+    def server_activate(self) -> None:
+        super().server_activate()
+        #: Only the runtime on this machine, by this address: no other Host (DNS rebinding), no web page.
+        self.front_door = FrontDoor(None)
+        self.front_door.serve_at(self.server_address[0], self.server_address[1])
+
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], ConnectionError):  # a stopped environment's connection: no news
             super().handle_error(request, client_address)
@@ -289,7 +296,17 @@ class _RuntimeApiHandler(http.server.BaseHTTPRequestHandler):
     def _error(self, status: int, error_type: str, message: str) -> None:
         self._send(status, lambda_error(error_type, message))
 
+    def _refused(self) -> bool:
+        refusal = self.server.front_door.origin_refusal(self.headers.get("Host", ""), self.headers.get("Origin"),
+                                                        self.headers.get("Sec-Fetch-Site"))
+        if refusal is not None:
+            self.close_connection = True
+            self._error(refusal[0], "Forbidden", refusal[1])
+        return refusal is not None
+
     def do_GET(self):
+        if self._refused():
+            return
         env = self.server.environment
         if self.path != f"{_API}/invocation/next":
             return self._error(404, "NotFound", f"the Runtime API has no GET {self.path}")
@@ -307,6 +324,8 @@ class _RuntimeApiHandler(http.server.BaseHTTPRequestHandler):
         self._send(200, inv.payload, headers)
 
     def do_POST(self):
+        if self._refused():
+            return
         env = self.server.environment
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():

@@ -9,10 +9,11 @@ import signal
 import sys
 import threading
 
+from ..runtime.deadlines import TimeLimits
 from ..runtime.signing import SECRET_ENV, new_secret
 from . import default_workers
 from .faults import FaultPlan
-from .httpserver import WSGIServer
+from .httpserver import MAX_CONNECTIONS, WSGIServer, raise_file_limit
 from .pool import WorkerPool
 from .sigv4 import take_credentials
 
@@ -21,14 +22,18 @@ log = logging.getLogger(__name__)
 
 def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
           watch_stdin: bool = False, faults: FaultPlan | None = None, wsgi_server: str = "fnmap",
-          lambda_runtime: str | None = None, on_listening=None, scaling_rate: int | None = None) -> None:
+          lambda_runtime: str | None = None, on_listening=None, scaling_rate: int | None = None,
+          limits: TimeLimits | None = None, max_connections: int = MAX_CONNECTIONS,
+          allow_hosts: tuple[str, ...] = ()) -> None:
     """Run the emulator in this process until told to stop; ``faults`` makes it unreliable on purpose.
 
     ``wsgi_server`` is ``"fnmap"`` (:mod:`.httpserver`) or ``"waitress"``; ``lambda_runtime`` is ``"ric"``,
     ``"pool"`` or None (ric when awslambdaric is installed; :mod:`.lambda_api`).  ``on_listening(url)``
     is called once the server is bound, before the "listening" line (``fnmap emulator --aws``
     prints its exports there).  ``scaling_rate``: new Lambda execution environments per function per 10 s
-    (None: no limit).
+    (None: no limit).  ``limits`` and ``max_connections`` bound the connections it holds
+    (:class:`.httpserver.WSGIServer`); ``allow_hosts``: host names besides its addresses that
+    clients may reach it by (every other ``Host`` is refused: DNS rebinding).
     """
     workers = workers or default_workers()
     env = dict(os.environ)
@@ -41,6 +46,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
               + "  (AWS credentials of the emulator's Lambda and Batch APIs; boto3 clients must sign with them)",
               flush=True)
     _warn_if_exposed(host)
+    limits = limits or TimeLimits()
     limit_blas_threads(env, workers)
     pool = _start_pool_while(workers, env, _import_app)
     from ..runtime.http_app import MAX_BODY_BYTES
@@ -54,10 +60,12 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     # A thread per connection: calls beyond the workers are answered 429, and delayed calls
     # (latency, stragglers, drops) wait, without stopping the pool from serving.
     if wsgi_server == "waitress":
-        server = _Waitress(app, host, port, threads=2 * workers + 8)
+        server = _Waitress(app, host, port, threads=2 * workers + 8, idle=limits.idle, limit=max_connections)
     else:
-        server = WSGIServer(app, host=host, port=port, idle_timeout=600, max_body=MAX_BODY_BYTES)
+        server = WSGIServer(app, host=host, port=port, limits=limits, max_body=MAX_BODY_BYTES,
+                            max_connections=raise_file_limit(max_connections))
     actual_host, actual_port = server.host, server.port
+    app.extensions["fnmap_front_door"].serve_at(str(actual_host), actual_port, allow_hosts)
     shown_host = f"[{actual_host}]" if ":" in str(actual_host) else actual_host
 
     stop_requested = threading.Event()
@@ -114,13 +122,15 @@ def _start_pool_while(workers: int, env: dict, work) -> WorkerPool:
 class _Waitress:
     """waitress behind the interface of :class:`.httpserver.WSGIServer` (``--wsgi-server waitress``)."""
 
-    def __init__(self, app, host: str, port: int, threads: int):
+    def __init__(self, app, host: str, port: int, threads: int, idle: float, limit: int):
         from waitress import create_server
 
         # 1 MB arguments: big reads, kept in memory (waitress's defaults: 8 KB reads, a temp
-        # file past 512 KB, cost 5 ms per MB; issue 9).
-        self._server = create_server(app, host=host, port=port, threads=threads, channel_timeout=600,
-                                     connection_limit=1000, asyncore_use_poll=True,
+        # file past 512 KB, cost 5 ms per MB; issue 9).  Its one loop holds slow connections
+        # without a thread each; inactive ones are closed after ``idle`` seconds.
+        self._server = create_server(app, host=host, port=port, threads=threads, channel_timeout=idle,
+                                     cleanup_interval=max(1, int(idle / 2)),
+                                     connection_limit=limit, asyncore_use_poll=True,
                                      recv_bytes=1 << 18, inbuf_overflow=16 << 20)
         self.host, self.port = self._server.effective_host, self._server.effective_port
 
@@ -173,13 +183,19 @@ def _set_on_stdin_eof(event: threading.Event) -> None:
 
 
 def _warn_if_exposed(host: str) -> None:
+    """Say, when bound beyond loopback, who can reach the emulator and what they can do there."""
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = host == "localhost"
     if not loopback:
         print(
-            f"WARNING: the fnmap emulator is bound to {host}, reachable from other machines. It runs "
-            "any pickled code signed with its secret; keep the secret private, or bind 127.0.0.1.",
+            f"WARNING: the fnmap emulator is bound to {host or 'every address'}, reachable from other "
+            "machines. Anyone who reaches the port can read /health, /calls and /lambda/stats (counts, "
+            "no job ids or keys) and send requests; code runs only for requests signed with its secret "
+            "(FNMAP_SECRET: /invoke, /cancel, Lambda events) or, on the Lambda and Batch APIs, signed "
+            "(SigV4) with the credentials it prints. The traffic is plain HTTP: anyone on the network path "
+            "reads the arguments, results and signed requests. Keep the secret and credentials private "
+            "and the network trusted, or bind 127.0.0.1.",
             file=sys.stderr, flush=True,
         )

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from flask import Flask, Response, request
 
+from .frontdoor import FrontDoor
 from .httpwire import reason_phrase
 from .signing import SIGNATURE_HEADER
 
@@ -22,7 +23,9 @@ MAX_BODY_BYTES = 64 << 20
 
 
 def create_app(execute: Execute, name: str = "fnmap") -> Flask:
-    app = Flask(name)
+    """The app; ``app.extensions["fnmap_front_door"]`` is its :class:`~.frontdoor.FrontDoor` (the
+    emulator tells it the addresses it serves).  No static route: nothing is served from files."""
+    app = Flask(name, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
 
     def invoke():
@@ -32,7 +35,8 @@ def create_app(execute: Execute, name: str = "fnmap") -> Flask:
 
     app.add_url_rule("/", "invoke_root", invoke, methods=["POST"])
     app.add_url_rule("/invoke", "invoke", invoke, methods=["POST"])
-    app.wsgi_app = _InvokeFastPath(app.wsgi_app, execute)
+    door = FrontDoor(_InvokeFastPath(app.wsgi_app, execute))
+    app.wsgi_app = app.extensions["fnmap_front_door"] = door
     return app
 
 

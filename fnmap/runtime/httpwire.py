@@ -139,9 +139,17 @@ def _body_too_large(size: int, max_body: int) -> BadRequest:
 # -- the server side: requests -------------------------------------------------------
 
 
-def request_reader(sock: socket.socket, max_body: int, parser: str | None = None):
-    """A reader of the requests that arrive on ``sock``: ``read()`` returns the next
-    :class:`Request`, None once the client has closed, or raises :class:`BadRequest`."""
+def _head_complete(sock, length: int | None) -> None:
+    mark = getattr(sock, "head_complete", None)
+    if mark is not None:
+        mark(length)
+
+
+def request_reader(sock, max_body: int, parser: str | None = None):
+    """A reader of the requests that arrive on ``sock`` (a socket, or a
+    :class:`~fnmap.runtime.deadlines.TimedConnection`, told when each head is complete):
+    ``read()`` returns the next :class:`Request`, None once the client has closed, or raises
+    :class:`BadRequest` (``TimeoutError`` past a ``TimedConnection``'s deadline)."""
     if check_parser(parser or PARSER) == "httptools":
         return _HttptoolsRequestReader(sock, max_body)
     return _H11RequestReader(sock, max_body)
@@ -229,6 +237,7 @@ class _HttptoolsRequestReader:
         if length is not None and int(length) > self.max_body:
             self._fail(_body_too_large(int(length), self.max_body))
         chunked = "transfer-encoding" in self._headers
+        _head_complete(self.sock, None if chunked else int(length or 0))
         if self._headers.get("expect", "").lower() == "100-continue" and (chunked or (length and int(length))):
             self.sock.sendall(_CONTINUE)
 
@@ -288,6 +297,8 @@ class _H11RequestReader:
                 elif isinstance(event, h11.Request):
                     request = event
                     headers = self._check(event, head)
+                    chunked = "transfer-encoding" in headers
+                    _head_complete(self.sock, None if chunked else int(headers.get("content-length", "0") or 0))
                     if headers.get("expect", "").lower() == "100-continue" and (
                             "transfer-encoding" in headers or int(headers.get("content-length", "0") or 0)):
                         self.sock.sendall(_CONTINUE)
@@ -391,6 +402,10 @@ class _HttptoolsResponseReader:
         self._received = 0
         return format_request(method, target, host, headers, len(body)), body
 
+    def answer_started(self) -> bool:
+        """Whether any byte of the answer to the last request arrived."""
+        return self._received > 0
+
     def read(self) -> Response:
         while not self._ready:
             data = self.sock.recv(READ_SIZE)
@@ -459,10 +474,16 @@ class _H11ResponseReader:
         self.h11, self.sock = h11, sock
         self._conn = None
         self._pending = b""
+        self._received = False
+
+    def answer_started(self) -> bool:
+        """Whether any byte of the answer to the last request arrived."""
+        return self._received
 
     def encode(self, method: str, target: str, host: str, headers: dict[str, str],
                body: bytes) -> tuple[bytes, bytes]:
         h11 = self.h11
+        self._received = bool(self._pending)
         self._conn = conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         fields = [("Host", host), ("Content-Length", str(len(body))), *headers.items()]
         head = conn.send(h11.Request(method=method, target=target, headers=fields))
@@ -485,7 +506,7 @@ class _H11ResponseReader:
                     data = self.sock.recv(READ_SIZE)
                     if not data and not received:
                         raise ProtocolError("the server closed the connection without answering")
-                    received = True
+                    received = self._received = True
                     if response is None:
                         head.add(data)
                     conn.receive_data(data)
