@@ -56,6 +56,11 @@ class SerializationError(FnmapError, TypeError):
     """A function, argument or result cannot be pickled; the message names the object and its path."""
 
 
+class InitializerError(FnmapError, RuntimeError):
+    """The ``initializer`` raised on the worker process that was to run the call: every call that
+    process runs with it fails with this error (the message names the initializer and its error)."""
+
+
 class VersionMismatch(FnmapError, RuntimeError):
     """The client and the function runtime run different Python or cloudpickle versions."""
 

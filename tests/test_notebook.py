@@ -67,7 +67,8 @@ def test_a_functools_cache_function_of_the_notebook_travels(tmp_path):
     cells = [
         "import functools, os, fnmap",
         "@functools.cache\ndef load_model():\n    return {'weight': 3, 'pid': os.getpid()}",
-        "def predict(x):\n    model = load_model()\n    return x * model['weight'], model['pid'], load_model.cache_info().hits",
+        "def predict(x):\n    model = load_model()\n"
+        "    return x * model['weight'], model['pid'], load_model.cache_info().hits",
         "out = fnmap.map(predict, range(4), chunksize=4)\nprint(out)\nprint('kernel', os.getpid())",
     ]
     shown = text_of(run_cells(cells, tmp_path)[3])
