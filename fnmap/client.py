@@ -36,7 +36,7 @@ INPUT_THREADS = 4
 class Client:
     def __init__(self, config):
         self.config = config
-        self.store = open_store(config.storage_url)
+        self.store = open_store(config.storage_url, config.storage_origin)
         self.backend = create_backend(config)
         secret = config.secret.encode() if config.secret else self.backend.secret
         if not secret:
@@ -145,11 +145,9 @@ class Client:
         try:
             yield
         except OSError as e:
-            if isinstance(e, KeyNotFound):
+            if isinstance(e, (KeyNotFound, StorageError)):  # a StorageError says all this already
                 raise
-            cfg = self.config
-            where = (cfg.describe("storage") if cfg.source("storage") != "default"
-                     else "the default storage (no storage= or FNMAP_STORAGE set)")
+            where = self.config.storage_origin
             fix = storage_fix(e) if e.errno in STORAGE_REFUSED_ERRNOS else "check that the storage is reachable"
             err = StorageError(f"cannot {doing} in {self.store.url}, {where}: "
                                f"{e.strerror or e} ({getattr(e, 'filename', None) or ''}); {fix}")

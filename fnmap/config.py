@@ -110,6 +110,14 @@ class Config:
 
         return self.storage or default_storage_url()
 
+    @property
+    def storage_origin(self) -> str:
+        """Where the storage URL came from, for storage errors: ``FNMAP_STORAGE='...' (from the
+        environment)``, ``storage='...' (from keyword)``, a config file, or the default."""
+        if self.source("storage") == "default":
+            return "the default storage: no storage= or FNMAP_STORAGE is set"
+        return self.describe("storage")
+
     def deployment_key(self) -> tuple:
         """The options that identify a client: backend, storage and where/how calls are sent."""
         return (
