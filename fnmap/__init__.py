@@ -14,6 +14,7 @@ from .errors import (
     CallLost,
     ConfigError,
     FnmapError,
+    InitializerError,
     KeyNotFound,
     PlatformError,
     RemoteError,
@@ -34,7 +35,7 @@ __all__ = [
     "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor", "job",
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
     "SerializationError", "VersionMismatch", "SignatureError", "StorageError", "PlatformError", "WorkerCrashed",
-    "CallLost", "TimeoutError", "RemoteError", "RemoteExit",
+    "CallLost", "TimeoutError", "RemoteError", "RemoteExit", "InitializerError",
 ]
 
 

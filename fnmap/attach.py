@@ -28,7 +28,8 @@ def job(job_id: str, **options) -> AttachedJob:
     from .config import resolve
     from .storage import open_store
 
-    store = open_store(resolve(**options).storage_url)
+    config = resolve(**options)
+    store = open_store(config.storage_url, config.storage_origin, create=False)  # reading creates nothing
     return AttachedJob(store, records.resolve_id(store, job_id))
 
 

@@ -22,6 +22,7 @@ from .jobs import CallState, Job
 from .observe import records
 from .runtime import keys
 from .runtime.serialization import dump_parts, dumps_checked, out_of_band, parts_size, pickle_function
+from .runtime.setup import WithInitializer
 from .runtime.worker import MODE_ARGS, MODE_ONE
 from .scheduler import Scheduler
 from .storage import open_store
@@ -35,7 +36,7 @@ INPUT_THREADS = 4
 class Client:
     def __init__(self, config):
         self.config = config
-        self.store = open_store(config.storage_url)
+        self.store = open_store(config.storage_url, config.storage_origin)
         self.backend = create_backend(config)
         secret = config.secret.encode() if config.secret else self.backend.secret
         if not secret:
@@ -72,7 +73,7 @@ class Client:
         """Pickle ``func`` and store it under its content hash, for ``job`` (looked up once per job)."""
         if not callable(func):
             raise TypeError(f"fnmap needs a callable to run, got {type(func).__name__}: {func!r:.100}")
-        digest, data = pickle_function(func)
+        digest, data = pickle_function(with_initializer(func, job.config))
         key = keys.function_key(digest)
         self._put_shared(key, data, job, "store the function")
         return key
@@ -144,11 +145,9 @@ class Client:
         try:
             yield
         except OSError as e:
-            if isinstance(e, KeyNotFound):
+            if isinstance(e, (KeyNotFound, StorageError)):  # a StorageError says all this already
                 raise
-            cfg = self.config
-            where = (cfg.describe("storage") if cfg.source("storage") != "default"
-                     else "the default storage (no storage= or FNMAP_STORAGE set)")
+            where = self.config.storage_origin
             fix = storage_fix(e) if e.errno in STORAGE_REFUSED_ERRNOS else "check that the storage is reachable"
             err = StorageError(f"cannot {doing} in {self.store.url}, {where}: "
                                f"{e.strerror or e} ({getattr(e, 'filename', None) or ''}); {fix}")
@@ -171,6 +170,16 @@ class Client:
         self.scheduler.close()
         self.backend.close()
         self._inputs.shutdown(wait=False)
+
+
+def with_initializer(func, config):
+    """``func``, or with ``initializer=`` a :class:`WithInitializer` holding both, in one pickle (so
+    they share the globals of their module); the initializer is named if it does not pickle."""
+    if config.initializer is None:
+        return func
+    initargs = tuple(config.initargs)
+    data = dumps_checked((config.initializer, initargs), "the initializer or its initargs")
+    return WithInitializer(func, config.initializer, initargs, hashlib.sha256(data).hexdigest()[:32])
 
 
 def _large_values_out_of_band(chunk: tuple) -> tuple:

@@ -54,6 +54,10 @@ class Config:
     #: Where remote print() output is shown: "after" the job (each call's, in call order, as far as it
     #: came back with the answers), "live" (as it happens, on this process's stderr) or "none".
     output: str = "after"
+    #: Called as ``initializer(*initargs)`` once per warm worker process before its first call
+    #: (``multiprocessing.Pool``'s names); it travels with the function.
+    initializer: Any = None
+    initargs: tuple = ()
     #: Environment variables set around each call on the worker.
     extra_env: dict = field(default_factory=dict)
     #: Worker processes of an auto-started emulator / concurrent calls of the client.
@@ -106,6 +110,14 @@ class Config:
 
         return self.storage or default_storage_url()
 
+    @property
+    def storage_origin(self) -> str:
+        """Where the storage URL came from, for storage errors: ``FNMAP_STORAGE='...' (from the
+        environment)``, ``storage='...' (from keyword)``, a config file, or the default."""
+        if self.source("storage") == "default":
+            return "the default storage: no storage= or FNMAP_STORAGE is set"
+        return self.describe("storage")
+
     def deployment_key(self) -> tuple:
         """The options that identify a client: backend, storage and where/how calls are sent."""
         return (
@@ -136,7 +148,7 @@ def endpoint_environment() -> tuple:
 _GPU_SOURCE = "gpu="
 
 OPTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "sources")
-_ENV_SKIP = {"retry_on", "extra_env"}
+_ENV_SKIP = {"retry_on", "extra_env", "initializer", "initargs"}
 
 
 def resolve(**kwargs: Any) -> Config:
@@ -294,6 +306,15 @@ def _validate(c: Config) -> None:
             )
     if c.output not in OUTPUT_MODES:
         raise ConfigError(f"{c.describe('output')} is not an output mode; use one of: {', '.join(OUTPUT_MODES)}")
+    if c.initializer is not None and not callable(c.initializer):
+        raise ConfigError(f"{c.describe('initializer')} is not callable; pass a function, e.g. "
+                          "initializer=load_model, initargs=('model.pt',)")
+    if not isinstance(c.initargs, (tuple, list)):
+        raise ConfigError(f"{c.describe('initargs')} must be a tuple of the initializer's arguments, "
+                          f"e.g. initargs=({c.initargs!r},)")
+    if c.initargs and c.initializer is None:
+        raise ConfigError(f"{c.describe('initargs')} is given without initializer=; pass the function "
+                          "that takes them, e.g. initializer=load_model")
     if not isinstance(c.extra_env, dict):
         raise ConfigError(f"{c.describe('extra_env')} must be a dict of environment variables")
     if c.storage is not None and (not isinstance(c.storage, str) or "://" not in c.storage):

@@ -29,7 +29,22 @@ class UnknownStorage(ConfigError):
 
 
 class StorageError(FnmapError, OSError):
-    """The job's storage refused a write that retrying will not fix (read-only, full, no access)."""
+    """The job's storage failed in a way retrying will not fix: read-only or full, a folder or bucket
+    that does not exist, no credentials, no access, an endpoint that cannot be reached.  The message
+    names the storage URL, the setting it came from and the fix; ``reason`` says which case it is
+    (one of :data:`STORAGE_REASONS`)."""
+
+    reason = "refused"
+
+
+#: Values of :attr:`StorageError.reason`.
+STORAGE_REASONS = ("refused", "missing", "credentials", "access", "unreachable", "bucket", "failed")
+
+
+class MissingBucket(StorageError, UnknownStorage):
+    """The storage URL's bucket does not exist (an :class:`UnknownStorage` as well, as it was)."""
+
+    reason = "bucket"
 
 
 #: errno values of a storage that is full or refuses writes: no retry will help.
@@ -54,6 +69,11 @@ class KeyNotFound(FnmapError, KeyError):
 
 class SerializationError(FnmapError, TypeError):
     """A function, argument or result cannot be pickled; the message names the object and its path."""
+
+
+class InitializerError(FnmapError, RuntimeError):
+    """The ``initializer`` raised on the worker process that was to run the call: every call that
+    process runs with it fails with this error (the message names the initializer and its error)."""
 
 
 class VersionMismatch(FnmapError, RuntimeError):

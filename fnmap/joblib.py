@@ -8,11 +8,14 @@
 Written to joblib >= 1.5's ``submit`` API (``supports_retrieve_callback``), the one joblib calls:
 a backend that only overrides ``apply_async`` on top of a pool backend is silently bypassed.
 Each batch of joblib tasks (joblib sizes them from their durations) becomes one call of an
-:class:`fnmap.Executor`, one per ``Parallel`` run.  Large arguments (NumPy arrays, pandas objects,
+:class:`fnmap.Executor`, one per ``Parallel`` run: a managed ``with Parallel(...) as p:`` gets a
+new one for each ``p(...)`` of its block (scikit-learn's successive-halving searches call it
+several times).  Large arguments (NumPy arrays, pandas objects,
 bytes over ``ref_nbytes``) go to the job's storage once, by content hash, and travel as references:
 a 5-fold grid search uploads ``X`` and ``y`` once, not once per fit.  A task's exception reaches
-joblib as the same type with the remote traceback as its cause; on an error or an interrupt
-joblib aborts, and what has not started is cancelled.
+joblib as the same type with the remote traceback as its cause; on an error, a timeout
+(``Parallel(timeout=...)``) or an interrupt joblib aborts: what has not started is cancelled and
+what runs is stopped where the platform can, so the next run does not wait behind it.
 
 Registration is eager, on ``import fnmap.joblib``.  joblib's one hook for lazy backends,
 ``joblib.parallel.EXTERNAL_BACKENDS`` (how ``backend="dask"`` finds ``joblib._dask``), is a dict
@@ -124,29 +127,37 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
         return n_jobs
 
     def configure(self, n_jobs=1, parallel=None, prefer=None, require=None, **backend_kwargs):
-        """Start an fnmap Executor for one ``Parallel`` run; returns the calls it runs at once.
+        """Get ready for ``parallel``'s runs; returns the calls it runs at once.  Each run (each
+        ``p(...)``, several within one ``with Parallel(...) as p:``) is one fnmap job, started by
+        :meth:`start_call`.
 
         ``backend_kwargs`` are joblib's settings for its process pools (``temp_folder``,
         ``max_nbytes``, ``mmap_mode``...): there is no shared memory with a cloud worker, so they
         do not apply; fnmap's options come to the constructor (``parallel_config(backend="fnmap",
         **options)``)."""
-        import fnmap
-
         from .config import resolve
         from .storage import open_store
 
         self.parallel = parallel
         n_jobs = self.effective_n_jobs(n_jobs)
+        self._store = open_store(resolve(**self.fnmap_options).storage_url)  # where the job's calls read
+        return n_jobs
+
+    def start_call(self):
+        """A ``Parallel`` run begins: a new executor (one fnmap job) for its tasks."""
+        import fnmap
+
+        self.stop_call()
         self.executor = fnmap.Executor(**self.fnmap_options)
         self.jobs.append(self.executor.job)
-        self._store = open_store(resolve(**self.fnmap_options).storage_url)  # where the job's calls read
         self._refs = {}
-        return n_jobs
 
     def submit(self, func, callback=None):
         """Send one joblib batch as one fnmap call, its large arguments by reference."""
         func.items = [(f, [self._by_reference(a) for a in args],
                        {k: self._by_reference(v) for k, v in kwargs.items()}) for f, args, kwargs in func.items]
+        if self.executor is None:  # a joblib that does not call start_call
+            self.start_call()
         future = self.executor.submit(run_batch, func)
         if callback is not None:
             future.add_done_callback(callback)
@@ -178,17 +189,20 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
         return ref
 
     def abort_everything(self, ensure_ready=True):
-        """An error or an interrupt: cancel what has not started; maybe get ready for more."""
-        if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
-            self.executor.job.cancel(stop_platform=True)
-        if ensure_ready:
-            self.configure(n_jobs=self.parallel.n_jobs if self.parallel else -1, parallel=self.parallel)
+        """A task failed, the run timed out (``Parallel(timeout=...)``) or was interrupted: what has
+        not started is cancelled and the calls still running are stopped where the platform can
+        (the emulator kills their worker processes, Batch terminates their containers), so the
+        next run starts on free workers.  The next run gets a new job either way."""
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+            executor.job.cancel(stop_platform=True)
 
     def stop_call(self):
-        """The ``Parallel`` run is over: no more calls on its executor."""
-        if self.executor is not None:
-            self.executor.shutdown(wait=False)
+        """The ``Parallel`` run is over: no more calls on its executor (those running end)."""
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)
 
     def terminate(self):
         self.stop_call()

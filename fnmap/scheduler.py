@@ -161,7 +161,8 @@ class Scheduler:
 
         ``stop_platform``: nobody wants the results any more (a map raised its first failure, or
         was interrupted): the job is *abandoned*, so no more retries or copies, and the backend
-        stops what it still runs where it can (Batch array jobs are terminated).
+        stops what it still runs where it can (Batch array jobs are terminated, the emulator's
+        attempts in flight are stopped: issue 24, joblib's next run waited behind them).
         """
         with self.lock:
             job.cancelled = True
@@ -170,12 +171,16 @@ class Scheduler:
             unstarted = [s for s in job.calls if not s.claimed and not s.done]
             for state in unstarted:
                 state.claimed = True
+            running = [(s.call_id, record[0]) for s in job.calls if not s.done
+                       for record in s.attempts if record[2] is None] if stop_platform else []
         for state in unstarted:
             self._cancel_unstarted(job, state)
         job._wake.set()
         if stop_platform and not job.done:
             try:
                 self.backend.cancel(job.id)
+                if running:  # the emulator kills their worker processes: the next job finds them free
+                    self.backend.stop_attempts(job.id, running, self.secret)
             except Exception as e:  # the caller is already handling an error; say, do not mask it
                 import warnings
 

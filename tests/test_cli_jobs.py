@@ -172,8 +172,23 @@ def test_failures_exit_nonzero_with_one_line(finished_job, args, reason):
 
 
 def test_job_from_another_storage_is_not_found(finished_job, tmp_path):
+    (tmp_path / "empty").mkdir()
     done = fnmap_cli("job", finished_job.id, "--storage", (tmp_path / "empty").as_uri())
     assert done.returncode == 1 and "has no record and no status records" in done.stderr
+
+
+@pytest.mark.parametrize("command", [("jobs",), ("job", "{job}"), ("logs", "{job}"), ("gc",), ("cancel", "{job}")])
+def test_commands_on_a_folder_that_does_not_exist_say_so_and_create_nothing(finished_job, tmp_path, command):
+    """``fnmap jobs --storage file:///typo/dir`` once created the folder and listed nothing."""
+    typo = tmp_path / "typo" / "dir"
+    args = [a.format(job=finished_job.id) for a in command]
+    done = fnmap_cli(*args, "--storage", typo.as_uri())
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"the folder {typo} does not exist (nothing was created)" in done.stderr
+    assert f"(--storage '{typo.as_uri()}')" in done.stderr
+    from_environment = fnmap_cli(*args, storage=typo.as_uri())
+    assert f"(FNMAP_STORAGE='{typo.as_uri()}' (from the environment))" in from_environment.stderr
+    assert not (tmp_path / "typo").exists()
 
 
 def test_gc_removes_the_jobs(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 
@@ -123,3 +124,80 @@ def test_abandoning_the_results_cancels_what_has_not_started():
     ran = [c for c in calls if c["status"] == "ok"]
     assert len(ran) <= 4, f"{len(ran)} of 12 tasks ran although their results were abandoned"
     assert sum(c["status"] == "cancelled" for c in calls) >= 8
+
+
+def test_a_managed_parallel_serves_every_call_of_its_block():
+    """``with Parallel(...) as p:`` once served its first call only: the second raised "cannot
+    schedule new futures after shutdown" (scikit-learn's HalvingGridSearchCV calls it so)."""
+    backend = FnmapBackend()
+    with joblib.parallel_config(backend=backend), joblib.Parallel(n_jobs=2) as parallel:
+        first = parallel(joblib.delayed(abs)(-i) for i in range(4))
+        second = parallel(joblib.delayed(pow)(i, 2) for i in range(4))
+    assert (first, second) == ([0, 1, 2, 3], [0, 1, 4, 9])
+    assert len(backend.jobs) == 2  # one fnmap job per run
+
+
+def test_halving_grid_search_runs_on_fnmap(iris):
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+    from sklearn.model_selection import HalvingGridSearchCV
+
+    X, y = iris
+    local = HalvingGridSearchCV(SVC(), GRID, cv=3, n_jobs=1, random_state=0).fit(X, y)
+    with joblib.parallel_config(backend="fnmap", n_jobs=2):
+        remote = HalvingGridSearchCV(SVC(), GRID, cv=3, random_state=0).fit(X, y)
+    assert remote.best_params_ == local.best_params_
+
+
+def _wait_for(path, seconds: float = 60) -> bool:
+    """Whether ``path`` appears within ``seconds`` (a bound for a broken run, not a measurement)."""
+    end = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def sibling_or_failure(i, folder):
+    """Task 0 fails once task 1 runs; task 1 would run for minutes, then leave a marker."""
+    if i == 0:
+        assert _wait_for(os.path.join(folder, "sibling-started"))
+        raise KeyError("task 0")
+    open(os.path.join(folder, "sibling-started"), "w").close()
+    time.sleep(120)
+    open(os.path.join(folder, "sibling-finished"), "w").close()
+    return i
+
+
+def long_task(i, folder):
+    """Runs for minutes, each task for another length (ending together, they would free both
+    workers at once for the next run)."""
+    open(os.path.join(folder, f"long-{i}-started"), "w").close()
+    time.sleep(100 + 100 * i)
+    open(os.path.join(folder, f"long-{i}-finished"), "w").close()
+    return i
+
+
+def meet(i, folder):
+    """Both tasks of the next run must run at once: each waits for the other to arrive."""
+    open(os.path.join(folder, f"arrived-{i}"), "w").close()
+    if not _wait_for(os.path.join(folder, f"arrived-{1 - i}"), 30):
+        raise TimeoutError(f"task {i} ran alone: a worker was still busy with the previous run")
+    return i
+
+
+@pytest.mark.parametrize("ending", ["abort", "timeout"])
+def test_the_next_run_starts_on_free_workers_after_an_abort_or_a_timeout(ending, use_emulator, tmp_path):
+    """Calls still running when a run aborts (a task failed) or times out are stopped: the next run
+    meets both workers free (its two tasks wait for each other; behind a task of the old run, one
+    would wait alone until its bound and fail)."""
+    use_emulator(workers=2)
+    folder = str(tmp_path)
+    with joblib.parallel_config(backend="fnmap", n_jobs=2):
+        if ending == "abort":
+            with pytest.raises(KeyError, match="task 0"):
+                joblib.Parallel(batch_size=1)(joblib.delayed(sibling_or_failure)(i, folder) for i in range(2))
+        else:
+            with pytest.raises(multiprocessing.TimeoutError):  # what joblib raises
+                joblib.Parallel(batch_size=1, timeout=3)(joblib.delayed(long_task)(i, folder) for i in range(2))
+        assert joblib.Parallel(batch_size=1)(joblib.delayed(meet)(i, folder) for i in range(2)) == [0, 1]

@@ -59,3 +59,22 @@ def test_traceback_of_a_cell_function_shows_the_cells_source(tmp_path):
     assert "ValueError" in shown and "bad item 2" in shown, shown
     assert "<dynamic-code>" not in shown, shown
     assert "raise ValueError(f'bad item {x}')" in shown, shown
+
+
+def test_a_functools_cache_function_of_the_notebook_travels(tmp_path):
+    """``@functools.cache def load_model()`` in a cell, used by the mapped function: it once failed
+    with "Can't get attribute 'load_model' on <module '__main__'>" (issue 24)."""
+    cells = [
+        "import functools, os, fnmap",
+        "@functools.cache\ndef load_model():\n    return {'weight': 3, 'pid': os.getpid()}",
+        "def predict(x):\n    model = load_model()\n"
+        "    return x * model['weight'], model['pid'], load_model.cache_info().hits",
+        "out = fnmap.map(predict, range(4), chunksize=4)\nprint(out)\nprint('kernel', os.getpid())",
+    ]
+    shown = text_of(run_cells(cells, tmp_path)[3])
+    assert "Error" not in shown, shown
+    results = eval(shown.splitlines()[0])
+    kernel_pid = int(shown.splitlines()[1].split()[1])
+    assert [value for value, _pid, _hits in results] == [0, 3, 6, 9]
+    assert {pid for _v, pid, _h in results} != {kernel_pid}  # loaded on the worker, not in the kernel
+    assert [hits for _v, _p, hits in results] == [0, 1, 2, 3]  # one load, then the worker's cache

@@ -34,7 +34,7 @@ from botocore.exceptions import ClientError
 from s3servers import *  # noqa: F403 -- the S3 server fixtures
 
 from fnmap.data import list_objects
-from fnmap.errors import UnknownStorage
+from fnmap.errors import StorageError, UnknownStorage
 from fnmap.storage import s3 as s3_storage
 from fnmap.storage.s3 import S3Store
 
@@ -246,8 +246,9 @@ def test_conflict_409_is_written_again_not_taken_as_lost(conflicting_store):
 
 def test_conflict_409_that_persists_is_an_error(conflicting_store):
     store, injector = conflicting_store(conflicts=1000)
-    with pytest.raises(ClientError, match="ConditionalRequestConflict"):
+    with pytest.raises(StorageError, match="ConditionalRequestConflict") as info:
         store.put_if_absent("k", b"mine")
+    assert isinstance(info.value.__cause__, ClientError) and info.value.reason == "failed"
     assert injector.conditional_writes == s3_storage._CONFLICT_ATTEMPTS
     assert not store.exists("k")
 

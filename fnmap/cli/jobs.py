@@ -13,7 +13,7 @@ import json
 import sys
 import time
 
-from ..errors import FnmapError
+from ..errors import StorageError
 
 _STORAGE_HELP = "storage URL to read (default: the configured storage, FNMAP_STORAGE or fnmap.toml)"
 
@@ -98,8 +98,9 @@ def register(sub) -> None:
     p.set_defaults(run=_storage_errors(run_gc))
 
 
-class StorageUnreadable(FnmapError, RuntimeError):
-    """The storage could not be read (no such bucket, no credentials, endpoint down)."""
+class StorageUnreadable(StorageError):
+    """The storage could not be read for a reason its store did not name (the stores raise
+    :class:`StorageError` themselves for a missing bucket, no credentials, an endpoint down)."""
 
 
 def _storage_errors(run):
@@ -122,7 +123,10 @@ def _store(args):
     from ..config import resolve
     from ..storage import open_store
 
-    return open_store(args.storage or resolve().storage_url)
+    if args.storage:
+        return open_store(args.storage, f"--storage {args.storage!r}", create=False)
+    config = resolve()
+    return open_store(config.storage_url, config.storage_origin, create=False)  # reading creates nothing
 
 
 # -- fnmap jobs ----------------------------------------------------------------

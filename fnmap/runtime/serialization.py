@@ -20,6 +20,7 @@ from typing import Any
 import cloudpickle
 
 from ..errors import RemoteError, SerializationError
+from .cached import CACHE_WRAPPER, reduce_cached_function, travels_by_value
 
 PROTOCOL = 5
 
@@ -44,6 +45,8 @@ class _Pickler(cloudpickle.CloudPickler):
     """
 
     def reducer_override(self, obj):
+        if isinstance(obj, CACHE_WRAPPER) and travels_by_value(obj):  # functools.cache: by value
+            return reduce_cached_function(obj)
         if isinstance(obj, BaseException):
             # The exception's own reduction, never one registered globally in copyreg: tblib's
             # pickling support (installed by ``distributed`` and ``dask.multiprocessing`` when
@@ -395,11 +398,30 @@ def unpack_exception(data: bytes, tb: str) -> BaseException:
     if not isinstance(exc, BaseException):
         exc = RemoteError(type(exc).__name__, repr(exc))
     exc.__cause__ = RemoteTraceback(add_local_source_lines(tb))
+    note = None
     if isinstance(exc, ModuleNotFoundError):
         note = explain_missing_module(exc.name)
-        if note:
-            exc.add_note(note)
+    elif isinstance(exc, AttributeError):
+        note = explain_missing_attribute(str(exc))
+    if note:
+        exc.add_note(note)
     return exc
+
+
+_MISSING_ATTRIBUTE = re.compile(r"Can't get attribute '([^']+)' on <module '([^']+)'")
+
+
+def explain_missing_attribute(message: str) -> str | None:
+    """Why unpickling on the worker looked up a name in ``__main__`` (or a local module), and the fix."""
+    match = _MISSING_ATTRIBUTE.search(message)
+    if not match:
+        return None
+    name, module = match.groups()
+    return (f"fnmap: {module}.{name} was pickled by reference (by its name) and the worker has no such "
+            "name: an object whose type pickles itself by name (a C-level wrapper, an object with its "
+            "own __reduce__). Functions, classes and functools.cache / lru_cache functions of a notebook, "
+            "script or local module travel by value; call such an object from a plain function, or "
+            "define it in a package installed on the workers.")
 
 
 def explain_missing_module(name: str | None) -> str | None:
@@ -424,6 +446,12 @@ def explain_missing_module(name: str | None) -> str | None:
         return (f"fnmap: module {top!r} is installed here ({spec.origin}) but not where the function ran: "
                 "install it there too (a requirements file or layer for `fnmap deploy aws`, the image "
                 "for Batch)")
+    if top in cloudpickle.list_registry_pickle_by_value():
+        return (f"fnmap: module {top!r} is a local module here ({spec.origin}) and travels by value with "
+                f"the function, but something asked the worker to import it by name: an `import {top}` "
+                f"inside the function (import it at module level instead), or an object of {top!r} whose "
+                "type pickles itself by name (call it from a plain function of the module, or make the "
+                "module a package installed on the workers).")
     return (f"fnmap: module {top!r} is a local module here ({spec.origin}), imported inside the function, "
             f"so it was not shipped with it. Import it at module level (`import {top}` at the top of "
             "the script or notebook): local modules the function uses as globals travel by value. Or "

@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import STORAGE_REFUSED_ERRNOS, SerializationError, storage_fix
 from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
-from . import compression, keys, signing
+from . import compression, keys, setup, signing
 from .peakmem import PeakMemory
 from .serialization import dumps, load_stream, loads, pack_exception, runtime_mismatch
 from .wire import CallRequest, CallResponse, decode_request, encode
@@ -35,6 +35,7 @@ from .wire import CallRequest, CallResponse, decode_request, encode
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 _functions: OrderedDict[str, Any] = OrderedDict()
 _FUNCTION_CACHE_SIZE = 32
+_functions_lock = threading.Lock()
 _calls_served = 0
 _peak_memory = PeakMemory()
 
@@ -108,9 +109,11 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
     logs = io.StringIO() if req.capture_logs else None
     with _call_environment(req.extra_env), _captured(logs, echo=req.echo_output):
         if loaded is None:
+            func, loaded = _set_up(func, req)  # the initializer, once per worker process
+        if loaded is None:
             outcomes = _run_items(func, items, mode, req)
         else:
-            outcomes = [_error_outcome(loaded)]
+            outcomes = [_error_outcome(loaded)] * max(1, len(items or ()))
     data = compression.pack(_dump_outcomes(outcomes))  # large results compressed (issue 7)
     finished = time.time()
     if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline
@@ -164,12 +167,15 @@ def _is_storage_error(e: BaseException) -> bool:
 def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
     func = _functions.get(req.func_key)
     if func is None:
-        func = loads(store.get(req.func_key))
-        _functions[req.func_key] = func
-        if len(_functions) > _FUNCTION_CACHE_SIZE:
-            _functions.popitem(last=False)
+        with _functions_lock:  # threads (the local backend) share one load: one namespace, one setup
+            func = _functions.get(req.func_key)
+            if func is None:
+                func = _functions[req.func_key] = loads(store.get(req.func_key))
+            if len(_functions) > _FUNCTION_CACHE_SIZE:
+                _functions.popitem(last=False)
     else:
-        _functions.move_to_end(req.func_key)
+        with contextlib.suppress(KeyError):  # another thread may have dropped it meanwhile
+            _functions.move_to_end(req.func_key)
     if req.items_key:
         with store.reader(req.items_key) as stream:  # large buffers read each into its own object
             chunk = load_stream(stream)
@@ -179,6 +185,21 @@ def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
         raise ValueError(f"the call's chunk is not a (mode, items) pair: {type(chunk).__name__}")
     mode, items = chunk
     return func, items, mode
+
+
+def _set_up(func, req: CallRequest) -> tuple[Any, BaseException | None]:
+    """``(the function to run, None)`` once its initializer has run in this process, or
+    ``(None, the error)`` every item of the call fails with (the initializer's, or the timeout)."""
+    with _Deadline(req.timeout) as deadline:
+        try:
+            deadline.armed = True
+            return setup.prepare(func), None
+        except _Expired:
+            return None, CallTimeout(f"the initializer exceeded the call timeout of {req.timeout} s and was stopped")
+        except BaseException as e:  # noqa: B036 - the initializer is user code: SystemExit is an outcome
+            return None, e
+        finally:
+            deadline.armed = False
 
 
 def _run_items(func, items: list, mode: str, req: CallRequest) -> list[tuple]:

@@ -15,9 +15,9 @@ import threading
 from typing import BinaryIO, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
-from ..errors import KeyNotFound, UnknownStorage
+from ..errors import KeyNotFound, StorageError, UnknownStorage
 
-__all__ = ["Store", "KeyNotFound", "open_store", "default_storage_url", "STORES"]
+__all__ = ["Store", "KeyNotFound", "StorageError", "open_store", "default_storage_url", "STORES"]
 
 #: URL scheme -> "module:Class", imported on first use.
 STORES = {
@@ -71,14 +71,29 @@ def default_storage_url() -> str:
     return "file://" + os.path.join(os.path.abspath(base), "fnmap")
 
 
-def open_store(url: str) -> Store:
-    """Return the (cached) store for a storage URL."""
-    key = (url, _client_settings(url))
+def open_store(url: str, setting: str | None = None, create: bool = True) -> Store:
+    """Return the (cached) store for a storage URL.
+
+    ``setting``: where the URL came from (``storage='...' (from keyword)``, ``FNMAP_STORAGE=...``,
+    a config file, the default), named by every :class:`StorageError` of the store.  ``create``:
+    whether a missing folder is created; commands that only read (``fnmap jobs``, ``fnmap.job``)
+    pass False and get a StorageError saying it does not exist, and nothing is created."""
+    key = (url, _client_settings(url), create)
     with _lock:
         store = _cache.get(key)
         if store is None:
-            store = _cache[key] = _create(url)
+            store = _cache[key] = _create(url, setting, create)
+        elif setting:
+            store.setting = setting
         return store
+
+
+def storage_failure(url: str, setting: str | None, problem: str, fix: str, reason: str) -> StorageError:
+    """The one error of a storage failure: what failed, on which storage, set where, and the fix."""
+    where = f"storage {url}" + (f" ({setting})" if setting else "")
+    error = StorageError(f"{where}: {problem}; {fix}")
+    error.reason = reason
+    return error
 
 
 def _client_settings(url: str) -> tuple:
@@ -88,7 +103,7 @@ def _client_settings(url: str) -> tuple:
     return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_") or k == "FNMAP_S3_ENDPOINT_URL"))
 
 
-def _create(url: str) -> Store:
+def _create(url: str, setting: str | None, create: bool) -> Store:
     if not isinstance(url, str) or "://" not in url:
         raise UnknownStorage(
             f"storage URL {url!r} is malformed: use file:///absolute/path or s3://bucket/prefix"
@@ -102,12 +117,14 @@ def _create(url: str) -> Store:
     import importlib
 
     cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(url)
+    return cls(url, setting=setting, create=create)
 
 
-def is_unreachable(e: BaseException) -> bool:
-    """botocore could not connect to the storage endpoint at all (no address, refused, no answer)."""
-    return type(e).__name__ in ("EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError")
+def is_unreachable(e: BaseException | None) -> bool:
+    """botocore could not connect to the storage endpoint at all (no address, refused, no answer),
+    whether raised as itself or as the :class:`StorageError` a store made of it."""
+    return (type(e).__name__ in ("EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError")
+            or getattr(e, "reason", None) == "unreachable")
 
 
 def _check_key(key: str) -> None:

@@ -7,8 +7,8 @@ import os
 import threading
 from urllib.parse import unquote, urlparse
 
-from ..errors import UnknownStorage
-from . import _check_key, _not_found
+from ..errors import UnknownStorage, storage_fix
+from . import _check_key, _not_found, storage_failure
 
 _counter = itertools.count()
 
@@ -16,7 +16,7 @@ _counter = itertools.count()
 class FileStore:
     """Objects are files under a root folder; writes go to a temp file then ``os.replace``/``os.link``."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, setting: str | None = None, create: bool = True):
         parsed = urlparse(url)
         if parsed.netloc not in ("", "localhost"):
             raise UnknownStorage(
@@ -28,7 +28,18 @@ class FileStore:
             raise UnknownStorage(f"storage URL {url!r} needs an absolute path, e.g. file:///tmp/fnmap")
         self.root = path
         self.url = url
-        os.makedirs(self.root, exist_ok=True)
+        self.setting = setting
+        if not create:
+            if not os.path.isdir(self.root):
+                raise storage_failure(url, setting, f"the folder {self.root} does not exist (nothing was created)",
+                                      "no job has stored anything there: check the URL for a typo, or name the "
+                                      "storage your jobs used", "missing")
+            return
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as e:
+            raise storage_failure(url, setting, f"cannot create the folder {self.root}: {e.strerror} "
+                                  f"({e.filename})", storage_fix(e), "refused") from e
 
     def _path(self, key: str) -> str:
         _check_key(key)

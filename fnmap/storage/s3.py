@@ -23,8 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
-from ..errors import UnknownStorage
-from . import _check_key, _not_found, is_unreachable
+from ..errors import MissingBucket, StorageError, UnknownStorage
+from . import _check_key, _not_found, is_unreachable, storage_failure
 
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _EXISTS = {"412", "PreconditionFailed"}
@@ -40,50 +40,78 @@ _PART_THREADS = 8
 _CONFLICT_ATTEMPTS = 6
 
 
-def _bucket_must_exist(method):
-    """A missing bucket is reported as such (with the fix), never taken for a missing key."""
+def _storage_errors(method):
+    """A botocore failure of a store method becomes one :class:`StorageError` naming the storage, the
+    setting it came from and the fix (a missing bucket is never taken for a missing key)."""
 
     @functools.wraps(method)
     def checked(self, *args, **kwargs):
-        from botocore.exceptions import ClientError
-
         try:
             return method(self, *args, **kwargs)
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") != "NoSuchBucket":
+        except Exception as e:
+            if not type(e).__module__.startswith("botocore"):
                 raise
-            raise UnknownStorage(
-                f"storage URL {self.url!r}: bucket {self.bucket!r} does not exist at "
-                f"{self._client.meta.endpoint_url}; create it first (aws s3 mb s3://{self.bucket}) "
-                "or name a bucket that exists"
-            ) from None
+            raise self._failure(e) from e
 
     return checked
+
+
+#: S3 error codes of a request the storage refused for its credentials or policy.
+_REFUSED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled",
+            "InvalidToken", "ExpiredToken"}
 
 
 class S3Store:
     """Objects under ``s3://bucket/prefix/``."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, setting: str | None = None, create: bool = True):
         parsed = urlparse(url)
         if not parsed.netloc:
             raise UnknownStorage(f"storage URL {url!r} names no bucket: use s3://bucket/prefix")
         self.url = url
+        self.setting = setting  # where the URL came from, for error messages
         self.bucket = parsed.netloc
         self.prefix = parsed.path.strip("/")
         if self.prefix:
             self.prefix += "/"
         self._client = make_s3_client()
 
+    def _failure(self, e: Exception) -> StorageError:
+        """The :class:`StorageError` a botocore exception ``e`` stands for."""
+        endpoint = self._client.meta.endpoint_url
+        name = type(e).__name__
+        if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
+            return storage_failure(self.url, self.setting, f"no AWS credentials to sign requests to {endpoint} "
+                                   f"({e})", "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or "
+                                   "run `aws configure`); offline, the keys of the local S3 server", "credentials")
+        if is_unreachable(e):
+            setting = os.environ.get("FNMAP_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
+            return storage_failure(self.url, self.setting, f"cannot reach the S3 endpoint {endpoint} ({e})",
+                                   "start the S3 server, or point AWS_ENDPOINT_URL_S3 (or FNMAP_S3_ENDPOINT_URL; now "
+                                   f"{setting or 'unset'}) at one that runs", "unreachable")
+        code = _code(e) if hasattr(e, "response") else ""
+        if code == "NoSuchBucket":
+            error = MissingBucket(
+                f"storage URL {self.url!r}: bucket {self.bucket!r} does not exist at {endpoint}"
+                + (f" ({self.setting})" if self.setting else "")
+                + f"; create it first (aws s3 mb s3://{self.bucket}) or name a bucket that exists")
+            return error
+        if code in _REFUSED:
+            return storage_failure(self.url, self.setting, f"S3 at {endpoint} refused access ({code}: {e})",
+                                   "check the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE) and the bucket's "
+                                   "policy", "access")
+        return storage_failure(self.url, self.setting, f"the S3 request failed ({name}: {e})",
+                               f"check that the storage at {endpoint} works", "failed")
+
     def _key(self, key: str) -> str:
         _check_key(key)
         return self.prefix + key
 
-    @_bucket_must_exist
+    @_storage_errors
     def put(self, key: str, data: bytes | list) -> None:
         self._write(self._key(key), data)
 
-    @_bucket_must_exist
+    @_storage_errors
     def put_if_absent(self, key: str, data: bytes | list) -> bool:
         from botocore.exceptions import ClientError
 
@@ -142,7 +170,7 @@ class S3Store:
                 self._client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
             raise
 
-    @_bucket_must_exist
+    @_storage_errors
     def get(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
 
@@ -153,7 +181,7 @@ class S3Store:
                 raise _not_found(self.url, key) from None
             raise
 
-    @_bucket_must_exist
+    @_storage_errors
     def reader(self, key: str):
         from botocore.exceptions import ClientError
 
@@ -164,7 +192,7 @@ class S3Store:
                 raise _not_found(self.url, key) from None
             raise
 
-    @_bucket_must_exist
+    @_storage_errors
     def get_range(self, key: str, start: int, end: int) -> bytes:
         from botocore.exceptions import ClientError
 
@@ -182,6 +210,7 @@ class S3Store:
                 return b""
             raise
 
+    @_storage_errors
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
 
@@ -193,7 +222,7 @@ class S3Store:
                 return False
             raise
 
-    @_bucket_must_exist
+    @_storage_errors
     def list(self, prefix: str) -> list[str]:
         paginator = self._client.get_paginator("list_objects_v2")
         keys = []
@@ -203,7 +232,7 @@ class S3Store:
         keys.sort()
         return keys
 
-    @_bucket_must_exist
+    @_storage_errors
     def list_details(self, prefix: str) -> list[tuple[str, int, float]]:
         paginator = self._client.get_paginator("list_objects_v2")
         cut = len(self.prefix)
@@ -213,7 +242,7 @@ class S3Store:
         found.sort()
         return found
 
-    @_bucket_must_exist
+    @_storage_errors
     def delete(self, keys: list[str]) -> None:
         keys = list(keys)
         for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
@@ -254,5 +283,5 @@ def _code(error) -> str:
     err = error.response.get("Error", {})
     code = str(err.get("Code", ""))
     status = str(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-    known = _MISSING | _EXISTS | _RACED | {"416", "InvalidRange", "NoSuchBucket"}
+    known = _MISSING | _EXISTS | _RACED | _REFUSED | {"416", "InvalidRange", "NoSuchBucket"}
     return code if code in known else status
