@@ -67,6 +67,7 @@ import uuid
 import zipfile
 from dataclasses import dataclass, field
 
+from ..deploy.package import code_sha256
 from .lambda_api import ACCOUNT, HANDLER, REGION, lambda_error
 
 #: Lambda's limit on a synchronous response, enforced by its Runtime API.
@@ -99,6 +100,25 @@ class Function:
     @property
     def arn(self) -> str:
         return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{self.name}"
+
+
+@dataclass
+class LayerVersion:
+    """One published version of a layer: its unpacked folder and what GetLayerVersion reports."""
+
+    name: str
+    version: int
+    folder: str
+    description: str = ""
+    runtimes: list = field(default_factory=list)
+    architectures: list = field(default_factory=list)
+    sha256: str = ""
+    size: int = 0
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S.000+0000", time.gmtime()))
+
+    @property
+    def arn(self) -> str:
+        return f"arn:aws:lambda:{REGION}:{ACCOUNT}:layer:{self.name}:{self.version}"
 
 
 @dataclass
@@ -350,7 +370,10 @@ class LambdaRuntime:
         self.workdir = tempfile.mkdtemp(prefix="fnmap-lambda-")
         self.runtime_dir = link_runtime(os.path.join(self.workdir, "runtime"))
         self.functions: dict[str, Function] = {}
-        self.layers: dict[str, list[str]] = {}  # layer name -> folders of its versions
+        #: Layer name -> its versions in publishing order (None where a version was deleted).
+        self.layers: dict[str, list[LayerVersion | None]] = {}
+        #: Functions made with CreateFunction, and their tags (GetFunction finds only these).
+        self.created: dict[str, dict] = {}
         self.stats: dict[str, int] = {"cold_starts": 0, "warm_starts": 0, "init_errors": 0, "timeouts": 0,
                                       "runtime_exits": 0}
         self._idle: list[Environment] = []
@@ -411,19 +434,53 @@ class LambdaRuntime:
             self._cond.notify_all()
             return self.functions[name]
 
-    def publish_layer(self, name: str, zip_file: bytes) -> tuple[str, int]:
+    def publish_layer(self, name: str, zip_file: bytes, spec: dict | None = None) -> LayerVersion:
+        """Unpack a new version of layer ``name`` (its ``python/`` goes on the path of the functions
+        naming it, as Lambda's ``/opt/python``); ``spec``: PublishLayerVersion's other fields."""
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,140}", name):
+            raise ValueError(f"LayerName={name!r} must be 1-140 letters, digits, '-' or '_'")
         folder = self._unzip(zip_file, "layer")
+        spec = spec or {}
         with self._cond:
             versions = self.layers.setdefault(name, [])
-            versions.append(folder)
-            return f"arn:aws:lambda:{REGION}:{ACCOUNT}:layer:{name}:{len(versions)}", len(versions)
+            layer = LayerVersion(name, len(versions) + 1, folder, str(spec.get("Description") or ""),
+                                 list(spec.get("CompatibleRuntimes") or []),
+                                 list(spec.get("CompatibleArchitectures") or []), code_sha256(zip_file),
+                                 len(zip_file))
+            versions.append(layer)
+            return layer
+
+    def layer_version(self, name: str, version: int) -> LayerVersion | None:
+        with self._cond:
+            versions = self.layers.get(name, [])
+            return versions[version - 1] if 1 <= version <= len(versions) else None
+
+    def delete_layer_version(self, name: str, version: int) -> None:
+        """Forget a layer version (functions already using it keep their copy, as on Lambda)."""
+        with self._cond:
+            versions = self.layers.get(name, [])
+            if 1 <= version <= len(versions):
+                versions[version - 1] = None
 
     def _layer_folder(self, arn: str) -> str:
         match = re.fullmatch(r"arn:aws:lambda:[^:]+:\d+:layer:([^:]+):(\d+)", str(arn))
-        versions = self.layers.get(match.group(1), []) if match else []
-        if not match or not 1 <= int(match.group(2)) <= len(versions):
+        layer = self.layer_version(match.group(1), int(match.group(2))) if match else None
+        if layer is None:
             raise ValueError(f"layer {arn!r} was not published here; publish_layer_version it first")
-        return versions[int(match.group(2)) - 1]
+        return layer.folder
+
+    def delete_function(self, name: str) -> bool:
+        """Remove a function made with CreateFunction; its environments retire.  False if none."""
+        with self._cond:
+            if self.created.pop(name, None) is None:
+                return False
+            self.functions.pop(name, None)
+            for env in list(self._idle):
+                if env.function.name == name:
+                    self._idle.remove(env)
+                    self._retire(env)
+            self._cond.notify_all()
+            return True
 
     # -- invocations ---------------------------------------------------------------------
 
