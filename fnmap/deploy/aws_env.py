@@ -169,7 +169,7 @@ def copy_current(names: list[str], runtime: str, architecture: str, path: str) -
             f"{host_architecture()}, but the function runs {runtime} on linux {architecture}: leave out --current "
             "(manylinux wheels are downloaded for the function's platform)")
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for dist in _closure(names):
+        for dist in _closure([_requirement_name(name) for name in names]):
             for file in dist.files or []:
                 if file.parts[0] in ("..", "__pycache__") or "__pycache__" in file.parts:
                     continue

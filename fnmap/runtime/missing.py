@@ -31,16 +31,17 @@ def add_missing_module_note(exc: BaseException) -> None:
 
 def missing_module_hint(module: str, package: str) -> str:
     where = _platform()
+    what = package if package == module else f"{package} (module {module!r})"
     lambda_fix = (f"`fnmap deploy aws env --requirements requirements.txt` (a file naming {package}), or "
                   "`fnmap deploy aws env --from-imports YOUR_SCRIPT.py`")
     if where.startswith("Lambda"):
         name = os.environ["AWS_LAMBDA_FUNCTION_NAME"]
-        return (f"{package} (module {module!r}) is not installed where the calls run ({where}): build it into "
+        return (f"{what} is not installed where the calls run ({where}): build it into "
                 f"the function's layer with {lambda_fix.replace('env ', f'env --name {name} ')}")
     if where.startswith("Batch"):
-        return (f"{package} (module {module!r}) is not installed where the calls run ({where}): use an image "
+        return (f"{what} is not installed where the calls run ({where}): use an image "
                 f"with it (`pip install {package}` in the image's Dockerfile, then the job definition's image)")
-    return (f"{package} (module {module!r}) is not installed where the calls run ({where}): `pip install "
+    return (f"{what} is not installed where the calls run ({where}): `pip install "
             f"{package}` there; on Lambda, {lambda_fix}; on Batch, an image with it")
 
 
