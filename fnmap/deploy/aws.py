@@ -388,6 +388,8 @@ class Deployment:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .aws_env import add_env_arguments
+
     d = Settings()
     p.add_argument("action", choices=["deploy", "update", "env", "destroy"],
                    help="deploy: create or update everything; update: code and configuration of an existing "
@@ -408,20 +410,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                  "instead of the zip")
     p.add_argument("--requirements", default=None, metavar="FILE",
                    help="requirements.txt of what your functions import: manylinux wheels built into a layer")
-    e = p.add_argument_group(
-        "environment (env, and deploy --requirements)",
-        "`fnmap deploy aws env` builds the packages for the function's Python and architecture (pip's manylinux "
-        "wheels), publishes them as the layer <name>-deps and attaches it. Cached by the hash of its inputs: an "
-        "unchanged environment publishes nothing. One source: --requirements FILE, --lock FILE or "
-        "--from-imports SCRIPT_OR_MODULE.")
-    e.add_argument("--lock", metavar="FILE", help="a fully pinned file (pip freeze, pip-compile): installed "
-                                                  "exactly, without resolving dependencies")
-    e.add_argument("--from-imports", metavar="SCRIPT_OR_MODULE",
-                   help="the installed packages this script, module or package imports, at the versions "
-                        "installed here")
-    e.add_argument("--current", action="store_true",
-                   help="copy the packages from this environment instead of downloading wheels (offline; only "
-                        "when this machine's Python and platform are the function's)")
+    add_env_arguments(p)
     p.add_argument("--expire-days", type=int, default=d.expire_days, help="days job data is kept (default 7)")
     p.add_argument("--log-retention-days", type=int, default=d.log_retention_days)
     p.add_argument("--rotate-secret", action="store_true", help="make a new signing secret (clients need it)")

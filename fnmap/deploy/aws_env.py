@@ -269,6 +269,24 @@ def attach(lam, function: str, layer_arn: str, current: list[str], out=print) ->
     return True
 
 
+def add_env_arguments(p) -> None:
+    """The options of ``fnmap deploy aws env`` (``--requirements`` is deploy's too)."""
+    e = p.add_argument_group(
+        "environment (env, and deploy --requirements)",
+        "`fnmap deploy aws env` builds the packages for the function's Python and architecture (pip's manylinux "
+        "wheels), publishes them as the layer <name>-deps and attaches it. Cached by the hash of its inputs: an "
+        "unchanged environment publishes nothing. One source: --requirements FILE, --lock FILE or "
+        "--from-imports SCRIPT_OR_MODULE.")
+    e.add_argument("--lock", metavar="FILE", help="a fully pinned file (pip freeze, pip-compile): installed "
+                                                  "exactly, without resolving dependencies")
+    e.add_argument("--from-imports", metavar="SCRIPT_OR_MODULE",
+                   help="the installed packages this script, module or package imports, at the versions "
+                        "installed here")
+    e.add_argument("--current", action="store_true",
+                   help="copy the packages from this environment instead of downloading wheels (offline; only "
+                        "when this machine's Python and platform are the function's)")
+
+
 def source_from(args) -> Source:
     chosen = [(kind, value) for kind, value in (("requirements", args.requirements), ("lock", args.lock),
                                                  ("imports", args.from_imports)) if value]

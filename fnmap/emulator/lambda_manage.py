@@ -182,22 +182,21 @@ def _register_layers(app, api) -> None:
             return _error(400, "InvalidParameterValueException",
                           "Content.ZipFile is required: the emulator takes the layer's zip itself, not S3Bucket/S3Key")
         try:
-            layer = api.runtime.publish_layer(name, base64.b64decode(zip_file, validate=True), spec)
+            layer = api.runtime.layers.publish(name, base64.b64decode(zip_file, validate=True), spec)
         except ValueError as e:
             return _error(400, "InvalidParameterValueException", f"Content.ZipFile: {e}")
         return jsonify(_layer_answer(layer)), 201
 
     @app.get("/2018-10-31/layers/<name>/versions")
     def lambda_list_layer_versions(name):
-        layers = [v for v in api.runtime.layers.get(name, []) if v is not None]
-        return jsonify({"LayerVersions": [_layer_answer(v) for v in reversed(layers)]})
+        return jsonify({"LayerVersions": [_layer_answer(v) for v in api.runtime.layers.listed(name)]})
 
     @app.route("/2018-10-31/layers/<name>/versions/<int:version>", methods=["GET", "DELETE"])
     def lambda_layer_version(name, version):
         if request.method == "DELETE":
-            api.runtime.delete_layer_version(name, version)
+            api.runtime.layers.delete(name, version)
             return Response(status=204)
-        layer = api.runtime.layer_version(name, version)
+        layer = api.runtime.layers.get(name, version)
         if layer is None:
             return _error(404, "ResourceNotFoundException", f"The layer version {name}:{version} does not exist")
         return jsonify(_layer_answer(layer))

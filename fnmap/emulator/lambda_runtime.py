@@ -34,7 +34,7 @@ package, not the checkout.  ``PYTHON*`` variables of the emulator are dropped.
 So, as on Lambda, what a function imports beyond the standard library and boto3
 comes from a layer: publish one with boto3's ``publish_layer_version`` (a zip
 with ``python/`` inside, e.g. from :func:`fnmap.deploy.package.build_layer`, as
-``fnmap deploy aws --requirements`` makes) and name it in the function's ``Layers``.
+``fnmap deploy aws env`` does) and name it in the function's ``Layers``.
 
 Lambda's behaviour: an environment runs one invocation at a time and is reused
 warm (an event is handed only to an environment whose runtime waits in ``/next``);
@@ -67,8 +67,8 @@ import uuid
 import zipfile
 from dataclasses import dataclass, field
 
-from ..deploy.package import code_sha256
 from .lambda_api import ACCOUNT, HANDLER, REGION, lambda_error
+from .lambda_layers import LayerStore
 
 #: Lambda's limit on a synchronous response, enforced by its Runtime API.
 RESPONSE_LIMIT = 6 * 1024 * 1024
@@ -100,25 +100,6 @@ class Function:
     @property
     def arn(self) -> str:
         return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{self.name}"
-
-
-@dataclass
-class LayerVersion:
-    """One published version of a layer: its unpacked folder and what GetLayerVersion reports."""
-
-    name: str
-    version: int
-    folder: str
-    description: str = ""
-    runtimes: list = field(default_factory=list)
-    architectures: list = field(default_factory=list)
-    sha256: str = ""
-    size: int = 0
-    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S.000+0000", time.gmtime()))
-
-    @property
-    def arn(self) -> str:
-        return f"arn:aws:lambda:{REGION}:{ACCOUNT}:layer:{self.name}:{self.version}"
 
 
 @dataclass
@@ -370,8 +351,8 @@ class LambdaRuntime:
         self.workdir = tempfile.mkdtemp(prefix="fnmap-lambda-")
         self.runtime_dir = link_runtime(os.path.join(self.workdir, "runtime"))
         self.functions: dict[str, Function] = {}
-        #: Layer name -> its versions in publishing order (None where a version was deleted).
-        self.layers: dict[str, list[LayerVersion | None]] = {}
+        #: The published layers, each version unpacked in a folder of its own.
+        self.layers = LayerStore(lambda data: self._unzip(data, "layer"))
         #: Functions made with CreateFunction, and their tags (GetFunction finds only these).
         self.created: dict[str, dict] = {}
         self.stats: dict[str, int] = {"cold_starts": 0, "warm_starts": 0, "init_errors": 0, "timeouts": 0,
@@ -422,7 +403,7 @@ class LambdaRuntime:
             raise ValueError(f"Timeout={timeout!r} must be an integer from 1 to 900 seconds")
         if memory is not None and not (isinstance(memory, int) and 128 <= memory <= 10240):
             raise ValueError(f"MemorySize={memory!r} must be an integer from 128 to 10240 MB")
-        resolved = None if layers is None else [(arn, self._layer_folder(arn)) for arn in layers]
+        resolved = None if layers is None else [(arn, self.layers.folder(arn)) for arn in layers]
         code = self._unzip(zip_file, "code") if zip_file is not None else None
         current = self.function(name)
         with self._cond:
@@ -433,41 +414,6 @@ class LambdaRuntime:
                 resolved if resolved is not None else current.layers, current.revision + 1)
             self._cond.notify_all()
             return self.functions[name]
-
-    def publish_layer(self, name: str, zip_file: bytes, spec: dict | None = None) -> LayerVersion:
-        """Unpack a new version of layer ``name`` (its ``python/`` goes on the path of the functions
-        naming it, as Lambda's ``/opt/python``); ``spec``: PublishLayerVersion's other fields."""
-        if not re.fullmatch(r"[A-Za-z0-9_-]{1,140}", name):
-            raise ValueError(f"LayerName={name!r} must be 1-140 letters, digits, '-' or '_'")
-        folder = self._unzip(zip_file, "layer")
-        spec = spec or {}
-        with self._cond:
-            versions = self.layers.setdefault(name, [])
-            layer = LayerVersion(name, len(versions) + 1, folder, str(spec.get("Description") or ""),
-                                 list(spec.get("CompatibleRuntimes") or []),
-                                 list(spec.get("CompatibleArchitectures") or []), code_sha256(zip_file),
-                                 len(zip_file))
-            versions.append(layer)
-            return layer
-
-    def layer_version(self, name: str, version: int) -> LayerVersion | None:
-        with self._cond:
-            versions = self.layers.get(name, [])
-            return versions[version - 1] if 1 <= version <= len(versions) else None
-
-    def delete_layer_version(self, name: str, version: int) -> None:
-        """Forget a layer version (functions already using it keep their copy, as on Lambda)."""
-        with self._cond:
-            versions = self.layers.get(name, [])
-            if 1 <= version <= len(versions):
-                versions[version - 1] = None
-
-    def _layer_folder(self, arn: str) -> str:
-        match = re.fullmatch(r"arn:aws:lambda:[^:]+:\d+:layer:([^:]+):(\d+)", str(arn))
-        layer = self.layer_version(match.group(1), int(match.group(2))) if match else None
-        if layer is None:
-            raise ValueError(f"layer {arn!r} was not published here; publish_layer_version it first")
-        return layer.folder
 
     def delete_function(self, name: str) -> bool:
         """Remove a function made with CreateFunction; its environments retire.  False if none."""
