@@ -251,5 +251,9 @@ def test_the_readme_offline_block_runs_as_a_script(tmp_path):
         assert lines[-1] == "[2.23606797749979, 3.7416573867739413, 5.477225575051661]", done.stdout
         assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     finally:
+        found = re.search(r"OFFLINE_EMULATOR_PID=(\d+)", (tmp_path / "offline.env").read_text()) if (
+            tmp_path / "offline.env").exists() else None
+        if pid is None and found:
+            pid = int(found.group(1))
         if pid is not None:
             stop_pid(pid)
