@@ -257,3 +257,12 @@ def test_the_readme_offline_block_runs_as_a_script(tmp_path):
             pid = int(found.group(1))
         if pid is not None:
             stop_pid(pid)
+
+
+def test_current_is_refused_when_this_machine_is_not_the_functions_platform(tmp_path):
+    from fnmap.deploy.aws_env import copy_current
+
+    with pytest.raises(fnmap.ConfigError, match=r"--current copies this environment's installed files, built for "
+                                                r"python3\.\d+ .* the function runs python3\.0 .*leave out --current"):
+        copy_current(["cloudpickle"], "python3.0", "x86_64", str(tmp_path / "layer.zip"))
+    assert not (tmp_path / "layer.zip").exists()
