@@ -1,4 +1,6 @@
-"""``fnmap deploy aws deploy|update|destroy``: the ``aws`` backend's function, bucket, role and URL.
+"""``fnmap deploy aws deploy|update|env|destroy``: the ``aws`` backend's function, bucket, role and URL.
+
+``env`` (:mod:`.aws_env`) builds the packages the calls import into the function's layer.
 
 ``deploy`` is idempotent (a second run updates in place) and creates:
 
@@ -9,7 +11,7 @@
 3. the log group ``/aws/lambda/<name>`` with a retention period;
 4. the function from a zip of fnmap + handlers + cloudpickle (the client's own
    versions, so pickles load), plus a dependency layer built from
-   ``--requirements``; or from a container image (``--image``, built from
+   ``--requirements`` (reused while unchanged); or from a container image (``--image``, built from
    ``infra/lambda.Dockerfile``);
 5. reserved concurrency, asynchronous retries off (the client retries), and a
    function URL with ``AWS_IAM`` auth.
