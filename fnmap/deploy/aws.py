@@ -1,5 +1,4 @@
 """``fnmap deploy aws deploy|update|env|destroy``: the ``aws`` backend's function, bucket, role and URL.
-
 ``env`` (:mod:`.aws_env`) builds the packages the calls import into the function's layer.
 
 ``deploy`` is idempotent (a second run updates in place) and creates:
