@@ -323,8 +323,8 @@ def test_emulator_enforces_lambdas_request_limits(aws):
 
 def test_emulator_names_the_lambda_operations_it_does_not_serve(aws):
     lam = boto3.client("lambda", endpoint_url=aws.url)
-    with pytest.raises(ClientError, match=r"NotImplemented.*speaks only Lambda's Invoke") as info:
-        lam.get_function(FunctionName="fnmap")
+    with pytest.raises(ClientError, match=r"NotImplemented.*does not support the Lambda operation ListAliases") as info:
+        lam.list_aliases(FunctionName="fnmap")
     assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 501
     assert lam.get_function_configuration(FunctionName="fnmap")["FunctionName"] == "fnmap"
 

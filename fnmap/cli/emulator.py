@@ -33,7 +33,10 @@ def register(sub) -> None:
                         "bucket, and print the `export` lines that point fnmap's aws backend, boto3 and the "
                         "storage at this emulator: the whole AWS path offline (see --env-file)")
     p.add_argument("--env-file", metavar="PATH",
-                   help="with --aws: also write the export lines to PATH (then: source PATH)")
+                   help="with --aws: also write the export lines to PATH, mode 0600 (then: source PATH)")
+    p.add_argument("--detach", action="store_true",
+                   help="with --aws --env-file: run in the background and return once PATH is written, so a "
+                        "script's next line can source it; stop it with kill $OFFLINE_EMULATOR_PID")
     c = p.add_argument_group(
         "connections",
         "Bounds on what one connection may hold, so that silent or slow clients cannot lock others out.",
@@ -95,8 +98,12 @@ def run(args) -> int:
     if args.scaling_rate is not None and args.scaling_rate < 1:
         raise SystemExit(f"fnmap emulator: --scaling-rate={args.scaling_rate} must be at least 1 "
                          "(new environments per 10 s); leave it out for no limit")
-    if args.env_file and not args.aws:
-        raise SystemExit("fnmap emulator: --env-file goes with --aws")
+    if (args.env_file or args.detach) and not args.aws:
+        raise SystemExit("fnmap emulator: --env-file and --detach go with --aws")
+    if args.detach:
+        from ..emulator.offline_aws import detach
+
+        return detach(sys.argv[sys.argv.index("emulator") + 1:], args.env_file)
     try:
         limits = time_limits(args)
     except ValueError as e:

@@ -1,4 +1,5 @@
-"""``fnmap deploy aws deploy|update|destroy``: the ``aws`` backend's function, bucket, role and URL.
+"""``fnmap deploy aws deploy|update|env|destroy``: the ``aws`` backend's function, bucket, role and URL.
+``env`` (:mod:`.aws_env`) builds the packages the calls import into the function's layer.
 
 ``deploy`` is idempotent (a second run updates in place) and creates:
 
@@ -9,7 +10,7 @@
 3. the log group ``/aws/lambda/<name>`` with a retention period;
 4. the function from a zip of fnmap + handlers + cloudpickle (the client's own
    versions, so pickles load), plus a dependency layer built from
-   ``--requirements``; or from a container image (``--image``, built from
+   ``--requirements`` (reused while unchanged); or from a container image (``--image``, built from
    ``infra/lambda.Dockerfile``);
 5. reserved concurrency, asynchronous retries off (the client retries), and a
    function URL with ``AWS_IAM`` auth.
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError, FnmapError
 from ..runtime.serialization import runtime_info
 from ..runtime.signing import new_secret
-from .package import UNZIPPED_LIMIT, build_layer, build_zip, code_sha256, unzipped_size
+from .package import UNZIPPED_LIMIT, build_zip, code_sha256, unzipped_size
 
 TAG = "fnmap:deployment"
 CREATED_TAG = "fnmap:created-bucket"
@@ -214,18 +215,13 @@ class Deployment:
         return new_secret()
 
     def _layer(self) -> list[str]:
+        """The ``--requirements`` environment as a layer: reused when unchanged (``fnmap deploy aws env``)."""
         if not self.s.requirements or self.s.image:
             return []
-        with tempfile.TemporaryDirectory() as tmp:
-            path = build_layer(self.s.requirements, self.runtime, self.s.architecture, os.path.join(tmp, "l.zip"))
-            with open(path, "rb") as f:
-                data = f.read()
-        layer = self.lam.publish_layer_version(
-            LayerName=f"{self.s.name}-deps", Content={"ZipFile": data}, CompatibleRuntimes=[self.runtime],
-            CompatibleArchitectures=[self.s.architecture], Description=f"dependencies of fnmap {self.s.name}",
-        )
-        self.out(f"dependency layer {layer['LayerVersionArn']} ({len(data) / 1e6:.1f} MB zipped)")
-        return [layer["LayerVersionArn"]]
+        from .aws_env import Source, layer_for
+
+        source = Source("requirements", self.s.requirements)
+        return [layer_for(self.lam, self.s.name, source, self.runtime, self.s.architecture, self.out)]
 
     def _function_code_and_config(self, existing, role_arn: str, secret: str, layers: list[str]) -> None:
         env = {"Variables": {"FNMAP_SECRET": secret, "FNMAP_RUNTIME": json.dumps(runtime_info())}}
@@ -290,13 +286,21 @@ class Deployment:
                 "for a higher concurrency quota"
             ) from e
 
-    def _url(self) -> str:
+    def _url(self) -> str | None:
+        from botocore.exceptions import ClientError
+
         try:
-            url = self.lam.get_function_url_config(FunctionName=self.s.name)
-            if url.get("AuthType") != "AWS_IAM":
-                url = self.lam.update_function_url_config(FunctionName=self.s.name, AuthType="AWS_IAM")
-        except self.lam.exceptions.ResourceNotFoundException:
-            url = self.lam.create_function_url_config(FunctionName=self.s.name, AuthType="AWS_IAM")
+            try:
+                url = self.lam.get_function_url_config(FunctionName=self.s.name)
+                if url.get("AuthType") != "AWS_IAM":
+                    url = self.lam.update_function_url_config(FunctionName=self.s.name, AuthType="AWS_IAM")
+            except self.lam.exceptions.ResourceNotFoundException:
+                url = self.lam.create_function_url_config(FunctionName=self.s.name, AuthType="AWS_IAM")
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "NotImplemented":
+                raise
+            self.out(f"no function URL: {e.response['Error'].get('Message')}")  # the emulator
+            return None
         return url["FunctionUrl"]
 
     def _print(self, result: dict) -> None:
@@ -305,7 +309,8 @@ class Deployment:
         for key, value in result.items():
             if key.startswith("FNMAP_"):
                 self.out(f"  export {key}={value}")
-        self.out(f"function URL (AWS_IAM auth, SigV4-signed requests only): {result['function_url']}")
+        if result["function_url"]:
+            self.out(f"function URL (AWS_IAM auth, SigV4-signed requests only): {result['function_url']}")
 
     # -- destroy -----------------------------------------------------------------
 
@@ -384,10 +389,13 @@ class Deployment:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .aws_env import add_env_arguments
+
     d = Settings()
-    p.add_argument("action", choices=["deploy", "update", "destroy"],
+    p.add_argument("action", choices=["deploy", "update", "env", "destroy"],
                    help="deploy: create or update everything; update: code and configuration of an existing "
-                        "deployment; destroy: remove what deploy created")
+                        "deployment; env: build the packages your functions import into a layer and attach it "
+                        "(see below); destroy: remove what deploy created")
     p.add_argument("--name", default=d.name, help=f"function name, and prefix of the role's (default {d.name})")
     p.add_argument("--region", default=None, help="AWS region (default: boto3's, e.g. AWS_REGION)")
     p.add_argument("--bucket", default=None, help="S3 bucket for job data (default fnmap-<account>-<region>)")
@@ -397,20 +405,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"seconds per call, at most 900 (default {d.timeout})")
     p.add_argument("--concurrency", type=int, default=d.concurrency,
                    help=f"reserved concurrency; 0 for none (default {d.concurrency})")
-    p.add_argument("--architecture", choices=["x86_64", "arm64"], default=d.architecture)
+    p.add_argument("--architecture", choices=["x86_64", "arm64"], default=None,
+                   help=f"the function's architecture (default: deploy {d.architecture}; env: the function's)")
     p.add_argument("--image", default=None, help="container image URI (built from infra/lambda.Dockerfile) "
                                                  "instead of the zip")
-    p.add_argument("--requirements", default=None, help="requirements.txt of what your functions import; "
-                                                        "built into a layer")
+    p.add_argument("--requirements", default=None, metavar="FILE",
+                   help="requirements.txt of what your functions import: manylinux wheels built into a layer")
+    add_env_arguments(p)
     p.add_argument("--expire-days", type=int, default=d.expire_days, help="days job data is kept (default 7)")
     p.add_argument("--log-retention-days", type=int, default=d.log_retention_days)
     p.add_argument("--rotate-secret", action="store_true", help="make a new signing secret (clients need it)")
 
 
 def settings_from(args) -> Settings:
+    d = Settings()
     s = Settings(name=args.name, region=args.region, bucket=args.bucket, prefix=args.prefix,
                  memory=args.memory, timeout=args.timeout, concurrency=args.concurrency,
-                 architecture=args.architecture, image=args.image, requirements=args.requirements,
+                 architecture=args.architecture or d.architecture, image=args.image, requirements=args.requirements,
                  expire_days=args.expire_days, log_retention_days=args.log_retention_days,
                  rotate_secret=args.rotate_secret)
     if not 1 <= s.timeout <= 900:
@@ -422,21 +433,51 @@ def settings_from(args) -> Settings:
     return s
 
 
+#: Error codes that mean the credentials, or their permissions, are the problem.
+AUTH_ERROR_CODES = {
+    "AccessDenied", "AccessDeniedException", "AuthFailure", "ExpiredToken", "ExpiredTokenException",
+    "IncompleteSignature", "InvalidAccessKeyId", "InvalidClientTokenId", "InvalidSignatureException",
+    "MissingAuthenticationToken", "NotAuthorized", "SignatureDoesNotMatch", "UnauthorizedOperation",
+    "UnrecognizedClientException",
+}
+
+
+def explain_failure(action: str, name: str, e: Exception) -> str:
+    """What stopped ``action``, with advice that fits the error: credentials only for auth errors."""
+    from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
+
+    stopped = f"{action} of {name!r} stopped: {e}."
+    again = "then run it again: every step is safe to repeat"
+    if isinstance(e, (NoCredentialsError, PartialCredentialsError)) or (
+            isinstance(e, ClientError) and e.response.get("Error", {}).get("Code") in AUTH_ERROR_CODES):
+        return f"{stopped} Check the credentials and their permissions (README, Run on AWS), {again}"
+    if isinstance(e, ClientError) and e.response.get("Error", {}).get("Code") == "NotImplemented":
+        return (f"{stopped} The endpoint does not serve that operation (AWS_ENDPOINT_URL_LAMBDA or "
+                f"AWS_ENDPOINT_URL points elsewhere than AWS); use AWS itself for it")
+    return f"{stopped} Fix what it names, {again}"
+
+
 def run(args) -> int:
     from botocore.exceptions import BotoCoreError, ClientError
 
     settings = settings_from(args)
+    env_only = [flag for flag, value in (("--lock", args.lock), ("--from-imports", args.from_imports),
+                                         ("--current", args.current)) if value]
+    if env_only and args.action != "env":
+        raise ConfigError(f"{', '.join(env_only)} go with `fnmap deploy aws env`, not {args.action}")
     try:
+        if args.action == "env":
+            from .aws_env import run_env
+
+            run_env(args)
+            return 0
         deployment = Deployment(settings)
         if args.action == "destroy":
             deployment.destroy()
         else:
             deployment.deploy(update_only=args.action == "update")
     except (BotoCoreError, ClientError) as e:
-        raise FnmapError(
-            f"{args.action} of {settings.name!r} stopped: {e}. Check the credentials and their permissions "
-            "(README, Run on AWS), then run it again: every step is safe to repeat"
-        ) from e
+        raise FnmapError(explain_failure(args.action, settings.name, e)) from e
     return 0
 
 

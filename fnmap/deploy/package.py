@@ -65,22 +65,24 @@ def unzipped_size(path: str) -> int:
         return sum(i.file_size for i in zf.infolist())
 
 
-def build_layer(requirements: str, runtime: str, architecture: str, path: str) -> str:
-    """pip-install ``requirements`` for Lambda's platform into a layer zip (``python/`` inside)."""
+def build_layer(requirements: str, runtime: str, architecture: str, path: str, no_deps: bool = False) -> str:
+    """pip-install ``requirements`` for Lambda's platform (manylinux wheels of ``runtime``'s Python and
+    ``architecture``) into a layer zip (``python/`` inside); ``no_deps`` for a fully pinned lock file."""
     if not os.path.isfile(requirements):
         raise ConfigError(f"--requirements {requirements!r} is not a file; pass a requirements.txt")
     platform = "manylinux2014_aarch64" if architecture == "arm64" else "manylinux2014_x86_64"
     with tempfile.TemporaryDirectory() as tmp:
         target = os.path.join(tmp, "python")
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "-r", requirements, "--target", target,
-               "--platform", platform, "--implementation", "cp", "--python-version", runtime[len("python"):],
-               "--only-binary=:all:"]
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", requirements,
+               "--target", target, "--platform", platform, "--implementation", "cp",
+               "--python-version", runtime[len("python"):], "--only-binary=:all:"] + (["--no-deps"] if no_deps else [])
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise FnmapError(f"building the dependency layer failed ({' '.join(cmd)}):\n{result.stderr[-2000:]}")
         with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-            for folder, _dirs, files in os.walk(target):
-                for name in files:
+            for folder, dirs, files in os.walk(target):
+                dirs[:] = sorted(d for d in dirs if d != "__pycache__" and (folder, d) != (target, "bin"))
+                for name in sorted(files):
                     full = os.path.join(folder, name)
                     zf.write(full, os.path.relpath(full, tmp))
     return path

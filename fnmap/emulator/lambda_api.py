@@ -15,9 +15,10 @@ with 403 before any route sees it.  Routes, with botocore's paths:
   hold: 413 ``RequestTooLargeException`` for a request over 6 MiB (1 MiB for
   ``Event``), ``Function.ResponseSizeTooLarge`` for a response over 6 MiB.
 * ``GET /2015-03-31/functions/<name>/configuration`` (GetFunctionConfiguration).
-* With ``ric`` only: ``POST /2015-03-31/functions`` (CreateFunction), ``PUT .../<name>/code``
-  (UpdateFunctionCode), ``PUT .../<name>/configuration`` (UpdateFunctionConfiguration)
-  and ``POST /2018-10-31/layers/<name>/versions`` (PublishLayerVersion).
+* With ``ric`` only, function management and layers (:mod:`.lambda_manage`): CreateFunction,
+  GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration, DeleteFunction,
+  Put/GetFunctionEventInvokeConfig, PublishLayerVersion, GetLayerVersion, ListLayerVersions and
+  DeleteLayerVersion.
 * ``PUT``/``DELETE /2017-10-31/...`` and ``GET /2019-09-30/functions/<name>/concurrency``
   (reserved concurrency): a synchronous invocation beyond it answers 429
   ``TooManyRequestsException`` as Lambda does; queued events wait for a slot.
@@ -25,7 +26,8 @@ with 403 before any route sees it.  Routes, with botocore's paths:
   N new execution environments per 10 seconds (Lambda's own is 1,000), an initial N at once; an
   invocation that finds every environment busy and no new one allowed answers 429
   ``TooManyRequestsException`` (synchronous) or waits in the event queue (``Event``).
-* Any other Lambda API path: 501 ``NotImplemented``, naming what is served.
+* Any other Lambda API operation: 501 ``NotImplemented``, naming the operation and saying that the
+  emulator does not support it.
 * ``GET /lambda/stats``: invocations by type, throttles (``scaling_throttled`` of them by the
   scaling rate), events queued, environments by function, how many access key ids signed Invokes
   (not which); with ``ric``, cold and warm starts, environments, init errors, timeouts and runtime
@@ -378,8 +380,9 @@ def register(app, emulator) -> None:
     def lambda_configuration(name):
         return jsonify(_configuration(api, _function_name(name)))
 
-    if ric:
-        _register_function_management(app, api)
+    from .lambda_manage import register_management, unsupported
+
+    register_management(app, api, ric)
 
     @app.route("/2017-10-31/functions/<name>/concurrency", methods=["PUT", "DELETE"])
     def lambda_put_concurrency(name):
@@ -406,16 +409,10 @@ def register(app, emulator) -> None:
 
     @app.route("/<version>/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     def lambda_unsupported(version, rest):
-        """Any other Lambda API operation: a clear error for boto3, not an HTML 404."""
+        """Any other Lambda API operation: a clear error naming it, not an HTML 404."""
         if not _API_VERSION.fullmatch(version):
             return _error(404, "ResourceNotFoundException", f"no route {request.path}")
-        return _error(
-            501, "NotImplemented",
-            f"the fnmap emulator speaks only Lambda's Invoke, GetFunctionConfiguration and "
-            f"concurrency APIs (and, with --lambda-runtime ric, CreateFunction, UpdateFunctionCode, "
-            f"UpdateFunctionConfiguration and PublishLayerVersion), not {request.method} {request.path}; deploy to AWS "
-            "(`fnmap deploy aws deploy`) for the rest",
-        )
+        return unsupported(ric)
 
     @app.get("/lambda/stats")
     def lambda_stats():
@@ -430,15 +427,19 @@ def register(app, emulator) -> None:
 
 
 def _configuration(api: LambdaApi, name: str) -> dict:
+    from .lambda_manage import host_architecture
+
     """GetFunctionConfiguration's answer; the pool serves every name alike."""
     info = runtime_info()
     variables = {"FNMAP_RUNTIME": json.dumps(info)}
     timeout, memory, layers = TIMEOUT_SECONDS, 1024, []
     runtime = api.runtime
+    extra = {}
     if runtime is not None:
         function = runtime.function(name)
         timeout, memory, layers = function.timeout, function.memory, [arn for arn, _ in function.layers]
         variables.update(function.variables)
+        extra = {k: v for k, v in runtime.created.get(name, {}).items() if k != "Tags"}
     return {
         "FunctionName": name,
         "FunctionArn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}",
@@ -451,54 +452,6 @@ def _configuration(api: LambdaApi, name: str) -> dict:
         "LastUpdateStatus": "Successful",
         "Environment": {"Variables": variables},
         "Layers": [{"Arn": arn} for arn in layers],
+        "Architectures": [host_architecture()],
+        **extra,
     }
-
-
-def _register_function_management(app, api: LambdaApi) -> None:
-    """CreateFunction, UpdateFunctionCode, UpdateFunctionConfiguration, PublishLayerVersion (``ric`` only)."""
-
-    def configure(name: str, spec: dict, zip_file: str | None):
-        try:
-            code = base64.b64decode(zip_file, validate=True) if zip_file is not None else None
-            variables = (spec.get("Environment") or {}).get("Variables") if "Environment" in spec else None
-            api.runtime.configure(name, zip_file=code, timeout=spec.get("Timeout"), memory=spec.get("MemorySize"),
-                              variables=variables, layers=spec.get("Layers"))
-        except ValueError as e:
-            return _error(400, "InvalidParameterValueException", str(e))
-        return jsonify(_configuration(api, name))
-
-    @app.post("/2015-03-31/functions")
-    def lambda_create_function():
-        spec = request.get_json(force=True, silent=True) or {}
-        name = spec.get("FunctionName")
-        if not isinstance(name, str) or not name:
-            return _error(400, "InvalidParameterValueException", f"FunctionName={name!r} must be a name")
-        handler = spec.get("Handler", HANDLER)
-        if handler != HANDLER:
-            return _error(400, "InvalidParameterValueException",
-                          f"Handler={handler!r}: the emulator runs fnmap's handler, {HANDLER}")
-        zip_file = (spec.get("Code") or {}).get("ZipFile")
-        if zip_file is None:
-            return _error(400, "InvalidParameterValueException", "Code.ZipFile is required (the package's zip)")
-        name = _function_name(name)
-        return configure(name, spec, zip_file)
-
-    @app.put("/2015-03-31/functions/<name>/code")
-    def lambda_update_function_code(name):
-        zip_file = (request.get_json(force=True, silent=True) or {}).get("ZipFile")
-        if zip_file is None:
-            return _error(400, "InvalidParameterValueException", "ZipFile is required (the package's zip)")
-        return configure(_function_name(name), {}, zip_file)
-
-    @app.put("/2015-03-31/functions/<name>/configuration")
-    def lambda_update_function_configuration(name):
-        return configure(_function_name(name), request.get_json(force=True, silent=True) or {}, None)
-
-    @app.post("/2018-10-31/layers/<name>/versions")
-    def lambda_publish_layer_version(name):
-        zip_file = ((request.get_json(force=True, silent=True) or {}).get("Content") or {}).get("ZipFile")
-        try:
-            arn, version = api.runtime.publish_layer(name, base64.b64decode(zip_file or "", validate=True))
-        except ValueError as e:
-            return _error(400, "InvalidParameterValueException", f"Content.ZipFile: {e}")
-        return jsonify({"LayerArn": arn.rsplit(":", 1)[0], "LayerVersionArn": arn, "Version": version}), 201

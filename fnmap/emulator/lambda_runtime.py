@@ -34,7 +34,7 @@ package, not the checkout.  ``PYTHON*`` variables of the emulator are dropped.
 So, as on Lambda, what a function imports beyond the standard library and boto3
 comes from a layer: publish one with boto3's ``publish_layer_version`` (a zip
 with ``python/`` inside, e.g. from :func:`fnmap.deploy.package.build_layer`, as
-``fnmap deploy aws --requirements`` makes) and name it in the function's ``Layers``.
+``fnmap deploy aws env`` does) and name it in the function's ``Layers``.
 
 Lambda's behaviour: an environment runs one invocation at a time and is reused
 warm (an event is handed only to an environment whose runtime waits in ``/next``);
@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 
 from ..runtime.frontdoor import FrontDoor
 from .lambda_api import ACCOUNT, HANDLER, REGION, lambda_error
+from .lambda_layers import LayerStore
 
 #: Lambda's limit on a synchronous response, enforced by its Runtime API.
 RESPONSE_LIMIT = 6 * 1024 * 1024
@@ -369,7 +370,10 @@ class LambdaRuntime:
         self.workdir = tempfile.mkdtemp(prefix="fnmap-lambda-")
         self.runtime_dir = link_runtime(os.path.join(self.workdir, "runtime"))
         self.functions: dict[str, Function] = {}
-        self.layers: dict[str, list[str]] = {}  # layer name -> folders of its versions
+        #: The published layers, each version unpacked in a folder of its own.
+        self.layers = LayerStore(lambda data: self._unzip(data, "layer"))
+        #: Functions made with CreateFunction, and their tags (GetFunction finds only these).
+        self.created: dict[str, dict] = {}
         self.stats: dict[str, int] = {"cold_starts": 0, "warm_starts": 0, "init_errors": 0, "timeouts": 0,
                                       "runtime_exits": 0}
         self._idle: list[Environment] = []
@@ -418,7 +422,7 @@ class LambdaRuntime:
             raise ValueError(f"Timeout={timeout!r} must be an integer from 1 to 900 seconds")
         if memory is not None and not (isinstance(memory, int) and 128 <= memory <= 10240):
             raise ValueError(f"MemorySize={memory!r} must be an integer from 128 to 10240 MB")
-        resolved = None if layers is None else [(arn, self._layer_folder(arn)) for arn in layers]
+        resolved = None if layers is None else [(arn, self.layers.folder(arn)) for arn in layers]
         code = self._unzip(zip_file, "code") if zip_file is not None else None
         current = self.function(name)
         with self._cond:
@@ -430,19 +434,18 @@ class LambdaRuntime:
             self._cond.notify_all()
             return self.functions[name]
 
-    def publish_layer(self, name: str, zip_file: bytes) -> tuple[str, int]:
-        folder = self._unzip(zip_file, "layer")
+    def delete_function(self, name: str) -> bool:
+        """Remove a function made with CreateFunction; its environments retire.  False if none."""
         with self._cond:
-            versions = self.layers.setdefault(name, [])
-            versions.append(folder)
-            return f"arn:aws:lambda:{REGION}:{ACCOUNT}:layer:{name}:{len(versions)}", len(versions)
-
-    def _layer_folder(self, arn: str) -> str:
-        match = re.fullmatch(r"arn:aws:lambda:[^:]+:\d+:layer:([^:]+):(\d+)", str(arn))
-        versions = self.layers.get(match.group(1), []) if match else []
-        if not match or not 1 <= int(match.group(2)) <= len(versions):
-            raise ValueError(f"layer {arn!r} was not published here; publish_layer_version it first")
-        return versions[int(match.group(2)) - 1]
+            if self.created.pop(name, None) is None:
+                return False
+            self.functions.pop(name, None)
+            for env in list(self._idle):
+                if env.function.name == name:
+                    self._idle.remove(env)
+                    self._retire(env)
+            self._cond.notify_all()
+            return True
 
     # -- invocations ---------------------------------------------------------------------
 

@@ -5,11 +5,20 @@ runtime interface client) and Batch's API.  This adds an S3 server on loopback (
 maintained S3 implementation) with a bucket, points the emulator's own Lambda environments at it,
 and prints the ``export`` lines a shell needs so that ``fnmap.map(..., backend="aws")`` goes
 boto3 -> the emulator's Lambda API -> the handler -> S3 and back, exactly as in the cloud.
+
+The other AWS services (IAM, STS, CloudWatch Logs) go to moto too (``AWS_ENDPOINT_URL``), so
+``fnmap deploy aws deploy|env`` runs against it; Batch goes to the emulator.  The export lines
+hold the signing secret: ``--env-file`` is written with mode 0600, whole or not at all.
+``--detach`` (:func:`detach`) starts the emulator in the background and returns once the file is
+written, so ``source`` on the next line of a script finds it; ``kill $OFFLINE_EMULATOR_PID`` stops it.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 from ..errors import ConfigError
 from ..runtime.signing import SECRET_ENV, new_secret
@@ -63,7 +72,10 @@ class OfflineAws:
             SECRET_ENV: os.environ[SECRET_ENV],
             "AWS_ENDPOINT_URL_LAMBDA": emulator_url,
             "AWS_ENDPOINT_URL_S3": self.s3_url,
+            "AWS_ENDPOINT_URL_BATCH": emulator_url,
+            "AWS_ENDPOINT_URL": self.s3_url,  # IAM, STS, Logs (fnmap deploy aws): moto serves them all
             **self.credentials,
+            "OFFLINE_EMULATOR_PID": str(os.getpid()),  # kill $OFFLINE_EMULATOR_PID stops it
         }
         return [f"export {name}={value}" for name, value in settings.items()]
 
@@ -73,8 +85,7 @@ class OfflineAws:
         def announce(emulator_url: str) -> None:
             lines = self.exports(emulator_url)
             if env_file:
-                with open(env_file, "w") as f:
-                    f.write("\n".join(lines) + "\n")
+                write_private(env_file, "\n".join(lines) + "\n")
             print("\n".join(lines), flush=True)
             print(f"# the AWS path offline: Lambda and Batch at {emulator_url}, S3 at {self.s3_url} "
                   f"(bucket {BUCKET}); run the lines above in a shell", flush=True)
@@ -83,3 +94,50 @@ class OfflineAws:
 
     def stop(self) -> None:
         self._server.stop()
+
+
+def write_private(path: str, text: str) -> None:
+    """Write ``text`` (it holds the secret) to ``path`` readable by its owner only (0600), atomically:
+    a reader finds the whole file or none."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+#: Seconds ``--detach`` waits for the emulator to write its env file (moto and the emulator start).
+DETACH_WAIT_SECONDS = 120.0
+
+
+def detach(argv: list[str], env_file: str | None) -> int:
+    """``fnmap emulator --aws --env-file F --detach``: run the emulator (``argv`` less ``--detach``) in
+    the background, in its own session, with its output in ``F.log``; return once ``F`` is written
+    (printing it), or fail with the emulator's own error."""
+    if not env_file:
+        raise SystemExit("fnmap emulator: --detach needs --env-file PATH (the file it returns once written)")
+    if os.path.exists(env_file):
+        os.unlink(env_file)  # a stale file from an earlier emulator must not count as ready
+    command = [sys.executable, "-m", "fnmap", "emulator", *[a for a in argv if a != "--detach"]]
+    with open(f"{env_file}.log", "ab") as log:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + DETACH_WAIT_SECONDS
+    while not os.path.exists(env_file):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                proc.kill()
+            with open(f"{env_file}.log", errors="replace") as log:
+                tail = log.read()[-2000:].strip()
+            raise SystemExit(f"fnmap emulator --detach: the emulator did not start ({tail or 'no output'})")
+        time.sleep(0.1)
+    with open(env_file) as f:
+        print(f.read(), end="")
+    print(f"# the emulator runs in the background (pid {proc.pid}, output in {env_file}.log); "
+          "stop it with: kill $OFFLINE_EMULATOR_PID", flush=True)
+    return 0

@@ -401,6 +401,8 @@ def unpack_exception(data: bytes, tb: str) -> BaseException:
     note = None
     if isinstance(exc, ModuleNotFoundError):
         note = explain_missing_module(exc.name)
+        if note and "is a local module here" in note:  # the worker's install advice does not apply
+            exc.__notes__ = [n for n in getattr(exc, "__notes__", []) if not n.startswith("fnmap: ")]
     elif isinstance(exc, AttributeError):
         note = explain_missing_attribute(str(exc))
     if note:
@@ -443,9 +445,9 @@ def explain_missing_module(name: str | None) -> str | None:
     if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
         return None
     if os.path.realpath(spec.origin).startswith(_install_roots()) or top in _installed_top_level():
-        return (f"fnmap: module {top!r} is installed here ({spec.origin}) but not where the function ran: "
-                "install it there too (a requirements file or layer for `fnmap deploy aws`, the image "
-                "for Batch)")
+        return (f"fnmap: module {top!r} is installed here ({spec.origin}): `fnmap deploy aws env "
+                "--from-imports YOUR_SCRIPT.py --current` copies it from here into the Lambda function's layer "
+                "(when this machine's Python and platform are the function's)")
     if top in cloudpickle.list_registry_pickle_by_value():
         return (f"fnmap: module {top!r} is a local module here ({spec.origin}) and travels by value with "
                 f"the function, but something asked the worker to import it by name: an `import {top}` "

@@ -28,6 +28,7 @@ from ..errors import STORAGE_REFUSED_ERRNOS, SerializationError, storage_fix
 from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
 from . import compression, keys, setup, signing
+from .missing import add_missing_module_note
 from .peakmem import PeakMemory
 from .serialization import dumps, load_stream, loads, pack_exception, runtime_mismatch
 from .wire import CallRequest, CallResponse, decode_request, encode
@@ -276,6 +277,7 @@ class _Deadline:
 
 
 def _error_outcome(exc: BaseException) -> tuple:
+    add_missing_module_note(exc)
     data, tb = pack_exception(exc)
     names = [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__]
     return ("err", data, tb, names)
