@@ -15,6 +15,7 @@ from .errors import (
     ConfigError,
     FnmapError,
     KeyNotFound,
+    OutOfMemory,
     PlatformError,
     RemoteError,
     RemoteExit,
@@ -34,6 +35,7 @@ __all__ = [
     "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor", "job",
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
     "SerializationError", "VersionMismatch", "SignatureError", "StorageError", "PlatformError", "WorkerCrashed",
+    "OutOfMemory",
     "CallLost", "TimeoutError", "RemoteError", "RemoteExit",
 ]
 
