@@ -237,6 +237,12 @@ class AwsBackend(BaseBackend):
         memory = int(self.function.get("MemorySize") or 0)
         if config.gpu:
             return f"{config.describe('gpu')}: {where} has no GPUs; run GPU work with backend='batch'"
+        if len(config.memory_steps) > 1:
+            # Every call of one function runs at its MemorySize: a retry cannot climb (yet).
+            return (f"{config.describe('memory')}: {where} runs every call at its one MemorySize "
+                    f"({memory} MB), so memory steps cannot climb on Lambda; ask for one memory "
+                    "(memory=N, redeploying with `--memory N` if it is more), or use the emulator "
+                    "or backend='batch', where a call killed for memory climbs the steps")
         if config.memory and memory and config.memory > memory:
             return (f"{config.describe('memory')} but {where} has {memory} MB (Lambda sets memory per "
                     f"function): redeploy with `fnmap deploy aws update --name {self.function_name} "
@@ -365,7 +371,9 @@ def _function_error(body: bytes, target: str) -> Answer:
     message = f"{target}: {kind or 'error'}: {error.get('errorMessage', '')}"
     if kind == "Function.ResponseSizeTooLarge":
         return ACCEPTED  # the worker committed the result before answering: the monitor reads it from storage
-    if kind in ("Runtime.ExitError", "Runtime.OutOfMemory") or "exited" in message:
+    if kind == "Runtime.OutOfMemory":  # over the function's MemorySize: the same memory fails again
+        raise PlatformFault("out_of_memory", message)
+    if kind == "Runtime.ExitError" or "exited" in message:
         raise PlatformFault("crashed", message)
     if kind == "Sandbox.Timedout" or "timed out" in message:
         raise PlatformFault("timeout", message)
