@@ -355,7 +355,8 @@ class BatchBackend(BaseBackend):
                 raise PlatformFault("throttled", message) from e
             if status >= 500:
                 raise PlatformFault("server", message) from e
-            raise PlatformFault("rejected", message + _FIX) from e
+            fix = "" if "GPUs per child" in message else _FIX  # the refusal names its own fix
+            raise PlatformFault("rejected", message + fix) from e
         except BotoCoreError as e:
             raise PlatformFault(
                 "connection", f"cannot reach AWS Batch at {self.endpoint}: {e}"
