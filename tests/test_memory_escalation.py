@@ -10,6 +10,7 @@ import pytest
 
 import fnmap
 from fnmap.backends import batch as batch_backend
+from fnmap.cli.jobs import format_summary
 from fnmap.config import resolve
 from fnmap.emulator import batch_api
 
@@ -41,6 +42,7 @@ def test_out_of_memory_climbs_to_the_next_step_on_the_emulator(use_emulator):
     assert _memories(job, 0) == [("ok", 128)]
     recorded = job.record()["calls"][1]["attempts"]
     assert [(a["outcome"], a["memory"]) for a in recorded] == [("out_of_memory", 128), ("ok", 1024)]
+    assert "memory   call 1: 128 MB out_of_memory -> 1024 MB ok" in format_summary(job.record())
 
 
 def test_out_of_memory_at_the_top_step_fails_with_the_fix(use_emulator):
