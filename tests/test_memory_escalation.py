@@ -81,3 +81,39 @@ def test_out_of_memory_climbs_on_emulated_batch(emulator_process, monkeypatch):
                     return_job=True)
     assert job.results() == [0, 300 << 20]
     assert _memories(job, 1) == [("out_of_memory", 128), ("ok", 1024)]
+
+
+# -- the scheduler's rule, fed synchronously (as tests/test_scheduler.py does) ---------------------
+
+
+def test_the_scheduler_climbs_only_on_out_of_memory_and_charges_no_retry(tmp_path):
+    from concurrent.futures import Future
+
+    from fnmap.backends.base import BaseBackend
+    from fnmap.errors import PlatformFault
+    from fnmap.jobs import CallState, Job
+    from fnmap.scheduler import Scheduler
+    from fnmap.storage import open_store
+
+    class Unreachable(BaseBackend):
+        name = "scripted"
+
+    sched = Scheduler(Unreachable(), open_store(f"file://{tmp_path}"), b"secret")
+    try:
+        job = Job(sched, sched.store, resolve(backend="local", storage=sched.store.url, progress=False,
+                                              retries=1, memory=[128, 512, 2048]))
+        sched.add(job, CallState(0, 0, 1, "functions/f", b"payload", None, Future(), True))
+        sched.seal(job)
+        call = job.calls[0]
+        steps, charged = [], []
+        for fault in ("crashed", "out_of_memory", "out_of_memory", "out_of_memory"):
+            attempt = sched._begin(job, call)
+            steps.append(sched._invocation(job, call, attempt).memory)
+            sched._decide(job, call, attempt, PlatformFault(fault, "killed"))
+            charged.append(call.charged)
+        assert steps == [128, 128, 512, 2048]  # a crash retries at the same memory
+        assert charged == [1, 1, 1, 2]  # a climb uses up no retry (retries=1 would have ended it)
+        with pytest.raises(fnmap.OutOfMemory, match=r"at 2048 MB, the last step of memory=\[128, 512, 2048\]"):
+            call.future.result(0)
+    finally:
+        sched.close()
