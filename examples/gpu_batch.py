@@ -7,8 +7,8 @@
 ``gpu=1`` sends the calls to the ``batch`` backend.  Offline, the example
 starts ``fnmap emulator`` (as fnmap itself does for ``gpu=`` when no AWS region
 or Batch endpoint is configured), whose Batch API runs each child of the array job
-as a local process with ``CUDA_VISIBLE_DEVICES`` set round-robin over the
-GPUs ``nvidia-smi -L`` lists.  Each call multiplies a batch of random
+as a local process that holds GPUs of its own among those ``nvidia-smi -L``
+lists (``CUDA_VISIBLE_DEVICES``; others wait until GPUs are free).  Each call multiplies a batch of random
 matrices with torch on the GPU when one is visible, and with NumPy on the CPU
 otherwise, and reports the device it saw.
 """

@@ -16,6 +16,7 @@ from .errors import (
     FnmapError,
     InitializerError,
     KeyNotFound,
+    OutOfMemory,
     PlatformError,
     RemoteError,
     RemoteExit,
@@ -35,7 +36,7 @@ __all__ = [
     "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor", "job",
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
     "SerializationError", "VersionMismatch", "SignatureError", "StorageError", "PlatformError", "WorkerCrashed",
-    "CallLost", "TimeoutError", "RemoteError", "RemoteExit", "InitializerError",
+    "CallLost", "TimeoutError", "RemoteError", "RemoteExit", "InitializerError", "OutOfMemory",
 ]
 
 

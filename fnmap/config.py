@@ -45,8 +45,9 @@ class Config:
     retry_on: tuple = ()
     #: Launch a speculative copy of straggling calls once most of a job is done.
     speculation: bool = True
-    #: Memory per call in MB (cloud backends).
-    memory: int | None = None
+    #: Memory per call in MB, or a rising list of them (``[1024, 4096]``, ``FNMAP_MEMORY=1024,4096``):
+    #: a call killed for memory is retried at the next (see :attr:`memory_steps`).
+    memory: int | tuple | None = None
     #: GPUs per call (container jobs).
     gpu: int = 0
     #: Show a progress bar (None: in a terminal or notebook, for long jobs).
@@ -103,6 +104,13 @@ class Config:
         src = self.source(name)
         label = f"FNMAP_{name.upper()}" if src == "the environment" else name
         return f"{label}={getattr(self, name)!r} (from {src})"
+
+    @property
+    def memory_steps(self) -> tuple:
+        """The memories (MB) a call climbs through as it runs out of memory; ``()`` when unset."""
+        if self.memory is None:
+            return ()
+        return self.memory if isinstance(self.memory, tuple) else (self.memory,)
 
     @property
     def storage_url(self) -> str:
@@ -189,6 +197,8 @@ def resolve(**kwargs: Any) -> Config:
                 f"retry_on={retry_on!r} (from {sources['retry_on']}) is not an exception class or a tuple "
                 "of them; e.g. retry_on=(ConnectionError, TimeoutError)"
             ) from None
+    if isinstance(values.get("memory"), list):  # a list as a tuple: the Config stays hashable
+        values["memory"] = tuple(values["memory"])
     gpu = values.get("gpu")
     if "backend" not in values and isinstance(gpu, int) and not isinstance(gpu, bool) and gpu > 0:
         # GPU calls run as container jobs unless a backend is named (issue 6).
@@ -254,6 +264,8 @@ _BOOLS = {"progress", "speculation"}
 
 def _parse(name: str, raw: str, label: str) -> Any:
     try:
+        if name == "memory" and "," in raw:
+            return tuple(int(part) for part in raw.split(","))
         if name in _INTS:
             return int(raw)
         if name in _FLOATS:
@@ -289,7 +301,7 @@ def _validate(c: Config) -> None:
     if c.workers is not None:
         _check_int(c, "workers", 1, "at least one worker")
     if c.memory is not None:
-        _check_int(c, "memory", 128, "memory per call in MB, at least 128")
+        _check_memory(c)
     if c.timeout is not None:
         if isinstance(c.timeout, bool) or not isinstance(c.timeout, (int, float)) or not c.timeout > 0:
             raise ConfigError(f"{c.describe('timeout')} must be a positive number of seconds, or None")
@@ -339,6 +351,17 @@ def _check_emulator_options(c: Config) -> None:
         check_options(c.emulator_options)
     except ValueError as e:
         raise ConfigError(f"{c.describe('emulator_options')}: {e}") from None
+
+
+def _check_memory(c: Config) -> None:
+    """``memory``: MB per call, at least 128, or a rising tuple of them (the steps a call climbs)."""
+    steps = c.memory_steps
+    fix = ("memory per call in MB, at least 128, or a rising list of them that a call killed for "
+           "memory climbs on its retries, e.g. memory=[1024, 4096, 10240]")
+    if not steps or any(isinstance(m, bool) or not isinstance(m, int) or m < 128 for m in steps):
+        raise ConfigError(f"{c.describe('memory')} must be an integer >= 128 ({fix})")
+    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+        raise ConfigError(f"{c.describe('memory')} must rise from step to step ({fix})")
 
 
 def _check_int(c: Config, name: str, minimum: int, fix: str) -> None:

@@ -91,6 +91,8 @@ def _check_memory(spec, memory_mb) -> None:
     """Cubed plans each task to fit ``spec.allowed_mem``: a smaller fnmap ``memory=`` would fail
     tasks out of memory, so say so before anything runs (as Cubed's Lithops executor does)."""
     allowed = getattr(spec, "allowed_mem", None)
+    if isinstance(memory_mb, (list, tuple)) and memory_mb:  # memory steps: tasks start at the first
+        memory_mb = memory_mb[0]
     if allowed is not None and memory_mb is not None and memory_mb * 1_000_000 < allowed:
         raise ValueError(f"fnmap memory={memory_mb} MB is less than the Cubed spec's allowed_mem "
                          f"({allowed / 1e6:.0f} MB): raise memory= or lower allowed_mem")

@@ -92,6 +92,10 @@ class WorkerCrashed(PlatformError):
     """The worker process running the call died (segfault, ``os._exit``, SIGKILL, out of memory)."""
 
 
+class OutOfMemory(WorkerCrashed):
+    """The call was killed for using more memory than its ``memory`` allowed, at every step of it."""
+
+
 class RemoteExit(FnmapError):
     """The remote function ended its item with ``sys.exit``, ``KeyboardInterrupt`` or another
     ``BaseException`` that is not an ``Exception`` (``GeneratorExit``, ...).
@@ -175,6 +179,7 @@ class FaultKind(str, enum.Enum):
     SERVER = "server"  # 5xx, a malformed or unreadable answer
     CONNECTION = "connection"  # the request or its answer was lost on the way
     CRASHED = "crashed"  # the worker process died (segfault, os._exit, out of memory)
+    OUT_OF_MEMORY = "out_of_memory"  # killed for going over its memory: retried with the next ``memory`` step
     LOST = "lost"  # accepted asynchronously, no result in time
     REJECTED = "rejected"  # the platform or worker refused the request (4xx other than below)
     SIGNATURE = "signature"  # 401/403: the request was not signed with the deployment's secret

@@ -14,6 +14,7 @@ from concurrent.futures import CancelledError, Future
 from .errors import (
     CallLost,
     FaultKind,
+    OutOfMemory,
     PlatformError,
     PlatformFault,
     RemoteExit,
@@ -35,7 +36,7 @@ class CallState:
     __slots__ = (
         "call_id", "first_index", "n_items", "func_key", "payload", "items_key", "future",
         "unwrap", "attempts", "next_attempt", "sent_at", "in_flight", "done", "speculated",
-        "stats", "awaiting", "charged", "claimed", "result",
+        "stats", "awaiting", "charged", "claimed", "result", "memory_step",
     )
 
     def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap):
@@ -47,7 +48,7 @@ class CallState:
         self.items_key = items_key
         self.future = future
         self.unwrap = unwrap
-        #: One ``[attempt, sent, ended, outcome]`` per attempt, for the job summary.
+        #: One ``[attempt, sent, ended, outcome, memory MB or None]`` per attempt, for the job summary.
         self.attempts: list[list] = []
         self.next_attempt = 1
         self.sent_at = 0.0
@@ -64,6 +65,8 @@ class CallState:
         self.claimed = False
         #: The final outcome list, or the fault that failed the call, until :meth:`Job.deliver` hands it on.
         self.result = None
+        #: Index into the job's ``memory`` steps that the next attempt runs with (out of memory climbs it).
+        self.memory_step = 0
 
     def describe(self) -> str:
         last = self.first_index + self.n_items - 1
@@ -139,6 +142,7 @@ _LOG_NOTE_READS = 20
 #: The error a call's final platform fault raises (any other kind: :class:`PlatformError`).
 FAULT_ERRORS = {
     FaultKind.CRASHED: WorkerCrashed,
+    FaultKind.OUT_OF_MEMORY: OutOfMemory,
     FaultKind.LOST: CallLost,
     FaultKind.TIMEOUT: CallTimeout,
     FaultKind.VERSION: VersionMismatch,
@@ -355,7 +359,8 @@ class Job:
         self._scheduler.cancel(self, stop_platform)
 
     def attempts_summary(self) -> dict:
-        """Attempts per call, for the job summary: ``{call_id: [[attempt, sent, ended, outcome], ...]}``."""
+        """Attempts per call: ``{call_id: [[attempt, sent, ended, outcome, memory], ...]}`` (memory
+        in MB as the attempt asked for it, None without a ``memory`` option)."""
         with self._lock:
             return {s.call_id: [list(a) for a in s.attempts] for s in self.calls}
 

@@ -50,6 +50,26 @@ def charges_retry(kind: str, throttle_at_floor: bool) -> bool:
     return kind != "throttled" or throttle_at_floor
 
 
+def next_memory_step(steps: tuple, step: int) -> int | None:
+    """The ``memory`` step a call killed for memory at ``steps[step]`` retries with; None at the top.
+
+    Only out-of-memory kills climb (other faults retry at the same memory), and a climb uses up
+    none of ``retries``: the steps themselves bound it.
+    """
+    return step + 1 if step + 1 < len(steps) else None
+
+
+def out_of_memory_message(steps: tuple, step: int, detail: str) -> str:
+    """Why a call killed for memory at the top of its ``memory`` steps fails, with the fix."""
+    if not steps:
+        return (f"{detail}; it ran out of the platform's default memory: ask for more, e.g. "
+                "memory=[2048, 8192] (MB; a call killed for memory climbs the list on its retries)")
+    top = steps[min(step, len(steps) - 1)]
+    listed = ", ".join(map(str, steps))
+    return (f"{detail}; it ran out of memory at {top} MB, the last step of memory=[{listed}]: add a "
+            f"larger step, e.g. memory=[{listed}, {top * 2}] (Lambda allows up to 10240 MB)")
+
+
 def qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 

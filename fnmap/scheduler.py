@@ -292,6 +292,7 @@ class Scheduler:
         payload = state.payload
         if payload is None:  # decided meanwhile
             return None
+        memory = _attempt_memory(state, attempt)
         req = CallRequest(
             job_id=job.id, call_id=state.call_id, func_key=state.func_key, store_url=self.store.url,
             attempt=attempt, timeout=cfg.timeout, items_key=state.items_key,
@@ -300,9 +301,10 @@ class Scheduler:
             # retry_on re-runs share the retries left (speculative copies and 429s use none).
             max_attempts=attempt + max(0, cfg.retries - state.charged), output=cfg.output,
             echo_output=cfg.output == "live" or cfg.backend not in _BACKENDS_ON_THIS_TERMINAL,
+            memory=memory,
         )
         body = encode(req, payload)
-        return Invocation(req, body, signing.sign(self.secret, body), cfg)
+        return Invocation(req, body, signing.sign(self.secret, body), cfg, memory)
 
     def _read(self, answer: Answer):
         """Turn the platform's answer into an event for :meth:`_decide` (outside any lock: this
@@ -355,7 +357,8 @@ class Scheduler:
                 attempt = state.next_attempt
                 state.next_attempt += 1
                 now = time.time()
-                state.attempts.append([attempt, now, None, None])
+                steps = job.config.memory_steps
+                state.attempts.append([attempt, now, None, None, steps[state.memory_step] if steps else None])
                 state.sent_at = now
                 state.in_flight += 1
                 if attempt > 1:
@@ -400,14 +403,18 @@ class Scheduler:
             _end_attempt(state, attempt, fault.kind)
             if state.done:
                 return
-            if charge:
+            climbed = fault.kind == FaultKind.OUT_OF_MEMORY and self._climb_memory(job, state, attempt)
+            if charge and not climbed:
                 state.charged += 1
             if state.in_flight > 0 and not final:  # another copy is out: it decides
                 return
             retry = not final and not job.abandoned and (
-                fault.kind == FaultKind.RETRY_ON or policy.retry_fault(fault.retryable, state.charged,
-                                                                       job.config.retries))
+                fault.kind == FaultKind.RETRY_ON or climbed
+                or policy.retry_fault(fault.retryable, state.charged, job.config.retries))
             if not retry:
+                if fault.kind == FaultKind.OUT_OF_MEMORY:
+                    fault = PlatformFault(fault.kind, policy.out_of_memory_message(
+                        job.config.memory_steps, state.memory_step, fault.message))
                 self._fail_locked(job, state, fault)
                 after = (state.n_items, *self._settle(job, state))
         if retry:
@@ -418,6 +425,19 @@ class Scheduler:
             self._after(delay, self._retry, job, state)
             return
         self._deliver(job, state, *after)
+
+    def _climb_memory(self, job, state, attempt: int) -> bool:
+        """Under the lock: an attempt was killed for memory; the next runs one ``memory`` step up
+        (True), unless the call is at the top already (False: it fails).  A copy killed at a
+        lower step than the call has reached meanwhile needs no new climb."""
+        steps = job.config.memory_steps
+        if _attempt_memory(state, attempt) != (steps[state.memory_step] if steps else None):
+            return True
+        step = policy.next_memory_step(steps, state.memory_step)
+        if step is None:
+            return False
+        state.memory_step = step
+        return True
 
     def _finish(self, job, state, attempt: int, answer: Outcomes) -> None:
         with self.lock:  # one lock section per call: dispatch threads share this lock (issue 9)
@@ -683,6 +703,14 @@ class Scheduler:
             self._sends.put(None)
         with self._wake:
             self._wake.notify()
+
+
+def _attempt_memory(state, attempt: int) -> int | None:
+    """The memory (MB) attempt ``attempt`` of ``state`` was sent with (None: the platform's own)."""
+    for record in state.attempts:
+        if record[0] == attempt:
+            return record[4]
+    return None
 
 
 def _end_attempt(state, attempt: int, outcome: str) -> None:

@@ -346,3 +346,24 @@ def test_missing_region_is_named(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     with pytest.raises(fnmap.ConfigError, match="needs the function's AWS region.*FNMAP_REGION"):
         fnmap.map(square, [1], backend="aws", secret="s" * 64)
+
+
+def allocate_300mb(x):
+    return len(b"x" * (300 << 20)) + x
+
+
+@needs_ric
+def test_out_of_memory_climbs_to_the_next_steps_function(aws):
+    """A call killed for memory (Runtime.OutOfMemory) is sent again to the next step's own function."""
+    lam = boto3.client("lambda", endpoint_url=aws.url)
+    lam.update_function_configuration(FunctionName="memtest", MemorySize=256)
+    with pytest.raises(fnmap.PlatformError, match=r"'memtest-2048mb' has 1024 MB: `fnmap deploy aws deploy "
+                       r"--name memtest-2048mb --memory 2048`"):
+        fnmap.map(allocate_300mb, [1], function_name="memtest", memory=[256, 2048])
+    assert aws.stats().get("RequestResponse", 0) + aws.stats().get("Event", 0) == 0  # refused before sending
+    job = fnmap.map(allocate_300mb, [1], function_name="memtest", memory=[256, 1024], return_job=True)
+    assert job.results() == [(300 << 20) + 1]
+    assert [(a[3], a[4]) for a in job.attempts_summary()[0]] == [("out_of_memory", 256), ("ok", 1024)]
+    # memtest itself has 256 MB under the emulator's Lambda runtime: the retry ran on memtest-1024mb.
+    with pytest.raises(fnmap.OutOfMemory, match="ran out of memory at 256 MB"):
+        fnmap.map(allocate_300mb, [1], function_name="memtest", memory=256)

@@ -37,14 +37,17 @@ def test_plan_arrays_splits_above_the_array_limit_into_even_parts():
     assert batch_backend.plan_arrays(7, limit=3) == [(0, 3), (3, 2), (5, 2)]
 
 
-def test_cuda_visible_devices_round_robin():
-    gpus = ["0", "1", "2"]
-    assert [batch_jobs.assign_gpus(slot, 1, gpus) for slot in range(5)] == ["0", "1", "2", "0", "1"]
-    assert [batch_jobs.assign_gpus(slot, 2, gpus) for slot in range(3)] == ["0,1", "2,0", "1,2"]
-    assert batch_jobs.assign_gpus(4, 1, []) == ""  # a CPU machine: the child sees no GPU
-    assert batch_jobs.assign_gpus(4, 0, gpus) == ""  # a CPU job sees no GPU either
-    with pytest.raises(ValueError, match="asks for 4 GPUs per child but this machine has 3"):
-        batch_jobs.assign_gpus(0, 4, gpus)
+def test_gpus_are_lent_one_child_at_a_time():
+    devices = batch_jobs.Devices(["0", "1", "2"])
+    first, second = devices.take(2, lambda: True), devices.take(1, lambda: True)
+    assert (first, second) == (["0", "1"], ["2"])
+    assert devices.take(1, lambda: False) is None  # none free: it would wait; no longer wanted
+    devices.give_back(first)
+    assert devices.take(2, lambda: True) == ["0", "1"]
+    assert batch_jobs.Devices([]).take(1, lambda: True) == []  # a CPU machine: the child sees no GPU
+    assert devices.take(0, lambda: True) == []  # a CPU job sees no GPU either
+    assert "asks for 4 GPUs per child but this machine has 3" in devices.refusal(4)
+    assert devices.refusal(3) is None and batch_jobs.Devices([]).refusal(2) is None
     listing = "GPU 0: NVIDIA H200 (UUID: GPU-aa)\nGPU 1: NVIDIA H200 (UUID: GPU-bb)\n"
     assert batch_jobs.visible_gpus(listing) == ["0", "1"]
     assert batch_jobs.visible_gpus(listing, "1") == ["1"]  # the emulator's own CUDA_VISIBLE_DEVICES
@@ -75,7 +78,7 @@ def test_retry_strategy_rules_and_command():
 
 def test_resources_and_timeout_of_a_submission():
     config = resolve(gpu=2, memory=16000, timeout=30, backend="batch")
-    assert batch_backend.container_overrides(config) == {
+    assert batch_backend.container_overrides(config, 16000) == {
         "resourceRequirements": [
             {"type": "GPU", "value": "2"},
             {"type": "MEMORY", "value": "16000"},
@@ -93,7 +96,7 @@ def test_failed_child_faults():
     assert kind("Essential container in task exited", container.EXIT_RETRY, None) == "server"
     assert (
         kind("Essential container in task exited", 137, "OutOfMemoryError: Container killed")
-        == "crashed"
+        == "out_of_memory"
     )
     assert kind("Job attempt duration exceeded timeout", None, None) == "timeout"
     fault = batch_backend.fault_for("j:1", "Host EC2 terminated", None, None, "log/1")

@@ -27,6 +27,9 @@ spawner could not invoke, or whose spawner failed, is reported through ``poll_fa
 retried directly; one a spawner invoked but that never ran is declared lost after the timeout
 and retried.  A call invoked twice still commits once (the worker's first writer wins).
 
+A job with ``memory`` steps (``memory=[1024, 4096]``) sends a call killed for memory
+again to the next step's own function (:mod:`.lambda_memory`).
+
 On creation the backend reads the function's configuration once: a missing
 function, missing permissions, or a Python/cloudpickle version that differs
 from the client's are reported before any call is sent.
@@ -46,6 +49,7 @@ from ..storage import open_store
 from .base import ACCEPTED, Answer, BaseBackend, Failure, Invocation
 from .http import fault_from_status
 from .lambda_invoke import InvokeError, LambdaInvoker
+from .lambda_memory import function_for, steps_problem
 
 INVOCATION_TYPES = ("auto", "Event", "RequestResponse")
 #: Seconds an asynchronous call may sit in Lambda's queue and run before the client calls it lost,
@@ -100,6 +104,10 @@ class AwsBackend(BaseBackend):
         self.lost_after = float(self.function.get("Timeout", 900)) + ASYNC_GRACE_SECONDS
         self._invoker = LambdaInvoker(self._session, self._client, self.function_name, self.max_workers,
                                       _CONNECT_TIMEOUT, _READ_TIMEOUT)
+        #: Invokers of the functions of higher memory steps, by name (see :mod:`.lambda_memory`).
+        self._step_invokers: dict[str, LambdaInvoker] = {}
+        #: What :func:`steps_problem` found, per tuple of memory steps.
+        self._steps_checked: dict[tuple, str | None] = {}
         # The ``lambda_fanout`` option (FNMAP_LAMBDA_FANOUT) overrides the class's default.
         self.fanout_threshold = config.lambda_fanout or self.fanout_threshold
         self.batches_calls = self.fanout_threshold is not None
@@ -147,9 +155,11 @@ class AwsBackend(BaseBackend):
         if problem:
             raise PlatformFault("rejected", problem)
         kind = self._choose()
+        config = invocation.config
+        name = function_for(self.function_name, config.memory_steps if config else (), invocation.memory)
         try:
             payload = self._payload(invocation, kind)
-            answer = self._call(kind, payload)
+            answer = self._call(kind, payload, name)
         finally:
             if kind == "RequestResponse" and self.invocation == "auto":
                 with self._lock:
@@ -167,7 +177,9 @@ class AwsBackend(BaseBackend):
             with self._lock:
                 if self._senders is None:
                     self._senders = ThreadPoolExecutor(self.max_workers, thread_name_prefix="fnmap-aws-send")
-        if len(invocations) < (self.fanout_threshold or 0) or self.fanout_threshold is None:
+        stepped = any(i.config is not None and function_for(self.function_name, i.config.memory_steps, i.memory)
+                      != self.function_name for i in invocations)  # spawners invoke the function itself
+        if len(invocations) < (self.fanout_threshold or 0) or self.fanout_threshold is None or stepped:
             return list(self._senders.map(self._invoke_or_report, invocations))
         slices, current, size = [], [], 0
         for invocation in invocations:
@@ -237,10 +249,17 @@ class AwsBackend(BaseBackend):
         memory = int(self.function.get("MemorySize") or 0)
         if config.gpu:
             return f"{config.describe('gpu')}: {where} has no GPUs; run GPU work with backend='batch'"
-        if config.memory and memory and config.memory > memory:
+        first = config.memory_steps[0] if config.memory_steps else None
+        if first and memory and first > memory:
             return (f"{config.describe('memory')} but {where} has {memory} MB (Lambda sets memory per "
                     f"function): redeploy with `fnmap deploy aws update --name {self.function_name} "
-                    f"--memory {config.memory}`, or ask for memory={memory} or less")
+                    f"--memory {first}`, or ask for memory={memory} or less")
+        if len(config.memory_steps) > 1:
+            steps = config.memory_steps
+            if steps not in self._steps_checked:
+                self._steps_checked[steps] = steps_problem(self.function_name, steps, self._memory_of)
+            if self._steps_checked[steps]:
+                return self._steps_checked[steps]
         limit = float(self.function.get("Timeout") or 900)
         if config.timeout and config.timeout > limit:
             return (f"{config.describe('timeout')} but {where} stops calls after {limit:.0f} s: redeploy "
@@ -272,20 +291,41 @@ class AwsBackend(BaseBackend):
             raise PlatformFault("server", f"cannot store the {len(invocation.body)}-byte request: {e!r}") from e
         return encode_reference_event(req.store_url, key, invocation.signature)
 
-    def _call(self, kind: str, payload: bytes) -> Answer:
+    def _memory_of(self, name: str) -> int | None:
+        """A function's ``MemorySize``; None when it does not exist."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return int(self._client.get_function_configuration(FunctionName=name).get("MemorySize") or 0)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+                return None
+            raise
+
+    def _invoker_for(self, name: str | None) -> LambdaInvoker:
+        if name is None or name == self.function_name:
+            return self._invoker
+        with self._lock:
+            if name not in self._step_invokers:
+                self._step_invokers[name] = LambdaInvoker(self._session, self._client, name, self.max_workers,
+                                                          _CONNECT_TIMEOUT, _READ_TIMEOUT)
+            return self._step_invokers[name]
+
+    def _call(self, kind: str, payload: bytes, name: str | None = None) -> Answer:
         from urllib3.exceptions import HTTPError, MaxRetryError, ReadTimeoutError
 
-        target = f"Lambda function {self.function_name!r}"
+        invoker = self._invoker_for(name)
+        target = f"Lambda function {name or self.function_name!r}"
         try:
-            _status, headers, body = self._invoker.invoke(kind, payload)
+            _status, headers, body = invoker.invoke(kind, payload)
         except InvokeError as e:
             raise _fault_from_error_response(e.response, target) from None
         except ReadTimeoutError as e:
             raise PlatformFault("lost", f"no answer from {target} within {_READ_TIMEOUT} s") from e
         except MaxRetryError as e:
-            raise PlatformFault("connection", f"cannot reach {target} at {self._invoker.url}: {e.reason}") from e
+            raise PlatformFault("connection", f"cannot reach {target} at {invoker.url}: {e.reason}") from e
         except HTTPError as e:
-            raise PlatformFault("connection", f"cannot reach {target} at {self._invoker.url}: {e!r}") from e
+            raise PlatformFault("connection", f"cannot reach {target} at {invoker.url}: {e!r}") from e
         if kind == "Event":
             return ACCEPTED
         if headers.get("X-Amz-Function-Error"):
@@ -302,6 +342,8 @@ class AwsBackend(BaseBackend):
         if self._senders is not None:
             self._senders.shutdown(wait=False)
         self._invoker.close()
+        for invoker in self._step_invokers.values():
+            invoker.close()
         self._client.close()
 
 
@@ -365,7 +407,9 @@ def _function_error(body: bytes, target: str) -> Answer:
     message = f"{target}: {kind or 'error'}: {error.get('errorMessage', '')}"
     if kind == "Function.ResponseSizeTooLarge":
         return ACCEPTED  # the worker committed the result before answering: the monitor reads it from storage
-    if kind in ("Runtime.ExitError", "Runtime.OutOfMemory") or "exited" in message:
+    if kind == "Runtime.OutOfMemory":  # over the function's MemorySize: the same memory fails again
+        raise PlatformFault("out_of_memory", message)
+    if kind == "Runtime.ExitError" or "exited" in message:
         raise PlatformFault("crashed", message)
     if kind == "Sandbox.Timedout" or "timed out" in message:
         raise PlatformFault("timeout", message)

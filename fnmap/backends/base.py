@@ -27,6 +27,8 @@ class Invocation:
     signature: str
     #: The job's resolved options, for platforms that take resources per job (memory, GPUs).
     config: Any = None
+    #: Memory (MB) this attempt runs with: the step of the job's ``memory`` the call has reached.
+    memory: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,9 @@ above AWS Batch's 10,000 children the calls are split into balanced array
 jobs) whose children run ``python -m handlers.container STORE PREFIX`` and
 each read their own request by index.  GPUs and memory are asked per
 submission through ``resourceRequirements``; the job definition's timeout and
-retry strategy are overridden from the job's options.  Results come back
+retry strategy are overridden from the job's options.  Calls retried after an
+out-of-memory kill go in a new array job asking for the next ``memory`` step
+(one array job per memory: Batch sets resources per submission).  Results come back
 through storage like every asynchronous backend.  ``poll_failures`` asks
 ``describe_jobs`` (and ``list_jobs`` for the failed children of an array) at
 most every ``status_interval`` seconds and reports failed children to the
@@ -76,13 +78,14 @@ def plan_arrays(n: int, limit: int = container.MAX_ARRAY_SIZE) -> list[tuple[int
     return plan
 
 
-def container_overrides(config) -> dict:
-    """``resourceRequirements`` for the job's GPUs and memory (MiB); empty when neither is set."""
+def container_overrides(config, memory: int | None = None) -> dict:
+    """``resourceRequirements`` for the job's GPUs and ``memory`` (MiB, the calls' step of the
+    job's ``memory``); empty when neither is set."""
     needs = []
     if config.gpu:
         needs.append({"type": "GPU", "value": str(config.gpu)})
-    if config.memory:
-        needs.append({"type": "MEMORY", "value": str(config.memory)})
+    if memory:
+        needs.append({"type": "MEMORY", "value": str(memory)})
     return {"resourceRequirements": needs} if needs else {}
 
 
@@ -127,8 +130,8 @@ def fault_for(
         return PlatformFault("server", message + " (an exception listed in retry_on; re-running)")
     if exit_code == container.EXIT_REJECTED:
         return PlatformFault("rejected", message)
-    if "OutOfMemory" in text:
-        return PlatformFault("crashed", message + " (raise memory=... in MB)")
+    if "OutOfMemory" in text:  # retried one ``memory`` step up, if there is one
+        return PlatformFault("out_of_memory", message)
     if "exceeded timeout" in text:
         return PlatformFault("timeout", message)
     if exit_code == container.EXIT_PLATFORM:
@@ -182,15 +185,15 @@ class BatchBackend(BaseBackend):
         return self.invoke_many([invocation])[0]
 
     def invoke_many(self, invocations: list[Invocation]) -> list[Answer]:
-        by_job: dict[str, list[Invocation]] = {}
+        by_job: dict[tuple, list[Invocation]] = {}
         for invocation in invocations:
-            by_job.setdefault(invocation.request.job_id, []).append(invocation)
-        for job_id, calls in by_job.items():
+            by_job.setdefault((invocation.request.job_id, invocation.memory), []).append(invocation)
+        for (job_id, memory), calls in by_job.items():
             for start, size in plan_arrays(len(calls)):
-                self._submit(job_id, calls[start : start + size])
+                self._submit(job_id, calls[start : start + size], memory)
         return [ACCEPTED] * len(invocations)
 
-    def _submit(self, job_id: str, calls: list[Invocation]) -> None:
+    def _submit(self, job_id: str, calls: list[Invocation], memory: int | None) -> None:
         config = calls[0].config or self.config
         array_id = secrets.token_hex(4)
         prefix = container.request_prefix(job_id, array_id)
@@ -204,8 +207,8 @@ class BatchBackend(BaseBackend):
         }
         if len(calls) > 1:
             request["arrayProperties"] = {"size": len(calls)}
-        if container_overrides(config):
-            request["containerOverrides"] = container_overrides(config)
+        if container_overrides(config, memory):
+            request["containerOverrides"] = container_overrides(config, memory)
         if job_timeout(config.timeout):
             request["timeout"] = job_timeout(config.timeout)
         answer = self._call("submit_job", **request)
@@ -352,7 +355,8 @@ class BatchBackend(BaseBackend):
                 raise PlatformFault("throttled", message) from e
             if status >= 500:
                 raise PlatformFault("server", message) from e
-            raise PlatformFault("rejected", message + _FIX) from e
+            fix = "" if "GPUs per child" in message else _FIX  # the refusal names its own fix
+            raise PlatformFault("rejected", message + fix) from e
         except BotoCoreError as e:
             raise PlatformFault(
                 "connection", f"cannot reach AWS Batch at {self.endpoint}: {e}"

@@ -234,6 +234,16 @@ def run_cancel(args) -> int:
     return 0
 
 
+def _memory_climbs(calls: list[dict]) -> list[str]:
+    """One line per call (at most 5) whose attempts ran at different ``memory`` steps."""
+    climbed = [c for c in calls if len({a.get("memory") for a in c["attempts"]} - {None}) > 1]
+    lines = [f"memory   call {c['call']}: " + " -> ".join(f"{a.get('memory') or '?'} MB {a['outcome'] or 'running'}"
+                                                     for a in c["attempts"]) for c in climbed[:5]]
+    if len(climbed) > 5:
+        lines.append(f"memory   ... and {len(climbed) - 5} more calls climbed (--json)")
+    return lines
+
+
 def format_summary(record: dict) -> str:
     """The human-readable summary ``fnmap job ID`` prints."""
     from ..observe.cost import describe
@@ -261,6 +271,7 @@ def format_summary(record: dict) -> str:
         + (f"{s['peak_memory_mb']:.0f} MB" if s.get("peak_memory_mb") else "-"),
         f"cost     {describe(s['cost'])}",
     ]
+    lines.extend(_memory_climbs(record["calls"]))
     if s.get("error"):
         lines.append(f"error    {s['error']} (before any call ran)")
     if s["status"] == "abandoned":

@@ -69,8 +69,10 @@ class Emulator:
             header, _ = decode_header(body)
             timeout = header.get("timeout")
             timeout = float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else None
+            memory = header.get("memory")
+            memory = memory if isinstance(memory, int) and memory > 0 else None
         except (ValueError, TypeError):
-            header, timeout = {}, None
+            header, timeout, memory = {}, None, None
         record = {
             "job_id": str(header.get("job_id", "?")),
             "call_id": header.get("call_id"),
@@ -102,7 +104,7 @@ class Emulator:
             if fate is not None and fate.labels:
                 self.injected.update(fate.labels)
                 record["faults"] = fate.labels
-            outcome, status, out, info = self._run(body, signature, timeout, fate, stopper)
+            outcome, status, out, info = self._run(body, signature, timeout, fate, stopper, memory)
         finally:
             with self._lock:
                 self.in_flight -= 1
@@ -116,6 +118,10 @@ class Emulator:
             return 502, (
                 f"worker process {info['pid']} died while running the call ({info.get('exit')})"
             ).encode(), {ERROR_KIND_HEADER: "crashed"}
+        if outcome == "out_of_memory":
+            return 502, (
+                f"{info['memory']} (worker process {info['pid']})"
+            ).encode(), {ERROR_KIND_HEADER: "out_of_memory"}
         if outcome == "timeout":
             return 504, (
                 f"the call ran past its timeout of {timeout} s plus a grace period; its worker "
@@ -133,13 +139,14 @@ class Emulator:
             return 504, b"injected lost call (--drop-rate): the call was not run", {}
         return status, out, {}
 
-    def _run(self, body: bytes, signature: str | None, timeout: float | None, fate, stopper: Stopper):
+    def _run(self, body: bytes, signature: str | None, timeout: float | None, fate, stopper: Stopper,
+             memory: int | None = None):
         """Apply the planned faults around the pool's execution of one request."""
         plan = self.faults
         if plan.latency_ms:
             self.stopping.wait(plan.latency_ms / 1000.0)
         if fate is None:
-            return self.pool.execute(signature, body, timeout, stopper=stopper)
+            return self.pool.execute(signature, body, timeout, stopper=stopper, memory=memory)
         if fate.fail:
             return "failed", 500, b"", {}
         if fate.drop:
@@ -149,7 +156,7 @@ class Emulator:
         if fate.straggle and self._hold(plan.straggler_delay(self.pool.typical_seconds), stopper):
             return "stopped", 0, b"", {}
         return self.pool.execute(signature, body, timeout, kill_at=fate.kill_at,
-                                 cold_start=plan.cold_start_ms / 1000.0, stopper=stopper)
+                                 cold_start=plan.cold_start_ms / 1000.0, stopper=stopper, memory=memory)
 
     def _hold(self, seconds: float, stopper: Stopper) -> bool:
         """Hold a request back for ``seconds``, less if the server stops or the request is

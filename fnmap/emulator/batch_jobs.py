@@ -4,10 +4,16 @@ Each child of an array job runs as a local process: the job definition's
 command (``python`` becomes this interpreter) with ``Ref::`` parameters
 substituted and ``AWS_BATCH_JOB_ARRAY_INDEX`` and the other ``AWS_BATCH_*``
 variables set, so the same ``handlers/container.py`` entrypoint runs as in the
-cloud.  At most ``concurrency`` children run at once.  GPUs found by
-``nvidia-smi -L`` are handed out round-robin through ``CUDA_VISIBLE_DEVICES``
-to children that ask for GPUs; children that do not, and every child on a
-machine without GPUs, get ``CUDA_VISIBLE_DEVICES=""``.  The attempt timeout
+cloud.  At most ``concurrency`` children run at once.  The GPUs found by
+``nvidia-smi -L`` are lent, not shared (:class:`Devices`): a child asking for
+``n`` GPUs waits, RUNNABLE, until ``n`` are free and then sees only those in
+``CUDA_VISIBLE_DEVICES``, so at most ``GPUs // n`` such children run at once;
+a job asking for more GPUs per child than the machine has is refused at
+submission (``ClientException``).  Children that ask for no GPU, and every
+child on a machine without GPUs (the CPU rehearsal), get
+``CUDA_VISIBLE_DEVICES=""``.  Memory (``MEMORY``, MiB) is enforced: a child
+whose resident memory goes past it is killed and fails with AWS Batch's
+``OutOfMemoryError: Container killed due to memory usage``.  The attempt timeout
 and the retry strategy (``evaluateOnExit`` globs included) are honoured; a
 child's output goes to a log file named by ``logStreamName``, and the last
 line of a failed child's output becomes its ``container.reason``.  A job
@@ -33,6 +39,7 @@ import uuid
 
 from ..runtime.container import COMMAND, MAX_ARRAY_SIZE
 from ..runtime.signing import SECRET_ENV
+from .memlimit import MemoryWatch
 
 ARN = "arn:aws:batch:us-east-1:000000000000"
 #: Where the built-in job definition's ``secrets`` take ``FNMAP_SECRET`` from (an emulated Secrets
@@ -41,6 +48,7 @@ SECRET_ARN = "arn:aws:secretsmanager:us-east-1:000000000000:secret:fnmap-emulato
 TERMINAL = ("SUCCEEDED", "FAILED")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 _TIMED_OUT = "Job attempt duration exceeded timeout"
+_OUT_OF_MEMORY = "OutOfMemoryError: Container killed due to memory usage"
 
 
 class BatchRequestError(Exception):
@@ -77,19 +85,50 @@ def detect_gpus(environ=os.environ) -> list[str]:
     return visible_gpus(out.stdout, environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-def assign_gpus(slot: int, wanted: int, gpus: list[str]) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for the ``slot``-th child launched: ``wanted`` GPUs, round-robin.
+class Devices:
+    """The machine's GPUs, each lent to one child at a time (issue 24: never two children on one card).
 
-    No GPUs wanted, or none on this machine: ``""`` (the child sees none and runs on the CPU).
+    A child asking for ``n`` GPUs takes ``n`` free ones, lowest first, or waits until that many are
+    given back.  On a machine without GPUs nothing is lent: children run on the CPU.
     """
-    if wanted <= 0 or not gpus:
-        return ""
-    if wanted > len(gpus):
-        raise ValueError(
-            f"the job asks for {wanted} GPUs per child but this machine has {len(gpus)}"
+
+    def __init__(self, gpus: list[str]):
+        self.gpus = list(gpus)
+        self._free = list(gpus)
+        self._changed = threading.Condition()
+
+    def refusal(self, wanted: int) -> str | None:
+        """Why a job asking ``wanted`` GPUs per child can never run here (None when it can)."""
+        if wanted <= len(self.gpus) or not self.gpus:
+            return None
+        listed = ", ".join(self.gpus)
+        return (
+            f"the job asks for {wanted} GPUs per child but this machine has {len(self.gpus)} "
+            f"(nvidia-smi -L lists: {listed}), so its children could never start: ask for "
+            f"gpu={len(self.gpus)} or fewer, or run the job on AWS Batch (set region=... or "
+            "AWS_ENDPOINT_URL_BATCH) on instances with enough GPUs"
         )
-    start = slot * wanted
-    return ",".join(gpus[(start + j) % len(gpus)] for j in range(wanted))
+
+    def take(self, wanted: int, still_wanted) -> list[str] | None:
+        """``wanted`` free GPUs (``[]`` when none are wanted or the machine has none), waiting for
+        them while ``still_wanted()``; None when it stopped being wanted first."""
+        if wanted <= 0 or not self.gpus:
+            return []
+        with self._changed:
+            while len(self._free) < wanted:
+                if not still_wanted():
+                    return None
+                self._changed.wait(0.25)
+            taken = sorted(self._free, key=self.gpus.index)[:wanted]
+            for gpu in taken:
+                self._free.remove(gpu)
+            return taken
+
+    def give_back(self, taken: list[str]) -> None:
+        if taken:
+            with self._changed:
+                self._free.extend(taken)
+                self._changed.notify_all()
 
 
 def command_for(command: list[str], parameters: dict) -> list[str]:
@@ -154,6 +193,8 @@ class Job:
         needs.update({r["type"]: r["value"] for r in overrides.get("resourceRequirements", [])})
         self.resources = [{"type": k, "value": v} for k, v in needs.items()]
         self.gpus = int(needs.get("GPU", 0))
+        memory = str(needs.get("MEMORY", ""))
+        self.memory_mb = int(memory) if memory.isdigit() and int(memory) > 0 else None
         self.retry = spec.get("retryStrategy") or definition.get("retryStrategy") or {"attempts": 1}
         self.timeout = spec.get("timeout") or definition.get("timeout") or {}
         size = (spec.get("arrayProperties") or {}).get("size")
@@ -180,7 +221,7 @@ class BatchEmulator:
         # secret: a job definition that `fnmap deploy batch` registered without it must fail here as it
         # would on AWS.  The emulator's own definition ("fnmap") names the secret in its ``secrets``.
         self.env = {k: v for k, v in env.items() if k != SECRET_ENV}
-        self.gpus, self.concurrency = gpus, concurrency
+        self.devices, self.concurrency = Devices(gpus), concurrency
         secret = env.get(SECRET_ENV)
         #: The emulated Secrets Manager: ``valueFrom`` -> value, for the job definitions' ``secrets``.
         self.secret_values = {SECRET_ARN: secret} if secret else {}
@@ -189,7 +230,6 @@ class BatchEmulator:
         self.logs = tempfile.mkdtemp(prefix="fnmap-batch-logs-")
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._launched = 0
         self._closed = False
         self.register_definition(
             {
@@ -269,6 +309,9 @@ class BatchEmulator:
         job = Job(spec, self.find_definition(spec["jobDefinition"]))
         if not 1 <= int(job.retry.get("attempts", 1)) <= 10:
             raise BatchRequestError("retryStrategy.attempts must be between 1 and 10")
+        refusal = self.devices.refusal(job.gpus)
+        if refusal:  # refused now: queued, it would wait for devices that never come (issue 24)
+            raise BatchRequestError(refusal)
         with self._lock:
             self.jobs[job.id] = job
         for child in job.children:
@@ -310,14 +353,23 @@ class BatchEmulator:
                 self._run(job, child)
 
     def _run(self, job: Job, child: Child) -> None:
-        with self._lock:
-            slot, self._launched = self._launched, self._launched + 1
-            child.status, child.started = "RUNNING", _now_ms()
-        child.log = os.path.join(self.logs, job.child_id(child).replace(":", "-") + ".log")
+        """Run one child once its GPUs are free (it stays RUNNABLE meanwhile), then give them back."""
+        gpus = self.devices.take(
+            job.gpus, lambda: child.status == "RUNNABLE" and not child.terminate and not self._closed
+        )
+        if gpus is None:  # terminated, or the emulator closed, while it waited
+            return
         try:
-            gpus = assign_gpus(slot, job.gpus, self.gpus)
-        except ValueError as e:
-            return self._finish(child, "FAILED", f"CannotStartContainerError: {e}", None, None)
+            with self._lock:
+                if child.status != "RUNNABLE" or child.terminate:
+                    return
+                child.status, child.started = "RUNNING", _now_ms()
+            self._run_attempts(job, child, ",".join(gpus))
+        finally:
+            self.devices.give_back(gpus)
+
+    def _run_attempts(self, job: Job, child: Child, gpus: str) -> None:
+        child.log = os.path.join(self.logs, job.child_id(child).replace(":", "-") + ".log")
         try:
             secrets = self._secrets_of(job)
         except ValueError as e:
@@ -381,16 +433,24 @@ class BatchEmulator:
                 child.proc = proc
                 if child.terminate:  # terminated while it was being started
                     proc.kill()
+            watch = MemoryWatch(proc.pid, job.memory_mb) if job.memory_mb else None
             try:
-                code, status_reason = proc.wait(timeout=limit), "Essential container in task exited"
+                code, status_reason = _wait(proc, limit, watch), "Essential container in task exited"
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
                 code, status_reason = None, _TIMED_OUT
+            finally:
+                if watch is not None:
+                    watch.stop()
             with self._lock:
                 child.proc = None
         if code is not None and code < 0:  # killed by a signal: what a container runtime reports
             code = 128 - code
+        if watch is not None and watch.exceeded and not child.terminate:
+            # What AWS Batch reports for a container over its MEMORY (fnmap's client climbs ``memory``).
+            reason = f"{_OUT_OF_MEMORY}: {watch.message('the container')}"
+            return code, _OUT_OF_MEMORY, reason[:255]
         return code, status_reason, (_last_line(child.log) if code != 0 else None)
 
     def _finish(self, child: Child, status: str, status_reason: str | None, code, reason) -> None:
@@ -408,6 +468,26 @@ class BatchEmulator:
         for proc in procs:
             proc.wait()
         shutil.rmtree(self.logs, ignore_errors=True)
+
+
+def _wait(proc: subprocess.Popen, limit: float | None, watch: MemoryWatch | None) -> int:
+    """``proc``'s exit status, within ``limit`` seconds (else ``TimeoutExpired``); with a ``watch``,
+    reaped by ``wait4`` so that its peak memory (``ru_maxrss``) is checked against the limit too."""
+    if watch is None:
+        return proc.wait(timeout=limit)
+    deadline = None if limit is None else time.monotonic() + limit
+    while True:
+        try:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere (Popen's own wait)
+            return proc.wait()
+        if pid:
+            watch.check(usage.ru_maxrss)  # KiB on Linux
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode
+        if deadline is not None and time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, limit)
+        time.sleep(0.02)
 
 
 def _now_ms() -> int:

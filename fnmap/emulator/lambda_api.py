@@ -195,6 +195,9 @@ class LambdaApi:
         if kind == "crashed":
             return None, {"errorType": "Runtime.ExitError",
                           "errorMessage": f"Runtime exited with error: {out.decode(errors='replace')}"}
+        if kind == "out_of_memory":  # what Lambda reports for a function over its MemorySize
+            return None, {"errorType": "Runtime.OutOfMemory",
+                          "errorMessage": f"Runtime exited with error: signal: killed ({out.decode(errors='replace')})"}
         if kind == "timeout":
             return None, {"errorType": "Sandbox.Timedout",
                           "errorMessage": f"Task timed out: {out.decode(errors='replace')}"}

@@ -41,7 +41,9 @@ warm (an event is handed only to an environment whose runtime waits in ``/next``
 a new one is a cold start, given the function's timeout plus :data:`INIT_SECONDS`
 to load the package; the function's timeout kills the environment
 and answers ``Sandbox.Timedout`` (``Task timed out after N.NN seconds``); an
-environment that exits mid-invocation answers ``Runtime.ExitError``.  At most
+environment that exits mid-invocation answers ``Runtime.ExitError``, and one whose
+peak resident memory goes past the function's ``MemorySize`` is killed and answers
+``Runtime.OutOfMemory`` (:mod:`.memlimit`).  At most
 ``max_environments`` run at once (the emulator's ``--workers``); invocations
 beyond wait for one, and idle environments of other functions are stopped to
 make room.
@@ -70,6 +72,7 @@ from dataclasses import dataclass, field
 from ..runtime.frontdoor import FrontDoor
 from .lambda_api import ACCOUNT, HANDLER, REGION, lambda_error
 from .lambda_layers import LayerStore
+from .memlimit import MemoryWatch
 
 #: Lambda's limit on a synchronous response, enforced by its Runtime API.
 RESPONSE_LIMIT = 6 * 1024 * 1024
@@ -147,6 +150,8 @@ class Environment:
             self.server.shutdown()
             self.server.server_close()
             raise
+        #: The function's MemorySize, enforced as Lambda does: over it, the runtime is killed.
+        self.memory = MemoryWatch(self.proc.pid, function.memory)
         threading.Thread(target=self._watch, name="fnmap-lambda-environment", daemon=True).start()
 
     def _command(self) -> list[str]:
@@ -172,6 +177,7 @@ class Environment:
 
     def _watch(self) -> None:
         code = self.proc.wait()
+        self.memory.stop()
         with self._cond:
             self.exit = f"signal: {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
             self._cond.notify_all()
@@ -243,6 +249,11 @@ class Environment:
             if self.init_error is not None:
                 self.outcome = "init_error"
                 return self.init_error, True
+            if self.exit is not None and self.memory.exceeded:
+                self.outcome = "exit"
+                return lambda_error("Runtime.OutOfMemory", (
+                    f"RequestId: {inv.request_id} Error: Runtime exited with error: {self.exit} "
+                    f"({self.memory.message('the runtime')})")), True
             if self.exit is not None:
                 self.outcome = "exit"
                 return lambda_error("Runtime.ExitError", (

@@ -5,7 +5,10 @@ waits for the answer.  If the process dies (segfault, ``os._exit``, SIGKILL),
 or outlives the call's timeout plus a grace period, only that call fails; the
 process is replaced in the background and the pool keeps serving.  A call can
 also be stopped from another thread (:class:`Stopper`): its process is killed
-and replaced the same way.
+and replaced the same way.  A call with a ``memory`` limit is watched
+(:class:`fnmap.emulator.memlimit.MemoryWatch`): a worker whose peak resident
+memory during the call goes past it is killed and replaced, and the call's
+outcome is ``out_of_memory``, as Lambda ends a function over its memory.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import struct
 import threading
 import time
 
+from .memlimit import MemoryWatch, reset_peak
 from .process import serve
 
 _LEN = struct.Struct(">I")
@@ -168,6 +172,7 @@ class WorkerPool:
         self.crashes = 0
         self.timeouts = 0
         self.kills = 0
+        self.out_of_memory = 0
         #: Moving average of how long a call takes in a worker (fault injection scales with it).
         self.typical_seconds = 0.01
         for _ in range(size):
@@ -200,10 +205,11 @@ class WorkerPool:
 
     def execute(self, signature: str | None, body: bytes, timeout: float | None, *,
                 kill_at: float | None = None, cold_start: float = 0.0,
-                stopper: Stopper | None = None) -> tuple[str, int, bytes, dict]:
+                stopper: Stopper | None = None, memory: int | None = None) -> tuple[str, int, bytes, dict]:
         """Run one invocation; return ``(outcome, status, body, info)``.
 
-        ``outcome`` is ``ok``, ``crashed``, ``timeout`` or ``stopped`` (by ``stopper``);
+        ``outcome`` is ``ok``, ``crashed``, ``timeout``, ``stopped`` (by ``stopper``) or
+        ``out_of_memory`` (over ``memory`` MB; ``info["memory"]`` says how much it used);
         ``info`` has the worker's pid.
         Fault injection: ``cold_start`` seconds are spent first on a worker's first call;
         with ``kill_at`` the worker is SIGKILLed that fraction of a typical call's duration
@@ -214,10 +220,22 @@ class WorkerPool:
         if stopper is not None and not stopper.attach(worker):
             self._idle.put(worker)
             return "stopped", 0, b"", info
-        return self._execute(worker, info, signature, body, timeout, kill_at, cold_start, stopper)
+        if not memory:
+            return self._execute(worker, info, signature, body, timeout, kill_at, cold_start, stopper)
+        try:
+            worker.wait_ready()  # its start-up is not the call's memory
+        except (WorkerDied, WorkerHung):
+            pass  # the call reports the dead worker
+        reset_peak(worker.pid)
+        watch = MemoryWatch(worker.pid, memory)
+        try:
+            return self._execute(worker, info, signature, body, timeout, kill_at, cold_start, stopper, watch)
+        finally:
+            watch.stop()
 
     def _execute(self, worker: WorkerProcess, info: dict, signature, body, timeout, kill_at,
-                 cold_start, stopper: Stopper | None) -> tuple[str, int, bytes, dict]:
+                 cold_start, stopper: Stopper | None,
+                 watch: MemoryWatch | None = None) -> tuple[str, int, bytes, dict]:
         if info["cold"] and cold_start:
             time.sleep(cold_start)
         hard_timeout = timeout + KILL_GRACE_SECONDS if timeout else None
@@ -235,6 +253,8 @@ class WorkerPool:
         except WorkerDied:
             if stopper is not None and stopper.detach():
                 return self._stopped(worker, killer, info)
+            if watch is not None and watch.exceeded:
+                return self._out_of_memory(worker, watch, info)
             self.crashes += 1
             if killer is not None:
                 killer.join()
@@ -254,9 +274,19 @@ class WorkerPool:
             return "timeout", 0, b"", info
         if stopper is not None and stopper.detach():  # killed just after it answered
             return self._stopped(worker, killer, info)
+        if watch is not None and watch.check():  # over its limit, if only between two samples
+            return self._out_of_memory(worker, watch, info)
         self.typical_seconds = 0.8 * self.typical_seconds + 0.2 * (time.monotonic() - started)
         self._idle.put(worker)
         return "ok", status, out, info
+
+    def _out_of_memory(self, worker: WorkerProcess, watch: MemoryWatch, info: dict) -> tuple[str, int, bytes, dict]:
+        """The call went over its memory: its worker is killed (if the watch has not) and replaced."""
+        self.out_of_memory += 1
+        info["memory"] = watch.message("the call")
+        worker.kill()
+        self._replace(worker)
+        return "out_of_memory", 0, b"", info
 
     def _stopped(self, worker: WorkerProcess, killer, info: dict) -> tuple[str, int, bytes, dict]:
         """The call's worker was killed on request: replace it; the call's answer is ``stopped``."""

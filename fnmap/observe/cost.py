@@ -172,6 +172,8 @@ def estimate(record: dict) -> dict:
             result["assumed"] = [] if options.get("instance_type") else ["instance_type"]
         else:
             memory = options.get("memory") or DEFAULT_LAMBDA_MEMORY_MB
+            if isinstance(memory, (list, tuple)):  # memory steps: most calls run at the first
+                memory = memory[0]
             region = options.get("region") or DEFAULT_REGION
             result = lambda_cost(durations, memory, region)
             result["assumed"] = [name for name in ("memory", "region") if not options.get(name)]

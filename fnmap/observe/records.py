@@ -92,7 +92,8 @@ def build(job) -> dict:
 def _call_entry(state, error: tuple[str, str] | None) -> dict:
     stats = state.stats or {}
     attempts = [
-        {"attempt": a, "sent": s, "ended": e, "outcome": o} for a, s, e, o in state.attempts
+        {"attempt": a, "sent": s, "ended": e, "outcome": o, **({"memory": m} if m else {})}
+        for a, s, e, o, m in state.attempts
     ]
     if state.done:
         if error is not None:

@@ -46,6 +46,8 @@ class CallRequest:
     #: Whether captured output is also written to the worker's own stderr: on a cloud platform that
     #: is its log (CloudWatch...); the emulator's and the local backend's stderr is the caller's terminal.
     echo_output: bool = True
+    #: Memory (MB) this attempt may use (the job's ``memory`` step); the emulator enforces it.
+    memory: int | None = None
 
 
 @dataclass
