@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import aws_credentials_of
 
 import fnmap
 from fnmap.backends import batch as batch_backend
@@ -126,6 +127,8 @@ def test_map_asking_more_gpus_than_the_machine_has_fails_at_once(fake_nvidia_smi
     emu = emulator_process(workers=1, env={"PATH": env["PATH"], batch_api.CONCURRENCY_ENV: "2"})
     monkeypatch.setenv("AWS_ENDPOINT_URL_BATCH", emu.url)
     monkeypatch.setenv("FNMAP_SECRET", emu.secret)
+    for name, value in aws_credentials_of(emu).items():  # the keys its Batch API accepts
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr(batch_backend.BatchBackend, "status_interval", 0.2)
     with pytest.raises(fnmap.PlatformError, match="asks for 2 GPUs per child but this machine has 1") as info:
         fnmap.map(_device, range(2), gpu=2, retries=2)

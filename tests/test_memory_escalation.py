@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import aws_credentials_of
 
 import fnmap
 from fnmap.backends import batch as batch_backend
@@ -76,6 +77,8 @@ def test_out_of_memory_climbs_on_emulated_batch(emulator_process, monkeypatch):
     emu = emulator_process(workers=1, env={batch_api.CONCURRENCY_ENV: "2"})
     monkeypatch.setenv("AWS_ENDPOINT_URL_BATCH", emu.url)
     monkeypatch.setenv("FNMAP_SECRET", emu.secret)
+    for name, value in aws_credentials_of(emu).items():  # the keys its Batch API accepts
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr(batch_backend.BatchBackend, "status_interval", 0.2)
     job = fnmap.map(_allocate, range(2), backend="batch", memory=[128, 1024], retries=0,
                     return_job=True)

@@ -173,6 +173,7 @@ class BatchBackend(BaseBackend):
             )
         self._submitted: dict[str, _Submission] = {}
         self._lock = threading.Lock()
+        self._cancelled: set[str] = set()  # jobs whose array jobs cancel() terminated
         self._last_status = 0.0
 
     def usable(self) -> bool:
@@ -311,6 +312,7 @@ class BatchBackend(BaseBackend):
         so an abandoned map stops paying for its containers."""
         with self._lock:  # still watched: poll_failures then reports the stopped calls as failed
             mine = [s for s in self._submitted.values() if s.job_id == job_id]
+            self._cancelled.add(job_id)
         for submission in mine:
             self._call("terminate_job", jobId=submission.batch_job_id,
                        reason=f"cancelled by the fnmap client (job {job_id})")
@@ -320,6 +322,8 @@ class BatchBackend(BaseBackend):
         or on the job itself for a one-call submission): their call's outcome is final already."""
         wanted = set(attempts)
         with self._lock:
+            if job_id in self._cancelled:  # cancel() terminated every child already, with its reason
+                return
             targets = [
                 f"{s.batch_job_id}:{index}" if s.array else s.batch_job_id
                 for s in self._submitted.values() if s.job_id == job_id
