@@ -311,7 +311,8 @@ def test_an_abandoned_map_terminates_its_array_job(batch_emulator):
     children = [b.describe_jobs(jobs=[f"{array}:{i}"])["jobs"][0] for i in range(4)]
     # Child 0 wrote its error result; it may still have been exiting when the array was stopped.
     assert [c["status"] for c in children[1:]] == ["FAILED"] * 3
-    assert all(c["statusReason"].startswith("cancelled by the fnmap client") for c in children[1:]), [c["statusReason"] for c in children]
+    assert all(c["statusReason"].startswith("cancelled by the fnmap client") for c in children[1:]), \
+        [c["statusReason"] for c in children]
     assert job.summary()["done"] == 4
 
 
