@@ -200,7 +200,7 @@ class AwsBackend(BaseBackend):
             first = calls[0][0].request
             event = encode_spawn_event([payload for _, payload in calls], [i.signature for i, _ in calls],
                                        self._secret(), first.job_id, secrets.token_hex(8), first.store_url,
-                                       self.signature_lifetime)
+                                       first.job_record or "", self.signature_lifetime)
             answer = self._call("RequestResponse", event)
             failed = json.loads(answer.body) if answer.body is not None else []
         except PlatformFault as fault:

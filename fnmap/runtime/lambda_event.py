@@ -20,7 +20,7 @@ A *spawner* event carries many call events (each as above, already signed) for t
 to invoke itself, asynchronously, from inside the platform (issue 16: a big job's fan-out)::
 
     {"fnmap": 1, "spawn": [<call event>, ...], "job_id": ..., "spawn_id": ..., "store": ...,
-     "signature": "<sig>"}
+     "job_record": "index/jobs/...", "signature": "<sig>"}
 
 signed like a call (route ``spawn``, over its calls' signatures), fanned out once: the handler
 writes ``jobs/<id>/spawned/<spawn_id>`` first-writer-wins and refuses a spawner seen before, or
@@ -83,16 +83,18 @@ def encode_reference_event(store_url: str, key: str, body: bytes, signature: str
 
 
 def encode_spawn_event(payloads: list[bytes], signatures: list[str], secret: bytes, job_id: str,
-                       spawn_id: str, store_url: str, lifetime: float | None = None) -> bytes:
+                       spawn_id: str, store_url: str, job_record: str, lifetime: float | None = None) -> bytes:
     """The Invoke payload of a spawner: ``payloads`` are call events (:func:`encode_event`),
-    ``signatures`` their calls' signatures, in order."""
-    signature = sign_request(secret, ROUTE_SPAWN, job_id, spawn_id, "", _spawn_text(signatures), lifetime=lifetime)
-    tail = json.dumps({"job_id": job_id, "spawn_id": spawn_id, "store": store_url, "signature": signature})
+    ``signatures`` their calls' signatures, in order; ``job_record`` the key of the job's index entry."""
+    text = _spawn_text(signatures, store_url, job_record)
+    signature = sign_request(secret, ROUTE_SPAWN, job_id, spawn_id, "", text, lifetime=lifetime)
+    tail = json.dumps({"job_id": job_id, "spawn_id": spawn_id, "store": store_url, "job_record": job_record,
+                       "signature": signature})
     return SPAWN_PREFIX + b", ".join(payloads) + b"], " + tail[1:].encode()
 
 
-def _spawn_text(signatures: list) -> bytes:
-    return "\n".join(str(s) for s in signatures).encode()
+def _spawn_text(signatures: list, store_url: str, job_record: str) -> bytes:
+    return "\n".join([store_url, job_record, *(str(s) for s in signatures)]).encode()
 
 
 def is_spawn_event(event) -> bool:
@@ -103,17 +105,17 @@ def check_spawn(event: dict, secret: bytes | None) -> tuple[int, bytes] | None:
     """Why a spawner event must not fan out (``(status, text)``), or None: its signature holds,
     its job record exists, and it was not fanned out before (marked now, first writer wins)."""
     calls = event["spawn"]
-    job_id, spawn_id, store_url = event.get("job_id"), event.get("spawn_id"), event.get("store")
+    job_id, spawn_id, store_url, record = (event.get(k) for k in ("job_id", "spawn_id", "store", "job_record"))
     signatures = [c.get("signature") if isinstance(c, dict) else None for c in calls]
-    if not (secret and isinstance(job_id, str) and isinstance(spawn_id, str) and isinstance(store_url, str)
-            and verify_request(secret, ROUTE_SPAWN, job_id, spawn_id, "", _spawn_text(signatures),
+    if not (secret and all(isinstance(v, str) for v in (job_id, spawn_id, store_url, record))
+            and verify_request(secret, ROUTE_SPAWN, job_id, spawn_id, "", _spawn_text(signatures, store_url, record),
                                event.get("signature"))):
         return 403, REFUSED
     from ..storage import open_store
-    from .keys import job_prefix, job_record_key
+    from .keys import job_prefix
 
     store = open_store(store_url)
-    if not store.exists(job_record_key(job_id)):
+    if not store.exists(record):
         return 410, f"job {job_id} has no record (removed by `fnmap gc`?): spawner refused".encode()
     if not store.put_if_absent(f"{job_prefix(job_id)}spawned/{spawn_id}", b""):
         return 409, f"spawner {spawn_id} of job {job_id} was fanned out already: refused".encode()
