@@ -256,6 +256,7 @@ _HANDLER_SCRIPT = textwrap.dedent("""
     store_url, secret = sys.argv[1], sys.argv[2].encode()
     digest, data = pickle_function(time.sleep)
     open_store(store_url).put(keys.function_key(digest), data)
+    open_store(store_url).put(keys.job_record_key("j" * 32), b"{}")  # the job has a record
     req = wire.CallRequest(job_id="j" * 32, call_id=0, func_key=keys.function_key(digest),
                            store_url=store_url, runtime=runtime_info())
     body = wire.encode(req, dumps(("one", [3])))
