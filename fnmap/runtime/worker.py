@@ -61,7 +61,7 @@ def handle(body: bytes, signature: str | None, secret: bytes | None,
     try:
         header, _ = decode_header(body)
     except ValueError:
-        return 403, signing.REFUSED
+        header = {}  # verified as a body with no call; refused as malformed after
     if not signing.verify_request(secret, signing.ROUTE_CALL, header.get("job_id", ""), header.get("call_id", ""),
                                   header.get("attempt", ""), body, signature):
         return 403, signing.REFUSED
