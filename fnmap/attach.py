@@ -15,7 +15,7 @@ from concurrent.futures import CancelledError
 from .errors import KeyNotFound, PlatformError
 from .jobs import remote_exception
 from .observe import records
-from .runtime import compression, keys
+from .runtime import compression, keys, signing
 from .runtime.serialization import loads
 
 #: Statuses after which nothing about a job changes any more.
@@ -30,15 +30,18 @@ def job(job_id: str, **options) -> AttachedJob:
 
     config = resolve(**options)
     store = open_store(config.storage_url, config.storage_origin, create=False)  # reading creates nothing
-    return AttachedJob(store, records.resolve_id(store, job_id))
+    return AttachedJob(store, records.resolve_id(store, job_id), secret=config.secret)
 
 
 class AttachedJob:
     """A job read back from storage: ``status``, ``wait()``, ``results()``, ``summary()``,
     ``record()``, ``logs()``, ``cancel()``."""
 
-    def __init__(self, store, job_id: str):
+    def __init__(self, store, job_id: str, secret: str | None = None):
         self.store = store
+        #: Checks the stored results before they are unpickled: the configured secret, else this
+        #: user's own (that of the emulators ``fnmap.map`` starts by itself).
+        self._secret = secret
         self.id = job_id
         records.load(store, job_id)  # no record and no status record: JobNotFound now, not later
 
@@ -80,7 +83,9 @@ class AttachedJob:
 
     def _call_results(self, call: dict, return_exceptions: bool) -> list:
         try:
-            outcomes = loads(compression.unpack(self.store.get(keys.result_key(self.id, call["call"]))))
+            key = keys.result_key(self.id, call["call"])
+            secret = (self._secret or signing.local_secret()).encode()
+            outcomes = loads(compression.unpack(signing.unseal(secret, key, self.store.get(key))))
         except KeyNotFound:
             if call["status"] == "cancelled":
                 exc: BaseException = CancelledError(f"call {call['call']} of job {self.id} was cancelled")

@@ -302,9 +302,13 @@ class Scheduler:
             max_attempts=attempt + max(0, cfg.retries - state.charged), output=cfg.output,
             echo_output=cfg.output == "live" or cfg.backend not in _BACKENDS_ON_THIS_TERMINAL,
             memory=memory,
+            job_record=keys.job_index_key(job.id, job.created),
         )
         body = encode(req, payload)
-        return Invocation(req, body, signing.sign(self.secret, body), cfg, memory)
+        lifetime = getattr(self.backend, "signature_lifetime", None)
+        signature = signing.sign_request(self.secret, signing.ROUTE_CALL, job.id, state.call_id, attempt, body,
+                                         lifetime=lifetime)
+        return Invocation(req, body, signature, cfg, memory)
 
     def _read(self, answer: Answer):
         """Turn the platform's answer into an event for :meth:`_decide` (outside any lock: this
@@ -318,8 +322,11 @@ class Scheduler:
         if not resp.ok:
             return PlatformFault(resp.error_kind or "server", resp.error or "")
         try:
-            data = bytes(payload) if resp.inline else self.store.get(resp.result_key)
-            outcomes = loads(compression.unpack(data))
+            key = keys.result_key(resp.job_id, resp.call_id)
+            data = payload if resp.inline else self.store.get(key)
+            outcomes = loads(compression.unpack(signing.unseal(self.secret, key, data)))
+        except signing.UnauthenticatedObject as e:  # planted or altered: no retry reads it better
+            return PlatformFault("rejected", f"cannot read the result: {e}")
         except Exception as e:
             return PlatformFault("server", f"cannot read the result: {e!r}")
         if resp.error_kind == FaultKind.RETRY_ON:  # a user exception the caller asked to retry
@@ -660,7 +667,8 @@ class Scheduler:
         """The stored outcomes of these calls, read in parallel: one GET each, ``FETCH_THREADS`` at a
         time (a poll that finds 1,000 results waited for 1,000 round trips one after another)."""
         def fetch(state):
-            return loads(compression.unpack(self.store.get(keys.result_key(job.id, state.call_id))))
+            key = keys.result_key(job.id, state.call_id)
+            return loads(compression.unpack(signing.unseal(self.secret, key, self.store.get(key))))
 
         if len(states) < 2:
             return [fetch(state) for state in states]

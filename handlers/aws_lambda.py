@@ -13,8 +13,16 @@ invoked from here, each call as an asynchronous ``Event`` of this same function 
 from __future__ import annotations
 
 from fnmap.runtime import worker
-from fnmap.runtime.lambda_event import decode_event, encode_result, is_spawn_event, is_url_event, spawn, url_result
-from fnmap.runtime.signing import secret_from_env
+from fnmap.runtime.lambda_event import (
+    Refused,
+    decode_event,
+    encode_result,
+    is_spawn_event,
+    is_url_event,
+    spawn,
+    url_result,
+)
+from fnmap.runtime.signing import REFUSED, secret_from_env
 
 #: Seconds kept back from Lambda's limit to write the outcome (one or two S3 PUTs).
 RESERVE_SECONDS = 5.0
@@ -23,9 +31,11 @@ _SECRET = secret_from_env()
 
 def handler(event, context):
     if is_spawn_event(event):
-        return spawn(event, _event_invoker(context.invoked_function_arn))
+        return spawn(event, _event_invoker(context.invoked_function_arn), _SECRET)
     try:
-        body, signature = decode_event(event)
+        body, signature = decode_event(event, _SECRET)
+    except Refused:
+        status, out = 403, REFUSED
     except ValueError as e:
         status, out = 400, f"malformed fnmap event: {e}".encode()
     except Exception as e:  # the request stored by reference could not be read: retry later

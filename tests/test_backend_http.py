@@ -144,7 +144,7 @@ def test_plain_wsgi_entry_on_port():
             x * x for x in range(6)
         ]
         r = requests.post(url + "/invoke", data=b"\0\0\0\2{}", timeout=5)
-        assert r.status_code == 401 and "unsigned" in r.text
+        assert r.status_code == 401 and "signature invalid" in r.text
 
 
 def fnmap_location(_):

@@ -160,8 +160,10 @@ def test_malformed_signed_requests_are_refused_and_crash_nothing(use_emulator, s
     digest, data = pickle_function(identity)
     func_key = keys.function_key(digest)
     open_store(store_url).put(func_key, data)
+    job_id = keys.new_job_id()
+    open_store(store_url).put(keys.job_record_key(job_id), b"{}")  # calls of a job with a record
     base = {
-        "job_id": keys.new_job_id(),
+        "job_id": job_id,
         "call_id": 0,
         "func_key": func_key,
         "store_url": store_url,

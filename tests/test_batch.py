@@ -147,6 +147,7 @@ def _write_requests(store_url: str, secret: str, items: list) -> tuple[str, str]
     digest, data = pickle_function(_square)
     store.put(keys.function_key(digest), data)
     job_id = keys.new_job_id()
+    store.put(keys.job_record_key(job_id), b"{}")  # the worker serves calls of jobs with a record
     prefix = container.request_prefix(job_id, "a1")
     for index, item in enumerate(items):
         req = CallRequest(
@@ -163,6 +164,12 @@ def _write_requests(store_url: str, secret: str, items: list) -> tuple[str, str]
             container.pack_request(signing.sign(secret.encode(), body), body),
         )
     return job_id, prefix
+
+
+def _outcomes(store, job_id: str, call_id: int, secret: str) -> list:
+    """A call's committed outcomes, checked with the secret as the client checks them."""
+    key = keys.result_key(job_id, call_id)
+    return loads(signing.unseal(secret.encode(), key, store.get(key)))
 
 
 def _run_entrypoint(store_url: str, prefix: str, **env) -> subprocess.CompletedProcess:
@@ -183,12 +190,12 @@ def test_container_entrypoint_runs_its_index_from_job_completion_index(storage_r
     done = _run_entrypoint(store_url, prefix, JOB_COMPLETION_INDEX="1", FNMAP_SECRET=secret)
     assert done.returncode == container.EXIT_OK, done.stderr
     store = open_store(store_url)
-    assert loads(store.get(keys.result_key(job_id, 1))) == [("ok", 16)]
+    assert _outcomes(store, job_id, 1, secret) == [("ok", 16)]
     assert not store.exists(keys.result_key(job_id, 0))  # only its own index ran
     # A user exception is a result, not a platform error: exit 0, the error committed.
     done = _run_entrypoint(store_url, prefix, AWS_BATCH_JOB_ARRAY_INDEX="2", FNMAP_SECRET=secret)
     assert done.returncode == container.EXIT_OK, done.stderr
-    assert loads(store.get(keys.result_key(job_id, 2)))[0][0] == "err"
+    assert _outcomes(store, job_id, 2, secret)[0][0] == "err"
 
 
 def test_container_entrypoint_exit_codes(storage_root):
@@ -209,7 +216,7 @@ def test_container_entrypoint_exit_codes(storage_root):
         store_url, prefix, FNMAP_SECRET=secret
     )  # no index: a single job, index 0
     assert single.returncode == container.EXIT_OK, single.stderr
-    assert loads(open_store(store_url).get(keys.result_key(job_id, 0))) == [("ok", 25)]
+    assert _outcomes(open_store(store_url), job_id, 0, secret) == [("ok", 25)]
 
 
 # -- end to end through the emulated AWS Batch API ------------------------------------------------

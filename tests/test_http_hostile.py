@@ -55,7 +55,9 @@ class SignedCall:
         digest, data = pickle_function(touch)
         func_key = keys.function_key(digest)
         open_store(emu.store_url).put(func_key, data)
-        req = CallRequest(job_id=keys.new_job_id(), call_id=0, func_key=func_key, store_url=emu.store_url,
+        job_id = keys.new_job_id()
+        open_store(emu.store_url).put(keys.job_record_key(job_id), b"{}")  # a job with a record
+        req = CallRequest(job_id=job_id, call_id=0, func_key=func_key, store_url=emu.store_url,
                           runtime=runtime_info())
         self.body = encode(req, dumps(("one", [self.marker])))
         self.signature = signing.sign(emu.secret.encode(), self.body)

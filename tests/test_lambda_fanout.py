@@ -6,6 +6,7 @@ function, under the emulator's fault injection; every result arrives exactly onc
 from __future__ import annotations
 
 import json
+import os
 import types
 
 import boto3
@@ -57,7 +58,13 @@ def test_the_handler_invokes_a_spawners_calls_as_events(emulator_process, aws_ba
     calls = [encode_event(b"not a signed request", "0" * 64) for _ in range(5)]
     context = types.SimpleNamespace(invoked_function_arn="arn:aws:lambda:us-east-1:000000000000:function:fnmap")
     before = lambda_stats(emu).get("Event", 0)
-    answer = aws_lambda.handler(json.loads(encode_spawn_event(calls)), context)
+    secret = emu.secret.encode()
+    monkeypatch.setattr(aws_lambda, "_SECRET", secret)
+    store = open_store(os.environ["FNMAP_STORAGE"])
+    record = keys.job_index_key("job1", 0)
+    store.put(record, b"{}")  # a spawner of a job with a record (issue 26)
+    event = encode_spawn_event(calls, ["0" * 64] * 5, secret, "job1", "s1", store.url, record)
+    answer = aws_lambda.handler(json.loads(event), context)
     assert answer["status"] == 200 and answer["body"] == "W10="  # base64 of [] : every call invoked
     assert lambda_stats(emu)["Event"] - before == len(calls)
     boto3.client("lambda").close()

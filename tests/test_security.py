@@ -38,8 +38,10 @@ def _request(store_url: str, payload: bytes) -> tuple[CallRequest, bytes]:
     digest, data = pickle_function(touch)
     func_key = keys.function_key(digest)
     store.put(func_key, data)
+    job_id = keys.new_job_id()
+    store.put(keys.job_record_key(job_id), b"{}")  # a job the worker serves has a record
     req = CallRequest(
-        job_id=keys.new_job_id(),
+        job_id=job_id,
         call_id=0,
         func_key=func_key,
         store_url=store_url,
@@ -76,7 +78,7 @@ def test_forged_altered_and_unsigned_requests_run_nothing(use_emulator, tmp_path
 
     # Nothing ran, nothing was unpickled, nothing was written under the job's prefix.
     assert not os.path.exists(ran) and not os.path.exists(unpickled)
-    assert open_store(store_url).list(keys.job_prefix(req.job_id)) == []
+    assert open_store(store_url).list(keys.job_prefix(req.job_id)) == [keys.job_record_key(req.job_id)]
 
     # The same request, correctly signed, does run: the refusals above were the signature's doing.
     assert _post(emu.url, body, signing.sign(secret, body)).status_code == 200

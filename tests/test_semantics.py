@@ -225,7 +225,9 @@ def test_a_function_host_without_a_stop_route_is_asked_once():
 
 def _signed_post(emu, payload: dict, secret: str | None, raw: bytes | None = None):
     body = raw if raw is not None else json.dumps(payload).encode()
-    headers = {} if secret is None else {signing.SIGNATURE_HEADER: signing.sign(secret.encode(), body)}
+    job_id = str(json.loads(body).get("job_id", ""))  # /cancel's signature binds its route and job (issue 26)
+    signature = signing.sign_request(secret.encode(), signing.ROUTE_CANCEL, job_id, "", "", body) if secret else None
+    headers = {} if secret is None else {signing.SIGNATURE_HEADER: signature}
     return requests.post(emu.url + "/cancel", data=body, headers=headers, timeout=10)
 
 
@@ -234,7 +236,7 @@ def test_the_stop_route_refuses_unsigned_and_malformed_requests(emulator_process
     payload = {"job_id": "j", "attempts": [[0, 1]]}
     assert _signed_post(emu, payload, None).status_code == 401
     r = _signed_post(emu, payload, "not-the-secret")
-    assert r.status_code == 403 and "nothing was stopped" in r.json()["error"]
+    assert r.status_code == 403 and "signature invalid" in r.json()["error"]
     r = _signed_post(emu, {}, emu.secret, raw=b'{"job_id": "j", "attempts": 5}')
     assert r.status_code == 400 and "attempts" in r.json()["error"]
     r = _signed_post(emu, payload, emu.secret)

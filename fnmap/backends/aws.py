@@ -38,6 +38,7 @@ from the client's are reported before any call is sent.
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 
@@ -208,7 +209,11 @@ class AwsBackend(BaseBackend):
     def _spawn(self, calls: list) -> None:
         """One spawner: it invokes ``calls`` from inside the platform; report those it did not."""
         try:
-            answer = self._call("RequestResponse", encode_spawn_event([payload for _, payload in calls]))
+            first = calls[0][0].request
+            event = encode_spawn_event([payload for _, payload in calls], [i.signature for i, _ in calls],
+                                       self._secret(), first.job_id, secrets.token_hex(8), first.store_url,
+                                       first.job_record or "", self.signature_lifetime)
+            answer = self._call("RequestResponse", event)
             failed = json.loads(answer.body) if answer.body is not None else []
         except PlatformFault as fault:
             for invocation, _ in calls:
@@ -289,7 +294,15 @@ class AwsBackend(BaseBackend):
             open_store(req.store_url).put(key, invocation.body)
         except Exception as e:
             raise PlatformFault("server", f"cannot store the {len(invocation.body)}-byte request: {e!r}") from e
-        return encode_reference_event(req.store_url, key, invocation.signature)
+        return encode_reference_event(req.store_url, key, invocation.body, invocation.signature, self._secret(),
+                                      (req.job_id, req.call_id, req.attempt), self.signature_lifetime)
+
+    def _secret(self) -> bytes:
+        """The deployment's secret (``secret=`` / ``FNMAP_SECRET``): it signs references and spawners."""
+        secret = self.config.secret.encode() if self.config.secret else self.secret
+        if not secret:
+            raise PlatformFault("rejected", "the aws backend needs the deployment's secret: set FNMAP_SECRET")
+        return secret
 
     def _memory_of(self, name: str) -> int | None:
         """A function's ``MemorySize``; None when it does not exist."""

@@ -101,6 +101,14 @@ class BaseBackend:
     #: then never declares such calls lost on a timer (a container job may queue for a long time).
     watches_calls = False
 
+    @property
+    def signature_lifetime(self) -> float:
+        """Seconds a call's signature stays valid: the signature window, or as long as the
+        platform may hold an accepted call before the client declares it lost."""
+        from ..runtime.signing import window
+
+        return max(window(), self.lost_after or 0)
+
     def invoke_many(self, invocations: list[Invocation]) -> list[Answer]:
         """Deliver several calls; one answer per invocation, as ``invoke`` gives.
 

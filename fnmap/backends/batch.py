@@ -158,6 +158,9 @@ class BatchBackend(BaseBackend):
     #: Seconds between two looks at job status (AWS Batch's API allows a few requests per second).
     status_interval = 5.0
 
+    #: A child's request is signed at submission and may wait in the job queue: valid for a day.
+    signature_lifetime = 24 * 3600.0
+
     def __init__(self, config):
         self.config = config
         self.store = open_store(config.storage_url)

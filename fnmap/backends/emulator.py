@@ -67,7 +67,11 @@ class EmbeddedEmulator(EmulatorLauncher):
         from ..emulator import default_workers
 
         self.workers = workers or default_workers()
-        super().__init__(workers=self.workers, secret=secret, options=options, embedded=True)
+        from ..runtime.signing import local_secret
+
+        # This user's own secret when none is configured: another process of the user can then
+        # check the job's stored results (``fnmap.job(ID).results()``).
+        super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True)
 
 
 _embedded: dict[tuple, EmbeddedEmulator] = {}

@@ -20,7 +20,7 @@ import urllib.request
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, PlatformFault
-from ..runtime.signing import SIGNATURE_HEADER, sign
+from ..runtime.signing import ROUTE_CANCEL, SIGNATURE_HEADER, sign_request
 from ..runtime.wire import ERROR_KIND_HEADER
 from . import rawhttp
 from .base import Answer, BaseBackend, Invocation
@@ -99,9 +99,9 @@ class HttpBackend(BaseBackend):
         base = self.url.removesuffix("/invoke")  # an emulator's invoke URL given as http_url
         url = base + STOP_PATH
         try:
+            signature = sign_request(secret, ROUTE_CANCEL, job_id, "", "", body)
             r = self._session().post(url, data=body, timeout=(_CONNECT_TIMEOUT, _STOP_TIMEOUT),
-                                     headers={SIGNATURE_HEADER: sign(secret, body),
-                                              "Content-Type": "application/json"})
+                                     headers={SIGNATURE_HEADER: signature, "Content-Type": "application/json"})
         except requests.exceptions.RequestException as e:
             raise PlatformFault("connection", f"cannot reach {url}: {e}") from e
         if r.status_code in (404, 405, 501):

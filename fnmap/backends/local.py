@@ -14,7 +14,7 @@ import threading
 
 from ..errors import PlatformFault
 from ..runtime import worker
-from ..runtime.signing import new_secret
+from ..runtime.signing import local_secret
 from .base import Answer, BaseBackend, Invocation
 
 #: Seconds past a call's timeout before the dispatch thread stops waiting for it.
@@ -26,9 +26,10 @@ class LocalBackend(BaseBackend):
 
     def __init__(self, config):
         self.max_workers = config.workers or (os.cpu_count() or 2)
-        # In-process calls need no shared deployment secret; sign with a fresh one all the same,
-        # so the local path verifies exactly as a remote handler does.
-        self.secret = (config.secret or new_secret()).encode()
+        # In-process calls need no shared deployment secret; sign with this user's own all the same,
+        # so the local path verifies exactly as a remote handler does and another process of the
+        # user can check the job's stored results (``fnmap.job(ID).results()``).
+        self.secret = (config.secret or local_secret()).encode()
 
     def invoke(self, invocation: Invocation) -> Answer:
         timeout = invocation.request.timeout

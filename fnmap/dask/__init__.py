@@ -51,6 +51,7 @@ from ..config import OPTIONS, resolve
 from ..errors import SerializationError
 from ..observe.progress import make_progress
 from ..runtime import keys as _keys
+from ..runtime import signing
 from ..runtime.dask_tasks import Batch, BatchResult, Stored, run_batch
 from ..runtime.serialization import dumps, dumps_checked, loads
 from ..runtime.worker import MODE_ONE
@@ -340,7 +341,7 @@ class _Run:
             if len(data) > self.inline_bytes:
                 name = f"{self.prefix}data/{self.uploads}"
                 self.uploads += 1
-                self.store.put(name, data)
+                self.store.put(name, signing.seal(self.client.secret, name, data))  # workers check it
                 self.stored.add(name)
                 self.stats.bytes_stored += len(data)
                 data = Stored(name, len(data))
@@ -437,7 +438,7 @@ class _Run:
                 datas = list(pool.map(lambda k: self.store.get(self.remote[k].key), stored))
             for k, data in zip(stored, datas, strict=True):
                 self.stats.bytes_fetched += len(data)
-                values[k] = loads(data)
+                values[k] = loads(signing.unseal(self.client.secret, self.remote[k].key, data))
         return values
 
     def _finish(self, failed: bool) -> None:

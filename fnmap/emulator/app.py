@@ -21,7 +21,7 @@ import time
 from flask import Response, jsonify, request
 
 from ..runtime.http_app import create_app
-from ..runtime.signing import SECRET_ENV, SIGNATURE_HEADER, verify
+from ..runtime.signing import REFUSED, ROUTE_CALL, ROUTE_CANCEL, SECRET_ENV, SIGNATURE_HEADER, verify_request
 from ..runtime.wire import ERROR_KIND_HEADER, decode_header
 from .faults import FaultPlan, RequestKeys
 from .pool import Stopper, WorkerPool
@@ -73,6 +73,13 @@ class Emulator:
             memory = memory if isinstance(memory, int) and memory > 0 else None
         except (ValueError, TypeError):
             header, timeout, memory = {}, None, None
+        # Authenticated before any fault is injected or any worker touched (issue 26); the worker
+        # checks again (it is the boundary of deployed handlers).
+        if self.secret and not verify_request(self.secret, ROUTE_CALL, header.get("job_id", ""),
+                                              header.get("call_id", ""), header.get("attempt", ""), body, signature):
+            with self._lock:
+                self.served += 1
+            return (401 if not signature else 403), REFUSED, {}
         record = {
             "job_id": str(header.get("job_id", "?")),
             "call_id": header.get("call_id"),
@@ -175,12 +182,15 @@ class Emulator:
         arrived yet is stopped when it arrives."""
         if not self.secret:
             return 500, {"error": f"the emulator has no secret to check requests with: set {SECRET_ENV}"}
-        if not signature:
-            return 401, {"error": f"unsigned request refused: sign the body into {SIGNATURE_HEADER}"}
-        if not verify(self.secret, body, signature):
-            return 403, {"error": "request signature does not match: refused, nothing was stopped"}
         try:
             spec = json.loads(body)
+            job_id = spec["job_id"] if isinstance(spec, dict) else None
+        except ValueError:
+            job_id = None
+        if not isinstance(job_id, str) or not verify_request(self.secret, ROUTE_CANCEL, job_id, "", "", body,
+                                                             signature):
+            return (401 if not signature else 403), {"error": REFUSED.decode()}
+        try:
             job_id, attempts = spec["job_id"], spec["attempts"]
             keys = [(job_id, int(call), int(attempt)) for call, attempt in attempts]
             if not isinstance(job_id, str):

@@ -64,8 +64,9 @@ import time
 
 from flask import Response, jsonify, request
 
-from ..runtime.lambda_event import SPAWN_PREFIX, decode_event, encode_result, is_spawn_event, spawn
+from ..runtime.lambda_event import SPAWN_PREFIX, Refused, decode_event, encode_result, is_spawn_event, spawn
 from ..runtime.serialization import runtime_info
+from ..runtime.signing import REFUSED
 from ..runtime.wire import ERROR_KIND_HEADER
 from . import sigv4
 
@@ -183,7 +184,9 @@ class LambdaApi:
             event = json.loads(payload)
             if is_spawn_event(event):
                 return self._spawn(name, event), {}
-            body, signature = decode_event(event)
+            body, signature = decode_event(event, self.emulator.secret)
+        except Refused:
+            return encode_result(403, REFUSED), {}
         except ValueError as e:
             return encode_result(400, f"malformed fnmap event: {e}".encode()), {}
         except Exception as e:  # the request stored by reference could not be read
@@ -215,7 +218,7 @@ class LambdaApi:
             self.enqueue(name, payload)
             return None
 
-        return spawn(event, invoke, threads=1)
+        return spawn(event, invoke, self.emulator.secret, threads=1)
 
     def enqueue(self, name: str, payload: bytes) -> None:
         with self._cond:

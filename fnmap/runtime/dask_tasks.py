@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..storage import open_store
+from . import signing
 from .serialization import dumps, loads
 from .stored import Stored
 from .worker import WORKER_ID
@@ -140,7 +141,7 @@ def _load(store, ref, counts: list) -> Any:
             return hit[0]
     data = store.get(ref.key)
     counts[0] += len(data)
-    value = loads(data)
+    value = loads(signing.unseal(signing.current_secret(), ref.key, data))  # checked before unpickling
     _remember(ref.key, value, len(data))
     return value
 
@@ -151,7 +152,7 @@ def _keep(store, batch: Batch, unit: Unit, value: Any, counts: list) -> bytes | 
         return data
     key = f"{batch.prefix}{zlib.crc32(str(unit.uid).encode()) & 0xF:x}/{unit.uid}"
     # First writer wins: a retried or speculative copy then points at the same bytes.
-    if store.put_if_absent(key, data):
+    if store.put_if_absent(key, signing.seal(signing.current_secret(), key, data)):
         counts[1] += len(data)
         _remember(key, value, len(data))
     return Stored(key, len(data))

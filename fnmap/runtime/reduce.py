@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from . import compression
+from . import compression, signing
 from .serialization import dumps, loads
 from .stored import Stored
 
@@ -61,7 +61,7 @@ def fetch_values(store_url: str, inputs: list) -> list:
                 from ..storage import open_store
 
                 store = open_store(store_url)
-            v = loads(compression.unpack(store.get(v.key)))
+            v = loads(compression.unpack(signing.unseal(signing.current_secret(), v.key, store.get(v.key))))
         values.append(v)
     return values
 
@@ -72,7 +72,7 @@ def _keep(store_url: str, key: str, value):
         return value
     from ..storage import open_store
 
-    open_store(store_url).put(key, compression.pack(data))
+    open_store(store_url).put(key, signing.seal(signing.current_secret(), key, compression.pack(data)))
     return Stored(key, len(data))
 
 

@@ -169,13 +169,17 @@ class _ViewReader:
         return len(part)
 
 
-def load_stream(stream) -> Any:
+def load_stream(stream, before_unpickle=None) -> Any:
     """Unpickle what :func:`dump_parts` wrote, reading from a binary file object: each large buffer
     is read into its own object (``bytes``, or a ``bytearray`` where the original was writable),
-    so nothing is copied after the read."""
+    so nothing is copied after the read.  ``before_unpickle()`` runs after the last read and before
+    anything is unpickled (the worker checks the object's digest there; it raises to refuse)."""
     magic = stream.read(len(FRAMED_MAGIC))
     if magic != FRAMED_MAGIC:
-        return pickle.loads(bytes(magic) + stream.read())
+        data = bytes(magic) + stream.read()
+        if before_unpickle is not None:
+            before_unpickle()
+        return pickle.loads(data)
     head = _read_exactly(stream, _FRAME_HEAD.size)
     count, pickle_size = _FRAME_HEAD.unpack(head)
     sizes = [_FRAME_BUFFER.unpack(_read_exactly(stream, _FRAME_BUFFER.size)) for _ in range(count)]
@@ -189,6 +193,8 @@ def load_stream(stream) -> Any:
             buffers.append(buffer)
         else:
             buffers.append(_read_exactly(stream, size))
+    if before_unpickle is not None:
+        before_unpickle()
     return pickle.loads(data, buffers=buffers)
 
 

@@ -48,6 +48,9 @@ class CallRequest:
     echo_output: bool = True
     #: Memory (MB) this attempt may use (the job's ``memory`` step); the emulator enforces it.
     memory: int | None = None
+    #: Storage key of the job's index entry (``index/jobs/<created>-<job id>.json``): the worker
+    #: refuses the call once it is gone (``fnmap gc`` removed the job; a replay must not re-create it).
+    job_record: str | None = None
 
 
 @dataclass
@@ -120,6 +123,7 @@ _REQUEST_TYPES = {
     "max_attempts": (int, "an integer"),
     "output": (str, '"live", "after" or "none"'),
     "echo_output": (bool, "true or false"),
+    "job_record": ((str, type(None)), "the key of the job's index entry"),
 }
 
 
@@ -135,6 +139,8 @@ def _check_request(req: CallRequest) -> None:
                             and "=" not in k and "\0" not in k + str(v) for k, v in value.items())
         if not wrong and name == "job_id":  # a job id is one path segment: no reaching into other jobs
             wrong = not _JOB_ID.fullmatch(value)
+        if not wrong and name == "job_record" and value is not None:
+            wrong = not (value.startswith("index/jobs/") and value.endswith(f"-{req.job_id}.json"))
         if not wrong and name in ("call_id", "attempt", "first_index"):
             wrong = value < 0
         if not wrong and name == "retry_on":

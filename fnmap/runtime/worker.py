@@ -31,7 +31,7 @@ from . import compression, keys, setup, signing
 from .missing import add_missing_module_note
 from .peakmem import PeakMemory
 from .serialization import dumps, load_stream, loads, pack_exception, runtime_mismatch
-from .wire import CallRequest, CallResponse, decode_request, encode
+from .wire import CallRequest, CallResponse, decode_header, decode_request, encode
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 _functions: OrderedDict[str, Any] = OrderedDict()
@@ -49,8 +49,9 @@ def handle(body: bytes, signature: str | None, secret: bytes | None,
            time_limit: float | None = None) -> tuple[int, bytes]:
     """Verify and run one invocation; return ``(HTTP status, response body)``.
 
-    401: no signature; 403: wrong signature; 400: malformed request; 500: the
-    handler has no secret configured.  Nothing is unpickled before the check.
+    401: no signature; 403: a signature that does not hold for this route, call, body and time
+    (one generic text either way: an unauthenticated caller learns nothing); 400: malformed
+    request; 500: the handler has no secret configured.  Nothing is unpickled before the check.
     ``time_limit``: seconds the platform still allows (Lambda's remaining time
     less a reserve); the call's timeout is cut to it, so a timeout error is
     written before the platform kills the call.
@@ -58,29 +59,38 @@ def handle(body: bytes, signature: str | None, secret: bytes | None,
     if not secret:
         return 500, b"fnmap handler has no secret: set FNMAP_SECRET to the deployment's secret"
     if not signature:
-        return 401, b"unsigned request refused: fnmap requests carry an X-Fnmap-Signature header"
-    if not signing.verify(secret, body, signature):
-        return 403, b"request signature does not match: refused, nothing was run"
+        return 401, signing.REFUSED
+    try:
+        header, _ = decode_header(body)
+    except ValueError:
+        header = {}  # verified as a body with no call; refused as malformed after
+    if not signing.verify_request(secret, signing.ROUTE_CALL, header.get("job_id", ""), header.get("call_id", ""),
+                                  header.get("attempt", ""), body, signature):
+        return 403, signing.REFUSED
     try:
         req, payload = decode_request(body)
     except ValueError as e:
         return 400, f"malformed fnmap request: {e}".encode()
     if time_limit is not None and (req.timeout is None or req.timeout > time_limit):
         req.timeout = max(time_limit, 0.001)
-    resp, out = run(req, payload)
+    signing.set_current_secret(secret)
+    try:
+        resp, out = run(req, payload, secret)
+    finally:
+        signing.set_current_secret(None)
     return 200, encode(resp, out)
 
 
-def run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, bytes]:
+def run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[CallResponse, bytes]:
     """Run one call and commit its outcomes; return the response header and inline payload."""
     _peak_memory.call_started()
     try:
-        return _run(req, payload)
+        return _run(req, payload, secret)
     finally:
         _peak_memory.call_ended()
 
 
-def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, bytes]:
+def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[CallResponse, bytes]:
     global _calls_served
     started = time.time()
     cold = _calls_served == 0
@@ -94,6 +104,8 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
     except Exception as e:
         return _platform_error(resp, "rejected", f"cannot open storage {req.store_url!r}: {e}"), b""
     try:
+        if _refused_as_final(store, req, resp):  # a replay, a late copy, or a job removed by gc
+            return resp, b""
         func, items, mode = _load(store, req, payload)
         loaded = None
         loaded_at = time.time()
@@ -102,6 +114,8 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
     except BaseException as e:  # noqa: B036
         if is_unreachable(e):  # botocore has retried already; more attempts only wait longer
             return _platform_error(resp, "storage", _unreachable_message(req.store_url, e)), b""
+        if isinstance(e, signing.UnauthenticatedObject):
+            return _platform_error(resp, "rejected", str(e)), b""
         if _is_storage_error(e):
             return _platform_error(resp, "server", f"storage read failed: {e!r}"), b""
         func = items = mode = None
@@ -115,7 +129,9 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
             outcomes = _run_items(func, items, mode, req)
         else:
             outcomes = [_error_outcome(loaded)] * max(1, len(items or ()))
-    data = compression.pack(_dump_outcomes(outcomes))  # large results compressed (issue 7)
+    result_key = keys.result_key(req.job_id, req.call_id)
+    # Large results compressed (issue 7); sealed with the secret, so the reader checks before unpickling.
+    data = signing.seal(secret, result_key, compression.pack(_dump_outcomes(outcomes)))
     finished = time.time()
     if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline
         resp.error_kind, resp.committed, resp.inline = "retry_on", False, True
@@ -124,9 +140,9 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
         _add_output(resp.stats, req, logs)
         return resp, data
     try:
-        committed = store.put_if_absent(keys.result_key(req.job_id, req.call_id), data)
+        committed = store.put_if_absent(result_key, data)
         if not committed:  # an earlier attempt or a speculative copy won: its result is the result
-            data = store.get(keys.result_key(req.job_id, req.call_id))
+            data = store.get(result_key)
         if logs is not None and logs.tell():
             store.put(keys.log_key(req.job_id, req.call_id, req.attempt), logs.getvalue().encode())
         resp.stats = _stats(req, started, finished, cold, len(payload), len(data), outcomes)
@@ -141,7 +157,7 @@ def _run(req: CallRequest, payload: bytes | memoryview) -> tuple[CallResponse, b
                                    f"{e.strerror} ({e.filename}); {storage_fix(e)}"), b""
         return _platform_error(resp, "server", f"storage write failed: {e!r}"), b""
     resp.committed = committed
-    resp.result_key = keys.result_key(req.job_id, req.call_id)
+    resp.result_key = result_key
     resp.inline = len(data) <= req.inline_result_limit
     return resp, data if resp.inline else b""
 
@@ -150,6 +166,23 @@ def _platform_error(resp: CallResponse, kind: str, message: str) -> CallResponse
     resp.ok, resp.error_kind, resp.error = False, kind, message
     return resp
 
+
+
+def _refused_as_final(store, req: CallRequest, resp: CallResponse) -> bool:
+    """Whether the call must not run: its job record is gone (``fnmap gc`` removed the job: a
+    replay would re-create its objects) or its result is committed already (a replay, or a copy
+    arriving late: answered with the committed result's key, nothing run or unpickled)."""
+    if not store.exists(req.job_record or keys.job_record_key(req.job_id)):
+        _platform_error(resp, "rejected", f"job {req.job_id} has no record in {req.store_url} (removed by "
+                        "`fnmap gc`?): the call is refused, nothing was run")
+        return True
+    result_key = keys.result_key(req.job_id, req.call_id)
+    if not store.exists(result_key):
+        return False
+    resp.committed, resp.result_key, resp.inline = False, result_key, False
+    resp.stats = {"job_id": req.job_id, "call_id": req.call_id, "attempt": req.attempt, "worker": WORKER_ID,
+                  "already_final": True, "items": 0, "failed_items": 0}
+    return True
 
 
 def _unreachable_message(store_url: str, e: BaseException) -> str:
@@ -171,7 +204,12 @@ def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
         with _functions_lock:  # threads (the local backend) share one load: one namespace, one setup
             func = _functions.get(req.func_key)
             if func is None:
-                func = _functions[req.func_key] = loads(store.get(req.func_key))
+                data = store.get(req.func_key)
+                if not signing.content_digest_ok(req.func_key, data):
+                    raise signing.UnauthenticatedObject(
+                        f"function object {req.func_key!r} does not have the SHA-256 its key names: it was "
+                        "planted or altered; refused, not unpickled")
+                func = _functions[req.func_key] = loads(data)
             if len(_functions) > _FUNCTION_CACHE_SIZE:
                 _functions.popitem(last=False)
     else:
@@ -179,7 +217,8 @@ def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
             _functions.move_to_end(req.func_key)
     if req.items_key:
         with store.reader(req.items_key) as stream:  # large buffers read each into its own object
-            chunk = load_stream(stream)
+            hashed = _HashingReader(stream)
+            chunk = load_stream(hashed, before_unpickle=lambda: hashed.check(req.items_key))
     else:
         chunk = loads(payload)
     if not (isinstance(chunk, tuple) and len(chunk) == 2 and isinstance(chunk[1], (list, tuple))):
@@ -201,6 +240,37 @@ def _set_up(func, req: CallRequest) -> tuple[Any, BaseException | None]:
             return None, e
         finally:
             deadline.armed = False
+
+
+class _HashingReader:
+    """A binary reader that hashes what passes through it, so a stored input is checked against
+    the digest its content-addressed key names after it is read and before it is unpickled."""
+
+    def __init__(self, stream):
+        import hashlib
+
+        self._stream, self._hash = stream, hashlib.sha256()
+
+    def read(self, size: int = -1):
+        data = self._stream.read(size)
+        self._hash.update(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        n = self._stream.readinto(buffer)
+        self._hash.update(memoryview(buffer)[:n])
+        return n
+
+    def check(self, key: str) -> None:
+        while True:  # the rest of the object (nothing, for a well-formed one) counts too
+            rest = self._stream.read(1 << 20)
+            if not rest:
+                break
+            self._hash.update(rest)
+        if not key.startswith("inputs/") or self._hash.hexdigest() != key.rsplit("/", 1)[-1]:
+            raise signing.UnauthenticatedObject(
+                f"input object {key!r} does not have the SHA-256 its key names: it was planted or "
+                "altered; refused, not unpickled")
 
 
 def _run_items(func, items: list, mode: str, req: CallRequest) -> list[tuple]:
