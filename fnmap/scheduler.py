@@ -419,7 +419,10 @@ class Scheduler:
                 fault.kind == FaultKind.RETRY_ON or climbed
                 or policy.retry_fault(fault.retryable, state.charged, job.config.retries))
             if not retry:
-                if fault.kind == FaultKind.OUT_OF_MEMORY:
+                if job.abandoned and fault.kind != FaultKind.RETRY_ON:  # stopped by cancel(): not its fault
+                    fault = PlatformFault(FaultKind.CANCELLED, "the job was abandoned while this call ran, "
+                                          f"and its attempt was stopped ({fault.message})")
+                elif fault.kind == FaultKind.OUT_OF_MEMORY:
                     fault = PlatformFault(fault.kind, policy.out_of_memory_message(
                         job.config.memory_steps, state.memory_step, fault.message))
                 self._fail_locked(job, state, fault)

@@ -47,8 +47,18 @@ def _post(url, path, body, signature):
     return requests.post(url + path, data=body, headers={signing.SIGNATURE_HEADER: signature}, timeout=60)
 
 
-def _lambda(url, event: dict):
-    r = requests.post(url + INVOKE, data=json.dumps(event), timeout=60)
+def _lambda(emu, event: dict):
+    """Lambda Invoke of ``event``, signed (SigV4) as boto3 signs with the emulator's credentials."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    keys = emu.aws_environment
+    request = AWSRequest(method="POST", url=emu.url + INVOKE, data=json.dumps(event).encode(),
+                         headers={"Content-Type": "application/json"})
+    SigV4Auth(Credentials(keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"]), "lambda",
+              "us-east-1").add_auth(request)
+    r = requests.post(request.url, data=request.body, headers=dict(request.headers), timeout=60)
     return json.loads(r.content)
 
 
@@ -62,7 +72,7 @@ def test_a_captured_call_runs_once_on_invoke_root_and_as_a_lambda_event(emulator
     for path in ("/invoke", "/"):  # the same bytes again: answered from the committed result
         r = _post(emu.url, path, body, signature)
         assert r.status_code == 200 and b'"committed": false' in r.content
-    answer = _lambda(emu.url, json.loads(lambda_event.encode_event(body, signature)))
+    answer = _lambda(emu, json.loads(lambda_event.encode_event(body, signature)))
     assert answer["status"] == 200
     assert _runs(marks) == 1  # ran once in all
 
@@ -112,7 +122,7 @@ def test_a_by_reference_event_is_checked_before_anything_is_read(emulator_proces
         event = {"fnmap": 1, "store": tmp_path.as_uri(), "key": key, "size": 4 << 20, "sha256": "0" * 64,
                  "job_id": "j", "call_id": 0, "attempt": 1, "reference_signature": "v2.1.2.00",
                  "signature": "x"}
-        answers.append(_lambda(emu.url, event))
+        answers.append(_lambda(emu, event))
     assert answers[0] == answers[1] and answers[0]["status"] == 403
     assert base64.b64decode(answers[0]["body"]) == signing.REFUSED
     # A genuine reference to a stored request runs it.
@@ -122,7 +132,7 @@ def test_a_by_reference_event_is_checked_before_anything_is_read(emulator_proces
     open_store(req.store_url).put(key, body)
     event = lambda_event.encode_reference_event(req.store_url, key, body, signing.sign(secret, body), secret,
                                                 (req.job_id, 0, 1))
-    assert _lambda(emu.url, json.loads(event))["status"] == 200 and _runs(marks) == 1
+    assert _lambda(emu, json.loads(event))["status"] == 200 and _runs(marks) == 1
 
 
 def test_a_captured_spawner_fans_out_once(emulator_process, storage_root, tmp_path):
@@ -134,11 +144,11 @@ def test_a_captured_spawner_fans_out_once(emulator_process, storage_root, tmp_pa
     payloads = [lambda_event.encode_event(b, s) for b, s in zip(bodies, signatures, strict=True)]
     event = json.loads(lambda_event.encode_spawn_event(payloads, signatures, secret, req.job_id, "s1",
                                                        req.store_url, req.job_record))
-    assert _lambda(emu.url, event)["status"] == 200
-    again = _lambda(emu.url, event)
+    assert _lambda(emu, event)["status"] == 200
+    again = _lambda(emu, event)
     assert again["status"] == 409
     forged = dict(event, spawn_id="s2")  # a fresh spawn id needs a fresh signature
-    assert _lambda(emu.url, forged)["status"] == 403
+    assert _lambda(emu, forged)["status"] == 403
     stats = requests.get(emu.url + "/lambda/stats", timeout=5).json()
     assert stats["spawned"] == 3
 
