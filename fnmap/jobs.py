@@ -197,6 +197,9 @@ class Job:
         #: A queue that receives each call's state when it is done, for ``fnmap.imap``;
         #: None (no cost) unless a reader set one before the calls were dispatched.
         self.completed = None
+        #: The :class:`fnmap.feed.ChunkFeed` that makes this job's calls as it runs (``chunksize``
+        #: unset), or None when every call was made up front.
+        self.feed = None
 
     # -- what the scheduler's decisions become ------------------------------------
 

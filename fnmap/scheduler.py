@@ -163,6 +163,8 @@ class Scheduler:
         was interrupted): the job is *abandoned*, so no more retries or copies, and the backend
         stops what it still runs where it can (Batch array jobs are terminated).
         """
+        if job.feed is not None:  # items in no call yet become one unstarted call, cancelled below
+            job.feed.stop()
         with self.lock:
             job.cancelled = True
             if stop_platform:
@@ -181,6 +183,10 @@ class Scheduler:
 
                 warnings.warn(f"fnmap: could not stop the platform's work for job {job.id}: {e}",
                               RuntimeWarning, stacklevel=3)
+
+    def fail(self, job, state, fault: PlatformFault) -> None:
+        """Fail a call of ``job`` that was never sent with ``fault`` (its items' inputs could not be stored)."""
+        self._decide(job, state, 0, fault, final=True)
 
     # -- sending (dispatch threads) ------------------------------------------------
 
@@ -448,7 +454,10 @@ class Scheduler:
     def _deliver(self, job, state, failed: int, write: bool, all_done: bool, others: list[int]) -> None:
         """After a call's outcome is final (outside the lock; ``failed`` of its items failed, the
         rest is what :meth:`_settle` found): complete its future, update the progress and the
-        record, stop copies still out."""
+        record, stop copies still out.  An automatically chunked job's next calls are made first
+        (see :mod:`fnmap.feed`): readers of ``job.calls`` then never reach its end early."""
+        if job.feed is not None:
+            job.feed.call_done(state)
         if write:  # before the last result is out: a returned map has its record
             job.save_record(final=True)
         job.deliver(state, failed)
