@@ -92,8 +92,8 @@ class ChunkSizer:
             return 0
         if self.per_item is None:
             return 1
-        size = min(max(1, int(self.target / self.per_item)), self.growth * self.measured)
-        quarter = max(1, int(self.target / 4 / self.per_item))  # items of a quarter-target call
+        size = min(max(1, int(self.target / self.per_item + 1e-9)), self.growth * self.measured)
+        quarter = max(1, int(self.target / 4 / self.per_item + 1e-9))  # items of a quarter-target call
         if size > quarter:  # leave work for every worker, down to quarter-target calls
             size = min(size, max(math.ceil(remaining / (2 * self.parallelism)), quarter))
         return max(1, min(size, remaining))
