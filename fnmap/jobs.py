@@ -326,6 +326,8 @@ class Job:
             if not return_exceptions:
                 raise
             return [exc] * state.n_items
+        if state.call_id not in self.call_errors:  # no item failed: a chunk of 10,000 in one pass
+            return [outcome[1] for outcome in outcomes]
         out = []
         for offset, outcome in enumerate(outcomes):
             if outcome[0] == "ok":

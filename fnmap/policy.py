@@ -49,6 +49,9 @@ class ChunkSizer:
     * **Keep the tail spread.**  A call takes at most ``1 / (2 * parallelism)`` of the items
       left, so the last calls do not leave workers idle behind one big chunk, but is not cut
       below a quarter of ``target`` (where the idle time is small and more calls cost more).
+      Not while only one-item calls were measured: their fixed cost, counted as the item's,
+      would make every call look long (on the aws path, 64 slots then cut 2,000 tiny items
+      into 15-item calls).
 
     Plain state only: :class:`fnmap.feed.ChunkFeed` feeds it the measurements.
     """
@@ -94,7 +97,7 @@ class ChunkSizer:
             return 1
         size = min(max(1, int(self.target / self.per_item + 1e-9)), self.growth * self.measured)
         quarter = max(1, int(self.target / 4 / self.per_item + 1e-9))  # items of a quarter-target call
-        if size > quarter:  # leave work for every worker, down to quarter-target calls
+        if size > quarter and self.measured > 1:  # leave work for every worker, down to quarter-target calls
             size = min(size, max(math.ceil(remaining / (2 * self.parallelism)), quarter))
         return max(1, min(size, remaining))
 

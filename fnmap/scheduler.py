@@ -430,10 +430,7 @@ class Scheduler:
             if stats and "started" in stats and "finished" in stats:
                 job.durations.append(stats["finished"] - stats["started"])
             job.done_count += 1
-            failed = 0
-            for outcome in answer.outcomes:
-                if outcome[0] != "ok":
-                    failed += 1
+            failed = len(answer.outcomes) - [outcome[0] for outcome in answer.outcomes].count("ok")
             job.failed_count += failed
             if failed:
                 job.call_errors[state.call_id] = records.call_error(answer.outcomes)
