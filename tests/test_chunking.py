@@ -164,3 +164,16 @@ def test_a_stored_call_entry_is_compact():
     assert "traceback" not in stored["calls"][0] and isinstance(stored["calls"][0]["attempts"][0], list)
     read = fnmap.job(job.id).record()["calls"][0]  # read back as the record was built
     assert read["traceback"] is None and read["submitted"] == read["attempts"][0]["sent"]
+
+
+def test_a_bad_item_past_the_first_calls_still_fails_before_anything_runs(tmp_path):
+    """Chunks are pickled as the job runs, so every item is checked up front: none ran."""
+    import threading
+
+    items = list(range(100))
+    items[70] = threading.Lock()
+    with pytest.raises(fnmap.SerializationError, match="item 70"):
+        fnmap.map(ident, items, backend="local", workers=2, storage=tmp_path.as_uri())
+    results = f"/{keys.result_key('x', 0).split('/')[2]}/"  # the folder of a job's committed results
+    assert any(tmp_path.glob("jobs/*")), "the failed job's record is there: the check looks in the right place"
+    assert not [p for p in tmp_path.glob("jobs/*/**/*") if p.is_file() and results in str(p)], "a call ran"
