@@ -144,17 +144,25 @@ def stragglers(
     slow_factor: float = 3.0,
     min_seconds: float = 1.0,
     limit: int = 16,
+    items: dict[int, int] | None = None,
 ) -> list[int]:
     """Calls that deserve a speculative copy (MapReduce's backup tasks).
 
     Once ``min_done_fraction`` of the job is done, a call that has been running
     for ``slow_factor`` times the median finished duration (and at least
     ``min_seconds``) gets a copy; the slowest first, at most ``limit``.
+    With ``items`` (call -> its items; automatically chunked calls differ in
+    size), ``durations`` are seconds per item and a call's median is scaled by
+    its items, so a large chunk is not taken for a straggler among small ones.
     """
     if total == 0 or done < min_done_fraction * total or not durations or not running:
         return []
-    threshold = max(min_seconds, slow_factor * statistics.median(durations))
-    slow = [(now - start, call) for call, start in running.items() if now - start >= threshold]
+    median = statistics.median(durations)
+
+    def threshold(call: int) -> float:
+        return max(min_seconds, slow_factor * median * (items[call] if items else 1))
+
+    slow = [(now - start, call) for call, start in running.items() if now - start >= threshold(call)]
     slow.sort(reverse=True)
     return [call for _, call in slow[:limit]]
 

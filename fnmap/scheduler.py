@@ -668,11 +668,16 @@ class Scheduler:
         ``submit`` calls do not get copies before ``shutdown``, as with the standard executors."""
         if not job.config.speculation or job.abandoned or not (job.sealed or job.speculate_open):
             return
+        items = None
         with self.lock:
             running = {s.call_id: s.sent_at for s in job.calls if not s.done and s.in_flight and not s.speculated}
             durations = list(job.durations)
             done, total = job.done_count, len(job.calls)
-        for call_id in policy.stragglers(running, durations, done, total, time.time()):
+            if job.feed is not None and running:  # chunks of different sizes: compare seconds per item
+                durations = [(s.stats["finished"] - s.stats["started"]) / s.n_items for s in job.calls
+                             if s.stats and "started" in s.stats and "finished" in s.stats]
+                items = {call_id: job.calls[call_id].n_items for call_id in running}
+        for call_id in policy.stragglers(running, durations, done, total, time.time(), items=items):
             state = job.calls[call_id]
             state.speculated = True
             self._queue(self._send, job, state)

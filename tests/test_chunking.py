@@ -177,3 +177,12 @@ def test_a_bad_item_past_the_first_calls_still_fails_before_anything_runs(tmp_pa
     results = f"/{keys.result_key('x', 0).split('/')[2]}/"  # the folder of a job's committed results
     assert any(tmp_path.glob("jobs/*")), "the failed job's record is there: the check looks in the right place"
     assert not [p for p in tmp_path.glob("jobs/*/**/*") if p.is_file() and results in str(p)], "a call ran"
+
+
+def test_a_large_chunk_among_small_ones_is_not_a_straggler():
+    from fnmap.policy import stragglers
+
+    # 0.1 s per item measured; call 7 has 100 items and has run 5 s: half its expected time.
+    per_item, running = [0.1] * 20, {7: 95.0}
+    assert stragglers(running, per_item, 20, 21, 100.0, items={7: 100}) == []
+    assert stragglers(running, per_item, 20, 21, 100.0, items={7: 10}) == [7]  # 10 items: 5x late
