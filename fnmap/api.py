@@ -16,6 +16,7 @@ from . import policy
 from .client import get_client
 from .config import resolve
 from .errors import ConfigError
+from .feed import ChunkFeed
 from .jobs import CallOutcome
 from .observe import records
 from .observe.progress import make_progress
@@ -124,7 +125,7 @@ def _stream(func: Callable, items: Iterable, options: dict, ordered: bool, retur
 def _results_as_they_come(job, ordered: bool, return_exceptions: bool):
     finished = True
     try:
-        states = _in_order(job) if ordered else (job.completed.get() for _ in range(len(job.calls)))
+        states = _in_order(job) if ordered else _as_completed(job)
         for state in states:
             yield from job.call_results(state, return_exceptions)
     except BaseException:
@@ -133,6 +134,15 @@ def _results_as_they_come(job, ordered: bool, return_exceptions: bool):
     finally:
         if not finished or not job.done:  # an error, or the reader stopped early (close(), break)
             job.cancel(stop_platform=True)
+
+
+def _as_completed(job):
+    """The job's calls as they are done; an automatically chunked job's calls are counted once it is
+    sealed (its feed makes calls until then, each before the call that made room for it is done)."""
+    taken = 0
+    while not (job.sealed and taken == len(job.calls)):
+        yield job.completed.get()
+        taken += 1
 
 
 def _in_order(job):
@@ -186,7 +196,10 @@ def _start(
     label: str | None = None,
     stream: bool = False,
 ):
-    """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix)."""
+    """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix).
+
+    With ``chunksize`` set, every chunk is made and pickled here; unset (automatic), the first
+    calls are made here and a :class:`fnmap.feed.ChunkFeed` makes the rest as calls end."""
     job = client.new_job(config, kind)
     records.label(job, getattr(func, "map_func", None) or getattr(func, "reduce_func", None) or func)
     index = 0
@@ -194,10 +207,18 @@ def _start(
     stores: list = []  # large inputs being stored meanwhile, by the client's input threads
     try:
         func_key = client.upload_function(func, job)  # a function that does not pickle: recorded too
-        for chunk in policy.chunks(make_items(job.id), config.chunksize):
-            states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), CallOutcome(),
-                                          stores=stores))
-            index += len(chunk)
+        if config.chunksize is None:
+            items = make_items(job.id)
+            items = items if isinstance(items, list) else list(items)
+            client.check_items(mode, items)  # a bad item is named before anything runs
+            job.feed = ChunkFeed(client, job, func_key, mode, items)
+            states = job.feed.start(stores)
+            index = len(items)
+        else:
+            for chunk in policy.chunks(make_items(job.id), config.chunksize):
+                states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), CallOutcome(),
+                                              stores=stores))
+                index += len(chunk)
         client.finish_stores(stores)
     except BaseException as e:
         client.finish_stores(stores, abandon=True)  # nothing is left writing for a job that will not run
@@ -209,7 +230,8 @@ def _start(
     job.progress = make_progress(config.progress, index, label)
     if stream:  # imap reads each call as it is done
         job.completed = queue.SimpleQueue()
-    client.seal(job)
+    if job.feed is None or job.feed.seal_if_complete():
+        client.seal(job)
     client.submit(job, states)
     return job
 

@@ -35,8 +35,8 @@ class Config:
     http_url: str | None = None
     #: Shared secret that signs requests; unset means generated for an auto-started emulator.
     secret: str | None = None
-    #: Items per invocation.
-    chunksize: int = 1
+    #: Items per invocation; None ("auto"): sized as the job runs to the backend's call duration.
+    chunksize: int | None = None
     #: Seconds per call before it is stopped and reported as fnmap.TimeoutError.
     timeout: float | None = None
     #: How often a call is re-run after a platform fault.
@@ -266,6 +266,8 @@ def _parse(name: str, raw: str, label: str) -> Any:
     try:
         if name == "memory" and "," in raw:
             return tuple(int(part) for part in raw.split(","))
+        if name == "chunksize" and raw.strip().lower() == "auto":
+            return "auto"
         if name in _INTS:
             return int(raw)
         if name in _FLOATS:
@@ -292,7 +294,10 @@ def _validate(c: Config) -> None:
         raise UnknownBackend(
             f"{c.describe('backend')} is not a backend; choose one of: {', '.join(BACKENDS)}"
         )
-    _check_int(c, "chunksize", 1, "items per invocation; use chunksize=1 or more")
+    if c.chunksize == "auto":  # the keyword or FNMAP_CHUNKSIZE=auto: the default, said explicitly
+        object.__setattr__(c, "chunksize", None)
+    if c.chunksize is not None:
+        _check_int(c, "chunksize", 1, "items per invocation; use chunksize=1 or more, or 'auto'")
     _check_int(c, "retries", 0, "use retries=0 to never re-run a call")
     _check_int(c, "gpu", 0, "use gpu=0 for CPU work or gpu=1 for one GPU per call")
     if c.lambda_fanout is not None:

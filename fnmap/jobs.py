@@ -201,6 +201,9 @@ class Job:
         #: A queue that receives each call's state when it is done, for ``fnmap.imap``;
         #: None (no cost) unless a reader set one before the calls were dispatched.
         self.completed = None
+        #: The :class:`fnmap.feed.ChunkFeed` that makes this job's calls as it runs (``chunksize``
+        #: unset), or None when every call was made up front.
+        self.feed = None
 
     # -- what the scheduler's decisions become ------------------------------------
 
@@ -330,6 +333,8 @@ class Job:
             if not return_exceptions:
                 raise
             return [exc] * state.n_items
+        if state.call_id not in self.call_errors:  # no item failed: a chunk of 10,000 in one pass
+            return [outcome[1] for outcome in outcomes]
         out = []
         for offset, outcome in enumerate(outcomes):
             if outcome[0] == "ok":

@@ -164,6 +164,8 @@ class Scheduler:
         stops what it still runs where it can (Batch array jobs are terminated, the emulator's
         attempts in flight are stopped: issue 24, joblib's next run waited behind them).
         """
+        if job.feed is not None:  # items in no call yet become one unstarted call, cancelled below
+            job.feed.stop()
         with self.lock:
             job.cancelled = True
             if stop_platform:
@@ -186,6 +188,10 @@ class Scheduler:
 
                 warnings.warn(f"fnmap: could not stop the platform's work for job {job.id}: {e}",
                               RuntimeWarning, stacklevel=3)
+
+    def fail(self, job, state, fault: PlatformFault) -> None:
+        """Fail a call of ``job`` that was never sent with ``fault`` (its items' inputs could not be stored)."""
+        self._decide(job, state, 0, fault, final=True)
 
     # -- sending (dispatch threads) ------------------------------------------------
 
@@ -459,10 +465,7 @@ class Scheduler:
             if stats and "started" in stats and "finished" in stats:
                 job.durations.append(stats["finished"] - stats["started"])
             job.done_count += 1
-            failed = 0
-            for outcome in answer.outcomes:
-                if outcome[0] != "ok":
-                    failed += 1
+            failed = len(answer.outcomes) - [outcome[0] for outcome in answer.outcomes].count("ok")
             job.failed_count += failed
             if failed:
                 job.call_errors[state.call_id] = records.call_error(answer.outcomes)
@@ -483,7 +486,10 @@ class Scheduler:
     def _deliver(self, job, state, failed: int, write: bool, all_done: bool, others: list[int]) -> None:
         """After a call's outcome is final (outside the lock; ``failed`` of its items failed, the
         rest is what :meth:`_settle` found): complete its future, update the progress and the
-        record, stop copies still out."""
+        record, stop copies still out.  An automatically chunked job's next calls are made first
+        (see :mod:`fnmap.feed`): readers of ``job.calls`` then never reach its end early."""
+        if job.feed is not None:
+            job.feed.call_done(state)
         if write:  # before the last result is out: a returned map has its record
             job.save_record(final=True)
         job.deliver(state, failed)
@@ -698,11 +704,16 @@ class Scheduler:
         ``submit`` calls do not get copies before ``shutdown``, as with the standard executors."""
         if not job.config.speculation or job.abandoned or not (job.sealed or job.speculate_open):
             return
+        items = None
         with self.lock:
             running = {s.call_id: s.sent_at for s in job.calls if not s.done and s.in_flight and not s.speculated}
             durations = list(job.durations)
             done, total = job.done_count, len(job.calls)
-        for call_id in policy.stragglers(running, durations, done, total, time.time()):
+            if job.feed is not None and running:  # chunks of different sizes: compare seconds per item
+                durations = [(s.stats["finished"] - s.stats["started"]) / s.n_items for s in job.calls
+                             if s.stats and "started" in s.stats and "finished" in s.stats]
+                items = {call_id: job.calls[call_id].n_items for call_id in running}
+        for call_id in policy.stragglers(running, durations, done, total, time.time(), items=items):
             state = job.calls[call_id]
             state.speculated = True
             self._queue(self._send, job, state)

@@ -10,7 +10,7 @@ from fnmap.config import resolve
 
 def test_defaults():
     c = resolve()
-    assert c.backend == "emulator" and c.chunksize == 1 and c.retries == 2
+    assert c.backend == "emulator" and c.chunksize is None and c.retries == 2  # None: automatic
 
 
 def test_keyword_beats_environment_beats_file(tmp_path, monkeypatch):

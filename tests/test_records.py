@@ -48,10 +48,11 @@ def store():
 
 
 def test_success_record(emulator, store):
-    job = fnmap.map(lambda x: x * 2, range(6), return_job=True)
+    job = fnmap.map(lambda x: x * 2, range(6), chunksize=1, return_job=True)  # one call per item
     assert job.results() == [0, 2, 4, 6, 8, 10]
-    # The record is in storage by the time results are back: no waiting.
+    # The record is in storage by the time results are back: no waiting (its calls stored compact).
     record = json.loads(store.get(keys.job_record_key(job.id)))
+    records.expand_calls(record["calls"])
     s = record["summary"]
     assert (s["status"], s["calls"], s["calls_done"], s["failed_items"], s["retries"]) == (
         "succeeded",

@@ -67,6 +67,8 @@ _BROKEN_PACKAGE = ("Runtime.ImportModuleError", "Runtime.HandlerNotFound", "Runt
 
 class AwsBackend(BaseBackend):
     name = "aws"
+    #: Each call is a Lambda invocation (a request, maybe a cold start) and objects in S3.
+    call_seconds = 1.5
     #: Jobs of at least this many calls fan out through spawner invocations (None: never).  Set, it
     #: makes the scheduler hand every job's calls over together (``batches_calls``).
     fanout_threshold: int | None = None

@@ -66,6 +66,7 @@ class Backend(Protocol):
     #: How many calls the client keeps in flight at once.
     max_workers: int
     lost_after: float | None
+    call_seconds: float
     secret: bytes | None
     batches_calls: bool
     watches_calls: bool
@@ -90,6 +91,9 @@ class BaseBackend:
 
     name = "base"
     max_workers = 8
+    #: How long an automatically chunked call should take (``chunksize`` unset): long enough to
+    #: amortize what one call costs here besides its items, short enough to spread the work.
+    call_seconds = 0.5
     #: Seconds after which an asynchronous call with no result counts as lost (None: never).
     lost_after: float | None = None
     #: The secret to sign with when the backend knows it (an auto-started emulator made it);

@@ -152,6 +152,8 @@ class _Submission:
 
 class BatchBackend(BaseBackend):
     name = "batch"
+    #: Each call is a container that is scheduled and started (tens of seconds).
+    call_seconds = 60.0
     max_workers = 8
     batches_calls = True
     watches_calls = True

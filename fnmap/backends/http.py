@@ -35,6 +35,8 @@ _STOP_TIMEOUT = 30.0
 
 class HttpBackend(BaseBackend):
     name = "http"
+    #: A request and a response per call: a fraction of a second amortizes it.
+    call_seconds = 0.5
 
     def __init__(self, config, url: str | None = None):
         url = url or config.http_url

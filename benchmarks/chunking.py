@@ -1,0 +1,173 @@
+"""Automatic chunking beside ``multiprocessing.Pool`` and hand-picked chunksizes (issue 24).
+
+``python benchmarks/chunking.py [--items 100000] [--aws-items 2000] [--reps 3]``
+
+* **tiny items**: ``map(ident, range(--items))`` with ``multiprocessing.Pool(2).map`` and with
+  ``fnmap.map`` on the embedded emulator, chunksize unset (automatic).  *cold* is a fresh process
+  that starts the pool or the emulator (start included); *warm* is a second map in that process.
+  Target: fnmap within 3x of Pool.
+* **aws path**: ``--aws-items`` items through the ``aws`` backend on ``fnmap emulator --aws``
+  (the offline AWS emulator: Lambda API + moto S3), chunksize 1, 5, 10, 20, 50, 100 and
+  automatic, one map in a fresh client process each (client start included, alike for all).
+  Target: automatic within 2x of the best.
+
+Every result is checked; medians of ``--reps``; calls per job are printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+_POOL = """
+import json, multiprocessing, time
+def ident(x): return x
+if __name__ == "__main__":
+    n = {n}
+    t0 = time.perf_counter()
+    with multiprocessing.Pool(2) as pool:
+        assert pool.map(ident, range(n)) == list(range(n))
+        t1 = time.perf_counter()
+        assert pool.map(ident, range(n)) == list(range(n))
+        t2 = time.perf_counter()
+    print(json.dumps({{"cold": t1 - t0, "warm": t2 - t1}}))
+"""
+
+_FNMAP = """
+import json, time
+t0 = time.perf_counter()
+import fnmap
+def ident(x): return x
+if __name__ == "__main__":
+    n, chunksize = {n}, {chunksize}
+    job = fnmap.map(ident, range(n), chunksize=chunksize, return_job=True)
+    assert job.results() == list(range(n))
+    t1 = time.perf_counter()
+    job2 = fnmap.map(ident, range(n), chunksize=chunksize, return_job=True)
+    assert job2.results() == list(range(n))
+    t2 = time.perf_counter()
+    print(json.dumps({{"cold": t1 - t0, "warm": t2 - t1, "calls": len(job.calls), "calls_warm": len(job2.calls)}}))
+"""
+
+
+_FNMAP_ONCE = """
+import json, time
+import fnmap
+def ident(x): return x
+if __name__ == "__main__":
+    n, chunksize = {n}, {chunksize}
+    t0 = time.perf_counter()
+    job = fnmap.map(ident, range(n), chunksize=chunksize, return_job=True)
+    assert job.results() == list(range(n))
+    print(json.dumps({{"seconds": time.perf_counter() - t0, "calls": len(job.calls)}}))
+"""
+
+
+def _run(code: str, env: dict | None = None) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def tiny_items(n: int, reps: int) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=ROOT, FNMAP_PROGRESS="false")
+    pool, auto = [], []
+    for _ in range(reps):  # alternate, so load on a shared machine hits both alike
+        pool.append(_run(_POOL.format(n=n), env))
+        auto.append(_run(_FNMAP.format(n=n, chunksize=None), env))
+    rows = [{"system": "multiprocessing.Pool(2).map", "cold_s": _median(pool, "cold"),
+             "warm_s": _median(pool, "warm"), "calls": None},
+            {"system": "fnmap.map (emulator, automatic)", "cold_s": _median(auto, "cold"),
+             "warm_s": _median(auto, "warm"), "calls": _median(auto, "calls_warm")}]
+    for row in rows:
+        row["cold_x_pool"] = row["cold_s"] / rows[0]["cold_s"]
+        row["warm_x_pool"] = row["warm_s"] / rows[0]["warm_s"]
+    return rows
+
+
+def _offline_aws(workdir: str) -> tuple[subprocess.Popen, dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FNMAP_", "AWS_"))}
+    env["PYTHONPATH"] = ROOT
+    env_file = os.path.join(workdir, "offline.env")
+    proc = subprocess.Popen([sys.executable, "-m", "fnmap", "emulator", "--aws", "--port", "0", "--workers", "2",
+                             "--env-file", env_file], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=env, cwd=workdir)
+    settings = {}
+    for line in proc.stdout:
+        if line.startswith("export "):
+            name, _, value = line.split(None, 1)[1].strip().partition("=")
+            settings[name] = value.strip("'\"")
+        if "listening on" in line:
+            break
+    else:
+        raise RuntimeError("the offline AWS emulator did not start")
+    client_env = dict(env, **settings, FNMAP_PROGRESS="false")
+    return proc, client_env
+
+
+def aws_path(n: int, reps: int, chunksizes: list) -> list[dict]:
+    with tempfile.TemporaryDirectory() as workdir:
+        proc, env = _offline_aws(workdir)
+        try:
+            runs: dict = {c: [] for c in chunksizes}
+            for _ in range(reps):
+                for chunksize in chunksizes:
+                    runs[chunksize].append(_run(_FNMAP_ONCE.format(n=n, chunksize=chunksize), env))
+                    print(f"  aws chunksize={chunksize}: {runs[chunksize][-1]}", file=sys.stderr, flush=True)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    rows = [{"chunksize": c if c is not None else "auto", "seconds": _median(r, "seconds"),
+             "calls": _median(r, "calls")} for c, r in runs.items()]
+    best = min(r["seconds"] for r in rows if r["chunksize"] != "auto")
+    for row in rows:
+        row["x_best"] = row["seconds"] / best
+    return rows
+
+
+def _table(rows: list[dict]) -> str:
+    heads = list(rows[0])
+    lines = ["| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
+    for row in rows:
+        lines.append("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--aws-items", type=int, default=2_000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--aws-reps", type=int, default=1)
+    parser.add_argument("--chunksizes", default="1,5,10,20,50,100")
+    parser.add_argument("--skip-aws", action="store_true")
+    parser.add_argument("--skip-tiny", action="store_true")
+    args = parser.parse_args()
+    if not args.skip_tiny:
+        print(f"## {args.items} tiny items, emulator vs Pool (medians of {args.reps})\n")
+        print(_table(tiny_items(args.items, args.reps)), flush=True)
+    if not args.skip_aws:
+        sizes = [None] + [int(c) for c in args.chunksizes.split(",")]
+        print(f"\n## {args.aws_items} items on the offline aws path (medians of {args.aws_reps})\n")
+        print(_table(aws_path(args.aws_items, args.aws_reps, sizes)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Automatic chunking: a job's calls made while it runs, each sized to the backend's call duration.
+
+A map with ``chunksize`` unset (the default) gives its items to a :class:`ChunkFeed` instead of
+cutting them into equal chunks up front.  The feed keeps one call per dispatch slot of the
+backend outstanding: it starts with one-item calls (so a few slow items still spread over the
+workers), and whenever a call ends it measures it (the worker's time, else send to answer) and
+makes the next call, sized by :class:`fnmap.policy.ChunkSizer` to the backend's ``call_seconds``
+(joblib's ``batch_size="auto"``).  The last call it makes seals the job.  A failure to store a
+large chunk fails the items in no call yet, as one call with a ``storage`` fault.
+
+Invariants the front-ends rely on:
+
+* every item is pickled once before anything runs, only to check that it pickles
+  (:meth:`fnmap.client.Client.check_items`), so a bad item is named and nothing ran;
+* a call's successors are added to ``job.calls`` before its own outcome is delivered, so a
+  reader walking ``job.calls`` in order (``results``, ``imap``) never reaches the end early;
+* a cancelled job's items that are in no call yet become one cancelled call (:meth:`stop`),
+  so the record, ``results()`` and ``fnmap.job(ID).results()`` still have one entry per item.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .errors import PlatformFault
+from .jobs import CallOutcome, CallState
+from .policy import ChunkSizer
+
+
+class ChunkFeed:
+    """Makes the calls of one automatically chunked job from its list of items."""
+
+    def __init__(self, client, job, func_key: str, mode: str, items: list):
+        self._client = client
+        self._job = job
+        self._func_key = func_key
+        self._mode = mode
+        self._items = items
+        self.total = len(items)
+        backend = client.backend
+        self.sizer = ChunkSizer(backend.call_seconds, backend.max_workers)
+        self._lock = threading.Lock()
+        #: Index of the first item in no call yet.
+        self._next = 0
+        self._outstanding = 0
+        self._sealed = False
+
+    def start(self, stores: list | None = None) -> list[CallState]:
+        """The first calls (one item each, one per dispatch slot), to submit; large inputs are
+        stored on the client's input threads (``stores``, see ``Client.add_call``)."""
+        with self._lock:
+            return self._make_calls(stores)
+
+    def seal_if_complete(self) -> bool:
+        """Whether every item is in a call now and nobody sealed the job yet (the caller seals it)."""
+        with self._lock:
+            return self._take_seal()
+
+    def call_done(self, state: CallState) -> None:
+        """A call of the job ended (the scheduler calls this before delivering its outcome):
+        measure it and make the calls that keep every dispatch slot busy."""
+        seconds = _answer_seconds(state)
+        with self._lock:
+            self._outstanding -= 1
+            if seconds is not None:
+                self.sizer.observe(state.n_items, seconds)
+            failed = error = None
+            try:
+                new = [] if self._job.cancelled else self._make_calls(None)
+            except Exception as e:  # storing a large input failed: the rest fail with it
+                new, failed, error = [], self._rest_as_one_call(), e
+                self._outstanding += failed is not None
+            seal = self._take_seal()
+        if new:
+            self._client.submit(self._job, new)
+        if failed is not None:
+            fault = PlatformFault("storage", f"{type(error).__name__}: {error}")
+            self._client.scheduler.fail(self._job, failed, fault)
+        if seal:
+            self._client.seal(self._job)
+
+    def stop(self) -> None:
+        """The job is cancelled: its items in no call yet become one call (cancelled with the
+        job's other unstarted calls), and the job is sealed."""
+        with self._lock:
+            self._rest_as_one_call()
+            seal = self._take_seal()
+        if seal:
+            self._client.seal(self._job)
+
+    # -- under the lock ----------------------------------------------------------
+
+    def _make_calls(self, stores: list | None) -> list[CallState]:
+        new = []
+        while self._outstanding < self.sizer.parallelism and self._next < self.total:
+            size = self.sizer.next_size(self.total - self._next)
+            first = self._next
+            chunk = self._items[first:first + size]
+            new.append(self._client.add_call(self._job, self._func_key, (self._mode, chunk), first, size,
+                                             CallOutcome(), stores=stores))
+            self._next += size
+            self._outstanding += 1
+        if self._next >= self.total:
+            self._items = []  # every item is in a call: hold no reference to them any more
+        return new
+
+    def _rest_as_one_call(self) -> CallState | None:
+        """The items in no call yet as one call that is never sent (nothing pickled)."""
+        rest = self.total - self._next
+        if rest <= 0:
+            return None
+        state = CallState(len(self._job.calls), self._next, rest, self._func_key, b"", None, CallOutcome(), False)
+        self._client.scheduler.add(self._job, state)
+        self._next = self.total
+        self._items = []
+        return state
+
+    def _take_seal(self) -> bool:
+        if self._sealed or self._next < self.total:
+            return False
+        self._sealed = True
+        return True
+
+
+def _answer_seconds(state: CallState) -> float | None:
+    """How long the call took: the worker's own time (load, run, write the result) where it said,
+    else from the send of the attempt that answered to its answer (results found in storage);
+    None if no attempt answered.  The worker's time leaves out the wait for a free worker, which
+    depends on the calls ahead of this one, not on its size."""
+    stats = state.stats
+    if stats and stats.get("written") is not None and stats.get("started") is not None:
+        return stats["written"] - stats["started"]
+    for _attempt, sent, ended, outcome in reversed(state.attempts):
+        if ended is not None and outcome in ("ok", "error"):
+            return ended - sent
+    return None
