@@ -63,7 +63,15 @@ class StoredArgument:
 
         from .storage import open_store
 
-        value = pickle.loads(open_store(self.store_url).get(self.key))
+        data = open_store(self.store_url).get(self.key)
+        # The key names the SHA-256 of what the client stored, and it came in the signed request:
+        # anything else (planted or altered in the bucket) is refused before it is unpickled.
+        if hashlib.sha256(data).hexdigest() != self.key.rsplit("/", 1)[-1]:
+            from .runtime.signing import UnauthenticatedObject
+
+            raise UnauthenticatedObject(f"stored joblib argument {self.key!r} does not have the SHA-256 its key "
+                                        "names: it was planted or altered; refused, not unpickled")
+        value = pickle.loads(data)
         with _cache_lock:
             _cache[self.key] = value
             while len(_cache) > _CACHE_ENTRIES:

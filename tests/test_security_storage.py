@@ -83,3 +83,20 @@ def test_sealed_objects_are_bound_to_their_key_and_secret():
                               (b"s", "jobs/a/out/0/0", sealed[:-1] + b"!"), (b"s", "jobs/a/out/0/0", data)):
         with pytest.raises(signing.UnauthenticatedObject):
             signing.unseal(secret, key, blob)
+
+
+def test_a_planted_joblib_argument_is_refused_before_unpickling(storage_root, tmp_path):
+    """joblib's large arguments are stored once under their SHA-256; the worker checks it first."""
+    from fnmap.joblib import StoredArgument
+
+    store = open_store(storage_root.as_uri())
+    honest = pickle.dumps(list(range(10)), protocol=5)
+    key = f"jobs/{keys.new_job_id()}/joblib/{__import__('hashlib').sha256(honest).hexdigest()}"
+    store.put(key, honest)
+    assert StoredArgument(key, store.url).load() == list(range(10))
+    marker = str(tmp_path / "unpickled")
+    planted_key = key[:-1] + ("0" if key[-1] != "0" else "1")  # another job's slot, not yet read
+    store.put(planted_key, pickle.dumps(_TouchOnUnpickle(marker)))
+    with pytest.raises(signing.UnauthenticatedObject, match="refused, not unpickled"):
+        StoredArgument(planted_key, store.url).load()
+    assert not os.path.exists(marker)
