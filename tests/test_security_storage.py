@@ -7,21 +7,12 @@ import os
 import pickle
 
 import pytest
+from test_security import _TouchOnUnpickle
 
 import fnmap
 from fnmap.runtime import compression, keys, signing
 from fnmap.runtime.serialization import pickle_function
 from fnmap.storage import open_store
-
-
-class _TouchOnUnpickle:
-    """Unpickling this creates ``path``: proof that a planted object was (or was not) unpickled."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
 
 
 def double(x):
