@@ -130,7 +130,7 @@ def _answer_seconds(state: CallState) -> float | None:
     stats = state.stats
     if stats and stats.get("written") is not None and stats.get("started") is not None:
         return stats["written"] - stats["started"]
-    for _attempt, sent, ended, outcome in reversed(state.attempts):
+    for _attempt, sent, ended, outcome, *_memory in reversed(state.attempts):
         if ended is not None and outcome in ("ok", "error"):
             return ended - sent
     return None

@@ -126,7 +126,7 @@ def test_event_fan_out_gathers_results_from_s3(aws, s3_env):
 
 
 def test_auto_uses_both_invocation_types(aws):
-    assert fnmap.map(nap_square, range(40), workers=8, speculation=False) == [x * x for x in range(40)]
+    assert fnmap.map(nap_square, range(40), workers=8, speculation=False, chunksize=1) == [x * x for x in range(40)]
     stats = aws.stats()
     assert stats["RequestResponse"] >= 1 and stats["Event"] >= 1
     assert stats["RequestResponse"] + stats["Event"] == 40

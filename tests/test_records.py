@@ -334,3 +334,15 @@ def test_peak_memory_is_each_calls_own_in_a_warm_worker(use_emulator):
     small_kb = small.record()["calls"][0]["peak_memory_kb"]
     assert big.record()["calls"][0]["worker"] == small.record()["calls"][0]["worker"]
     assert big_kb > 200 * 1024 and small_kb < big_kb - 150 * 1024
+
+
+def test_a_stored_call_keeps_each_attempts_memory():
+    """The compact stored form of a call keeps the memory each attempt had (memory steps, issue 24)."""
+    call = {"call_id": 0, "status": "ok", "attempts": [
+        {"attempt": 1, "sent": 1.0, "ended": 2.0, "outcome": "out_of_memory", "memory": 128},
+        {"attempt": 2, "sent": 3.0, "ended": 4.0, "outcome": "ok", "memory": 1024},
+        {"attempt": 3, "sent": 5.0, "ended": 6.0, "outcome": "cancelled"}]}
+    stored = json.loads(json.dumps(records.compact_calls([call])))
+    attempts = records.expand_calls(stored)[0]["attempts"]
+    assert [a.get("memory") for a in attempts] == [128, 1024, None]
+    assert [a["outcome"] for a in attempts] == ["out_of_memory", "ok", "cancelled"]

@@ -238,14 +238,15 @@ _CALL_FIELDS = ("error", "traceback", "submitted", "ended", "attempt", *_STATS_F
 
 def compact_calls(calls: list[dict]) -> list[dict]:
     """Call entries as stored: empty fields left out, times to the millisecond, each attempt as
-    ``[attempt, sent, ended, outcome]``, ``submitted`` and ``ended`` left to be derived from the
-    attempts.  A 100,000-call record was 48 MB at about 500 bytes a
+    ``[attempt, sent, ended, outcome]`` (and the memory, when set), ``submitted`` and ``ended``
+    left to be derived from the attempts.  A 100,000-call record was 48 MB at about 500 bytes a
     call (issue 24); automatic chunking makes far fewer calls, and each now takes about half."""
     out = []
     for call in calls:
         entry = {k: _ms(v) if k in _TIME_FIELDS else v for k, v in call.items()
                  if v is not None and k not in _DERIVED}
-        entry["attempts"] = [[a["attempt"], _ms(a["sent"]), _ms(a["ended"]), a["outcome"]]
+        entry["attempts"] = [[a["attempt"], _ms(a["sent"]), _ms(a["ended"]), a["outcome"],
+                              *([a["memory"]] if a.get("memory") else [])]
                              for a in call["attempts"]]
         out.append(entry)
     return out
@@ -257,13 +258,20 @@ def expand_calls(calls: list[dict]) -> list[dict]:
         for name in _CALL_FIELDS:
             call.setdefault(name, None)
         call["attempts"] = attempts = [
-            a if isinstance(a, dict) else dict(zip(("attempt", "sent", "ended", "outcome"), a, strict=True))
-            for a in call.get("attempts", [])]
+            a if isinstance(a, dict) else _attempt_entry(a) for a in call.get("attempts", [])]
         if call["submitted"] is None and attempts:
             call["submitted"] = attempts[0]["sent"]
         if call["ended"] is None:
             call["ended"] = max((a["ended"] for a in attempts if a["ended"] is not None), default=None)
     return calls
+
+
+def _attempt_entry(stored: list) -> dict:
+    """A stored ``[attempt, sent, ended, outcome]`` (``, memory]`` when the job had memory steps) as a dict."""
+    entry = dict(zip(("attempt", "sent", "ended", "outcome"), stored[:4], strict=True))
+    if len(stored) > 4:
+        entry["memory"] = stored[4]
+    return entry
 
 
 def _ms(value):
