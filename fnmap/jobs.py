@@ -228,9 +228,11 @@ class Job:
             self._wake.set()
 
     def _fault_error(self, state: CallState, fault: PlatformFault) -> BaseException:
-        if fault.kind == FaultKind.CANCELLED and self.cancel_reason:  # stopped running by `fnmap cancel`
-            return CancelledError(f"job {self.id} was cancelled from outside by `{self.cancel_reason}` while "
-                                  f"{state.describe()} ran")
+        if fault.kind == FaultKind.CANCELLED and (self.cancel_reason or self.abandoned):  # not its own failure
+            if self.cancel_reason:
+                return CancelledError(f"job {self.id} was cancelled from outside by `{self.cancel_reason}` "
+                                      f"while {state.describe()} ran")
+            return CancelledError(f"{state.describe()} of job {self.id}: {fault.message}")
         cls = FAULT_ERRORS.get(fault.kind, PlatformError)
         exc = cls(f"{state.describe()} of job {self.id} failed after {len(state.attempts)} attempt(s): "
                   f"{fault.message}")

@@ -24,7 +24,7 @@ from s3servers import point_boto3_at
 import fnmap
 from fnmap.data import is_data_input, list_objects, partitions
 from fnmap.errors import ConfigError, KeyNotFound, UnknownStorage
-from fnmap.runtime import compression
+from fnmap.runtime import compression, signing
 from fnmap.runtime.partition import Partition, owned_blocks, split_object, split_objects
 from fnmap.runtime.reduce import MapStage, ReduceStage, Stored, plan_level, tree_shape
 
@@ -131,7 +131,8 @@ def test_reduce_tree_plan():
     assert plan_level(5, 2) == [range(0, 2), range(2, 4), range(4, 5)]
 
 
-def test_stages_keep_large_values_in_storage(tmp_path):
+def test_stages_keep_large_values_in_storage(tmp_path, monkeypatch):
+    monkeypatch.setenv("FNMAP_SECRET", "stage-test-secret")  # stored values are sealed with the job's secret
     url = tmp_path.as_uri()
     stage = MapStage(lambda n: "v" * n, url)
     assert stage(("jobs/j/blobs/map/0", 10)) == "v" * 10  # small: travels back inline
@@ -348,9 +349,9 @@ def test_large_results_are_compressed_in_storage(tmp_path):
     assert job.results() == ["x" * 3_000_000]
     stored = [p for p in tmp_path.rglob("*") if p.is_file() and "/out/" in p.as_posix()]
     assert len(stored) == 1
-    assert (
-        stored[0].read_bytes().startswith(compression.MAGIC) and stored[0].stat().st_size < 100_000
-    )
+    sealed = stored[0].read_bytes()  # the result's MAC, then the compressed pickle
+    assert sealed.startswith(signing.SEALED_MAGIC) and stored[0].stat().st_size < 100_000
+    assert sealed[len(signing.SEALED_MAGIC) + 32:].startswith(compression.MAGIC)  # after the SHA-256 MAC
 
 
 # -- S3 (moto and SeaweedFS on loopback) ------------------------------------------------------------------

@@ -133,6 +133,9 @@ def _seal_mac(secret: bytes, key: str, data) -> bytes:
 
 def seal(secret: bytes, key: str, data: bytes) -> bytes:
     """``data`` with a MAC bound to its storage ``key`` (whose path names the job and call)."""
+    if not secret:
+        raise UnauthenticatedObject(f"cannot seal stored object {key!r}: no secret to seal it with; set "
+                                    "FNMAP_SECRET to the deployment's secret")
     return SEALED_MAGIC + _seal_mac(secret, key, data) + data
 
 
