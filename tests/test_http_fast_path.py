@@ -52,7 +52,7 @@ def test_http_backend_reconnects_when_the_server_drops_idle_connections():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        out = fnmap.map(square, range(30), backend="http", http_url=url, secret=secret, workers=2)
+        out = fnmap.map(square, range(30), backend="http", http_url=url, secret=secret, workers=2, chunksize=1)
         assert out == [x * x for x in range(30)]
         assert handler.connections >= 30
         # A connection the server dropped while idle is noticed before a request is sent on it,
