@@ -173,6 +173,8 @@ class Job:
         self.cancelled = False
         #: Nobody waits for the results any more: no retries, no copies, failures are final.
         self.abandoned = False
+        #: ``(call id, attempt)`` the scheduler stopped because the job was abandoned: they end as cancelled.
+        self.stopped_attempts: set[tuple[int, int]] = set()
         #: Stragglers get speculative copies before the job is sealed (the Dask shim sets it).
         self.speculate_open = False
         #: Who asked another process to stop this job (``fnmap cancel``), once the client saw it.

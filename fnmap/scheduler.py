@@ -175,6 +175,7 @@ class Scheduler:
                 state.claimed = True
             running = [(s.call_id, record[0]) for s in job.calls if not s.done
                        for record in s.attempts if record[2] is None] if stop_platform else []
+            job.stopped_attempts.update(running)
         for state in unstarted:
             self._cancel_unstarted(job, state)
         job._wake.set()
@@ -425,7 +426,7 @@ class Scheduler:
                 fault.kind == FaultKind.RETRY_ON or climbed
                 or policy.retry_fault(fault.retryable, state.charged, job.config.retries))
             if not retry:
-                if job.abandoned and fault.kind != FaultKind.RETRY_ON:  # stopped by cancel(): not its fault
+                if (state.call_id, attempt) in job.stopped_attempts:  # stopped by cancel(): not its own fault
                     fault = PlatformFault(FaultKind.CANCELLED, "the job was abandoned while this call ran, "
                                           f"and its attempt was stopped ({fault.message})")
                 elif fault.kind == FaultKind.OUT_OF_MEMORY:

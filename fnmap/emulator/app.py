@@ -184,7 +184,7 @@ class Emulator:
             return 500, {"error": f"the emulator has no secret to check requests with: set {SECRET_ENV}"}
         try:
             spec = json.loads(body)
-            job_id = spec["job_id"] if isinstance(spec, dict) else None
+            job_id = spec.get("job_id") if isinstance(spec, dict) else None
         except ValueError:
             job_id = None
         if not isinstance(job_id, str) or not verify_request(self.secret, ROUTE_CANCEL, job_id, "", "", body,
