@@ -83,7 +83,8 @@ def emulator():
 def lam(emulator, monkeypatch):
     for name, value in aws_credentials_of(emulator).items():
         monkeypatch.setenv(name, value)
-    client = boto3.client("lambda", endpoint_url=emulator.url)
+    # Its own session: boto3's default one keeps the credentials it resolved first (another test's).
+    client = boto3.session.Session().client("lambda", endpoint_url=emulator.url)
     yield client
     client.close()
 
