@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import time
 
 import pytest
 import requests
@@ -203,3 +204,12 @@ def s3_env(s3_server, monkeypatch):
 
     make_bucket.client = s3
     return make_bucket
+
+
+def until(predicate, seconds: float = 60.0):
+    """``predicate()``'s first true value, polled every 0.1 s; fails the test after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+    return value

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from conftest import until
 
 import fnmap
 from fnmap.backends import batch as batch_backend
@@ -364,14 +365,6 @@ _PROBE = (
 )
 
 
-def _until(predicate, seconds: float = 30.0):
-    deadline = time.monotonic() + seconds
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-    return value
-
-
 def test_emulated_batch_api_retries_and_terminates_children(batch_emulator):
     from botocore.exceptions import ClientError
 
@@ -401,14 +394,14 @@ def test_emulated_batch_api_retries_and_terminates_children(batch_emulator):
     def child(index):
         return b.describe_jobs(jobs=[f"{job_id}:{index}"])["jobs"][0]
 
-    failed = _until(lambda: child(1)["status"] == "FAILED" and child(1))
+    failed = until(lambda: child(1)["status"] == "FAILED" and child(1))
     assert len(failed["attempts"]) == 2 and failed["container"]["exitCode"] == 3
     assert failed["container"]["reason"] == "attempt 2 gpus ''"  # the last line of its output
-    _until(lambda: child(2)["status"] == "RUNNING")
+    until(lambda: child(2)["status"] == "RUNNING")
     b.terminate_job(jobId=job_id, reason="enough")
-    stopped = _until(lambda: child(2)["status"] == "FAILED" and child(2))
+    stopped = until(lambda: child(2)["status"] == "FAILED" and child(2))
     assert stopped["statusReason"] == "enough"
-    parent = _until(
+    parent = until(
         lambda: (j := b.describe_jobs(jobs=[job_id])["jobs"][0])["status"] == "FAILED" and j
     )
     summary = parent["arrayProperties"]["statusSummary"]

@@ -12,7 +12,6 @@ import datetime
 import io
 import json
 import os
-import time
 import zipfile
 from unittest import mock
 
@@ -23,6 +22,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
+from conftest import until
 
 import fnmap
 
@@ -50,14 +50,6 @@ def _signed_headers(emu, service: str, path: str, body: bytes, when: datetime.da
         with mock.patch("botocore.auth.get_current_datetime", return_value=when):
             signer.add_auth(request)
     return dict(request.headers.items())
-
-
-def _until(predicate, seconds: float = 60.0):
-    deadline = time.monotonic() + seconds
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-    return value
 
 
 @pytest.fixture
@@ -96,7 +88,7 @@ def test_an_unsigned_submitjob_runs_nothing(platform, tmp_path):
     assert browser.status_code in (403, 415), browser.text  # the front door refuses the type first
     # The same command, signed, runs: the marker of the unsigned one would have been made too.
     job = platform.batch.submit_job(**_submit_body(tmp_path / "signed"))["jobId"]
-    _until(lambda: (tmp_path / "signed").exists())
+    until(lambda: (tmp_path / "signed").exists())
     assert _jobs(platform.batch) == {job}
     assert not (tmp_path / "unsigned").exists()
 
