@@ -74,6 +74,12 @@ def job_record_key(job_id: str) -> str:
     return f"jobs/{job_id}/job.json"
 
 
+def lease_key(job_id: str) -> str:
+    """The running client's lease on the job: JSON ``{"holder": ..., "renewed": t, "expires": t}``
+    (epoch seconds), rewritten while it runs the job; a job whose lease has expired is abandoned."""
+    return f"jobs/{job_id}/lease.json"
+
+
 def cancel_key(job_id: str) -> str:
     """Written by ``fnmap cancel``: the client running the job stops it when it sees this."""
     return f"jobs/{job_id}/cancel.json"
