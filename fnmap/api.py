@@ -12,7 +12,7 @@ import queue
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import policy
+from . import policy, redrive
 from .client import get_client
 from .config import resolve
 from .errors import ConfigError
@@ -35,6 +35,7 @@ def map(
     return_job: bool = False,
     obj_chunk_size: int | None = None,
     obj_chunk_number: int | None = None,
+    job_name: str | None = None,
     **options: Any,
 ):
     """Run ``func(item)`` for every item, in parallel, and return the results in input order.
@@ -57,13 +58,22 @@ def map(
     With ``return_job=True`` the :class:`fnmap.jobs.Job` is returned instead; its
     ``results()`` gives the list.
 
+    ``job_name``: a name for the job in its storage (``"nightly-2026-12-04"``).  Run again with
+    the same name, function and items, the map re-attaches to that job and runs only the calls
+    without a result (:mod:`fnmap.named`); another function or other items under the name are refused.
+
     >>> import fnmap
     >>> fnmap.map(lambda x: x * x, range(5))
     [0, 1, 4, 9, 16]
     """
     config = resolve(**options)
     items = _input_items(items, obj_chunk_size, obj_chunk_number)
-    job = start_map(func, items, config)
+    if job_name is not None:  # issue 23
+        from .named import start_named
+
+        job = start_named(func, items, config, job_name)
+    else:
+        job = start_map(func, items, config)
     if return_job:
         return job
     return job.results(return_exceptions=return_exceptions)
@@ -181,9 +191,10 @@ def _input_items(items, obj_chunk_size: int | None, obj_chunk_number: int | None
     return items
 
 
-def start_map(func: Callable, items: Iterable, config, mode: str = MODE_ONE, kind: str = "map"):
+def start_map(func: Callable, items: Iterable, config, mode: str = MODE_ONE, kind: str = "map",
+              job_id: str | None = None):
     """Serialize every chunk first (so a bad item fails before anything runs), then dispatch all."""
-    return _start(get_client(config), config, func, kind, lambda _job_id: items, mode)
+    return _start(get_client(config), config, func, kind, lambda _job_id: items, mode, job_id=job_id)
 
 
 def _start(
@@ -195,12 +206,13 @@ def _start(
     mode: str = MODE_ONE,
     label: str | None = None,
     stream: bool = False,
+    job_id: str | None = None,
 ):
     """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix).
 
     With ``chunksize`` set, every chunk is made and pickled here; unset (automatic), the first
     calls are made here and a :class:`fnmap.feed.ChunkFeed` makes the rest as calls end."""
-    job = client.new_job(config, kind)
+    job = client.new_job(config, kind, job_id=job_id)
     records.label(job, getattr(func, "map_func", None) or getattr(func, "reduce_func", None) or func)
     index = 0
     states = []
@@ -210,7 +222,7 @@ def _start(
         if config.chunksize is None:
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
-            client.check_items(mode, items)  # a bad item is named before anything runs
+            redrive.store_items(client, job, mode, items)  # a bad item is named before anything runs
             job.feed = ChunkFeed(client, job, func_key, mode, items)
             states = job.feed.start(stores)
             index = len(items)

@@ -111,6 +111,17 @@ class AttachedJob:
         """The captured output of every call (or of call ``call``), by attempt."""
         return records.logs_text(self.store, self.id, call)
 
+    def redrive(self, **options):
+        """Run the calls of this job that have no committed result, from this process (the job's
+        client may be gone, on any machine); the running :class:`fnmap.jobs.Job`, whose ``results()``
+        are every item's.  Options as for ``fnmap.map`` (this job's storage and secret by default)."""
+        from .redrive import redrive
+
+        options.setdefault("storage", self.store.url)
+        if self._secret:
+            options.setdefault("secret", self._secret)
+        return redrive(self.store, self.id, **options)
+
     def cancel(self) -> None:
         """Ask the client running this job to cancel it (no effect on a job that has ended)."""
         records.request_cancel(self.store, self.id, "fnmap.job(...).cancel()")

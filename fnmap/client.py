@@ -16,6 +16,7 @@ import time
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from . import lease, redrive
 from .backends import create_backend
 from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageError, storage_fix
 from .jobs import CallState, Job
@@ -59,14 +60,15 @@ class Client:
 
     # -- the front-ends' API -------------------------------------------------------
 
-    def new_job(self, config, kind: str = "map") -> Job:
+    def new_job(self, config, kind: str = "map", job_id: str | None = None, created: float | None = None) -> Job:
         """A new, empty job of this deployment (``kind`` names the front-end in its record).
 
         Its "running" index entry is written now, before any function or input is looked up: a
         ``fnmap gc`` in another process then sees a job being built and keeps every shared object
         (one small PUT per job; it is rewritten with the counts when the job is sealed)."""
-        job = Job(self.scheduler, self.store, config, kind)
+        job = Job(self.scheduler, self.store, config, kind, job_id, created)
         job.save_record(final=False)
+        lease.hold(job)  # renewed in storage while this process runs it (issue 23)
         return job
 
     def upload_function(self, func, job: Job) -> str:
@@ -141,6 +143,7 @@ class Client:
 
     def submit(self, job: Job, states: list[CallState]) -> None:
         """Send these calls of ``job``; their futures complete as they finish."""
+        redrive.record_calls(self, job, states)  # what they run, stored first: redrive can run them again
         self.scheduler.submit(job, states)
 
     def seal(self, job: Job) -> None:

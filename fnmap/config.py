@@ -84,6 +84,9 @@ class Config:
     #: AWS Batch job queue and job definition (batch backend).
     job_queue: str = "fnmap"
     job_definition: str = "fnmap"
+    #: Seconds a running job's lease lasts (renewed every sixth of it): a job whose client stopped
+    #: renewing it for this long is ``abandoned`` wherever it is read (:mod:`fnmap.lease`).
+    lease: float = 60.0
 
     #: Where each value came from, for error messages (not an option).
     sources: dict = field(default_factory=dict, compare=False, repr=False)
@@ -258,7 +261,7 @@ def _read_config_file() -> tuple[dict, str | None]:
 OUTPUT_MODES = ("after", "live", "none")
 _INTS = {"chunksize", "retries", "memory", "gpu", "workers", "inline_limit",
          "lambda_sync_limit", "lambda_async_limit", "lambda_fanout"}
-_FLOATS = {"timeout"}
+_FLOATS = {"timeout", "lease"}
 _BOOLS = {"progress", "speculation"}
 
 
@@ -307,6 +310,8 @@ def _validate(c: Config) -> None:
         _check_int(c, "workers", 1, "at least one worker")
     if c.memory is not None:
         _check_memory(c)
+    if isinstance(c.lease, bool) or not isinstance(c.lease, (int, float)) or not c.lease > 0:
+        raise ConfigError(f"{c.describe('lease')} must be a positive number of seconds, e.g. lease=60")
     if c.timeout is not None:
         if isinstance(c.timeout, bool) or not isinstance(c.timeout, (int, float)) or not c.timeout > 0:
             raise ConfigError(f"{c.describe('timeout')} must be a positive number of seconds, or None")

@@ -159,13 +159,14 @@ class Job:
     completed futures, the progress bar, the job record in storage.
     """
 
-    def __init__(self, scheduler, store, config, kind: str = "map"):
-        self.id = keys.new_job_id()
+    def __init__(self, scheduler, store, config, kind: str = "map", job_id: str | None = None,
+                 created: float | None = None):
+        self.id = job_id or keys.new_job_id()  # a given id: a redrive or a named job (fnmap.redrive)
         self._scheduler = scheduler
         self.store = store
         self.config = config
         self.kind = kind
-        self.created = time.time()
+        self.created = created or time.time()
         self.finished: float | None = None
         self.calls: list[CallState] = []
         self.sealed = False

@@ -26,6 +26,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from .. import lease
 from ..errors import FnmapError
 from ..runtime import keys
 from . import cost
@@ -418,7 +419,7 @@ def list_jobs(store, limit: int | None = 20) -> list[dict]:
             continue
         if summary.get("status") == "running":
             _refresh_running(store, summary)
-        out.append(summary)
+        out.append(lease.judge(store, summary))  # issue 23: abandoned if its client's lease expired
     return out
 
 
@@ -476,7 +477,7 @@ def load(store, job_id: str) -> dict:
         started = _started_entry(store, job_id)
         if not status_keys and started is None:
             raise JobNotFound(f"job {job_id} has no record and no status records in {store.url}")
-        return _rebuild(store, job_id, status_keys, started)
+        return lease.judge(store, _rebuild(store, job_id, status_keys, started))  # issue 23: abandoned
     missing = {
         c["call"]
         for c in record["calls"]
@@ -492,7 +493,7 @@ def load(store, job_id: str) -> dict:
             if found:
                 _apply_stats(call, max(found, key=lambda s: s["attempt"]))
         record["summary"] = summarize(record)
-    return record
+    return lease.judge(store, record)  # issue 23: abandoned if its client's lease expired
 
 
 def _status_call(key: str) -> tuple[int, int]:

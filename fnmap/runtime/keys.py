@@ -106,3 +106,24 @@ def job_index_key(job_id: str, created: float) -> str:
 
 def job_index_prefix() -> str:
     return "index/jobs/"
+
+
+def call_inputs_key(job_id: str, first_call: int) -> str:
+    """What a batch of calls sent together ran, from call ``first_call`` on (their function, items and
+    inline inputs; sealed): written before they are sent, so ``redrive`` can run them again."""
+    return f"jobs/{job_id}/calls/{first_call}.pkl"
+
+
+def call_inputs_prefix(job_id: str) -> str:
+    return f"jobs/{job_id}/calls/"
+
+
+def job_items_key(job_id: str) -> str:
+    """Every item of an automatically chunked map (sealed), stored at its start: the items in no call
+    yet when its client stopped are only here."""
+    return f"jobs/{job_id}/items.pkl"
+
+
+def job_name_key(name: str) -> str:
+    """``job_name=`` of ``fnmap.map``: the job id it names, its function and inputs (JSON)."""
+    return f"names/{name}.json"

@@ -1,0 +1,42 @@
+"""``fnmap redrive ID``: run a job's calls that have no committed result, from this machine (issue 23)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "redrive",
+        help="run the calls of a stopped job that have no result (its client died, or was killed)",
+        description="Run again exactly the calls of a job that have no committed result, with the "
+        "function and inputs the job stored, from any machine with its storage and secret; a call "
+        "still running elsewhere that commits first is the result (exactly once). Refused while a "
+        "live client runs the job. Waits, then prints the job's summary; exits 0 if it succeeded.",
+    )
+    p.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
+    p.add_argument("--storage", metavar="URL", help="storage URL (default: the configured storage)")
+    p.add_argument("--no-wait", action="store_true", help="start the calls, print the job id, return")
+    p.add_argument("--json", action="store_true", help="print the job record as JSON at the end")
+    p.set_defaults(run=run_redrive)
+
+
+def run_redrive(args) -> int:
+    from ..config import resolve
+    from ..observe import records
+    from ..redrive import redrive
+    from ..storage import open_store
+    from .jobs import format_summary
+
+    config = resolve(**({"storage": args.storage} if args.storage else {}))
+    store = open_store(config.storage_url, config.storage_origin, create=False)
+    job_id = records.resolve_id(store, args.job_id)
+    job = redrive(store, job_id, config=config)
+    print(f"redriving job {job_id}: {len(job.calls)} calls", file=sys.stderr, flush=True)
+    if args.no_wait:
+        return 0
+    job.wait()
+    record = records.load(store, job_id)
+    print(json.dumps(record, indent=2) if args.json else format_summary(record))
+    return 0 if record["summary"]["status"] == "succeeded" else 1

@@ -1,0 +1,174 @@
+"""Leases: which jobs a live client still runs, told through storage, from any machine (issue 23).
+
+While a client process runs a job it keeps a small JSON object at ``keys.lease_key(job_id)``::
+
+    {"holder": {"host": ..., "pid": ..., "start": ...}, "renewed": t, "expires": t}
+
+(epoch seconds).  One daemon thread per process renews the leases of all its running jobs every
+sixth of the ``lease`` option (60 s by default, so every 10 s), one small PUT per job, never one
+per call; a job's lease is deleted once the job is done.  A reader anywhere -- ``fnmap.job(ID)``,
+``fnmap jobs``, ``fnmap job`` -- that finds an unfinished job whose lease has expired calls it
+``abandoned`` (:func:`judge`), and waiting on it ends.  A pid on the same host name, the check
+before this, said nothing about a client on another machine.
+
+A process that exits (a script's end, a kernel restarted) while a job runs does not wait for the
+lease to expire: at exit it abandons the job as Ctrl-C would (no retries, no copies; the platform
+stops what it can) and marks the lease ``abandoned`` at once, so the record says ``abandoned``
+rather than ``failed`` with the connection errors of an emulator stopping under its calls.  What
+was committed stays; ``fnmap redrive ID`` runs the rest (:mod:`fnmap.redrive`).
+
+Clocks: ``expires`` is the holder's clock; readers on machines whose clocks differ by less than
+the lease minus the renewal period (50 s by default) judge it right.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import threading
+import time
+import weakref
+
+from .runtime import keys
+
+#: How many renewals fit in one lease: a lease survives a few slow or failed renewals.
+RENEWALS_PER_LEASE = 6
+#: Statuses a lease can turn into ``abandoned``: a job that succeeded did all its work regardless.
+_JUDGED = ("running", "unknown", "incomplete", "cancelled", "failed")
+#: Status of a job whose client stopped before it finished (the same word as observe.records).
+ABANDONED = "abandoned"
+
+
+def holder() -> dict:
+    """This process: host name, pid and start time (so a reused pid is not taken for it)."""
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            start = f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        start = None
+    return {"host": socket.gethostname(), "pid": pid, "start": start}
+
+
+def read(store, job_id: str) -> dict | None:
+    """The job's lease, or None (no client ever held one: an older job, or one that has ended)."""
+    try:
+        lease = json.loads(store.get(keys.lease_key(job_id)))
+    except (OSError, ValueError, LookupError):  # KeyNotFound, or a partial object
+        return None
+    return lease if isinstance(lease, dict) else None
+
+
+def live(lease: dict | None, now: float | None = None) -> bool:
+    """Whether a client still holds this lease (renewed within its lifetime, not given up)."""
+    if not lease or lease.get("abandoned"):
+        return False
+    return float(lease.get("expires") or 0) > (time.time() if now is None else now)
+
+
+def judge(store, record: dict) -> dict:
+    """``record`` (a job record with its ``summary``, or a summary) with the status ``abandoned`` when
+    the job did not finish and its client's lease has expired or was given up at exit."""
+    summary = record.get("summary", record)
+    if summary.get("status") not in _JUDGED:
+        return record
+    lease = read(store, summary["job_id"])
+    if lease is None or live(lease):
+        return record
+    if lease.get("abandoned") or summary["status"] in ("running", "unknown"):
+        holder_ = lease.get("holder") or {}
+        summary["status"] = ABANDONED
+        summary["abandoned"] = lease.get("abandoned") or (
+            f"its client ({holder_.get('host')}, pid {holder_.get('pid')}) stopped renewing its lease "
+            f"{time.time() - float(lease.get('renewed') or 0):.0f} s ago")
+    return record
+
+
+class _Leases:
+    """The leases this process holds: one daemon thread renews them all."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple] = {}  # job id -> (weak reference to the job, store, lease seconds)
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._holder: dict | None = None
+        self._exiting = False
+
+    def hold(self, job) -> None:
+        """Take the lease of ``job`` now (one PUT) and keep renewing it until the job is done."""
+        seconds = float(job.config.lease)
+        with self._lock:
+            if self._exiting:
+                return
+            if self._holder is None or self._holder["pid"] != os.getpid():  # a forked child is another holder
+                self._holder, self._thread = holder(), None
+                atexit.register(self.abandon_all)  # after the emulator's own stop: runs before it
+            self._held[job.id] = (weakref.ref(job), job.store, seconds)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._renew_loop, name="fnmap-lease", daemon=True)
+                self._thread.start()
+        self._write(job.store, job.id, seconds)
+        self._wake.set()  # a shorter lease than those held so far renews sooner
+
+    def _write(self, store, job_id: str, seconds: float, abandoned: str | None = None) -> None:
+        now = time.time()
+        lease = {"holder": self._holder, "renewed": now, "expires": now if abandoned else now + seconds}
+        if abandoned:
+            lease["abandoned"] = abandoned
+        try:
+            store.put(keys.lease_key(job_id), json.dumps(lease).encode())
+        except Exception:  # storage hiccup: the next renewal tries again (a lease outlives 5 misses)
+            pass
+
+    def _renew_loop(self) -> None:
+        while True:
+            with self._lock:
+                held = list(self._held.items())
+                if self._exiting or not held:  # nothing to renew: hold() starts another thread
+                    self._thread = None
+                    return
+            period = min(seconds for _, (_, _, seconds) in held) / RENEWALS_PER_LEASE
+            for job_id, (ref, store, seconds) in held:
+                job = ref()
+                if job is None or job.done:
+                    self._release(job_id, store)
+                else:
+                    self._write(store, job_id, seconds)
+            self._wake.wait(period)
+            self._wake.clear()
+
+    def _release(self, job_id: str, store) -> None:
+        with self._lock:
+            if self._exiting:
+                return
+            self._held.pop(job_id, None)
+        try:
+            store.delete([keys.lease_key(job_id)])
+        except Exception:  # it expires by itself
+            pass
+
+    def abandon_all(self) -> None:
+        """At the process's exit: every job it still runs is abandoned, and says so in its lease."""
+        with self._lock:
+            self._exiting = True
+            held, self._held = list(self._held.items()), {}
+        for job_id, (ref, store, seconds) in held:
+            job = ref()
+            if job is None or job.done:
+                try:
+                    store.delete([keys.lease_key(job_id)])
+                except Exception:
+                    pass
+                continue
+            self._write(store, job_id, seconds, abandoned="its client process exited before the job finished")
+            try:
+                job.cancel(stop_platform=True)  # no retries against an emulator stopping, no copies
+            except Exception:  # exiting anyway: the lease says what happened
+                pass
+
+
+_leases = _Leases()
+hold = _leases.hold

@@ -1,0 +1,163 @@
+"""Redrive: run again, from any process with the storage and the secret, the calls of a job that
+have no committed result (issue 23), reusing the function and inputs the job stored.
+
+What a map stores so that it can be redriven (both sealed with the deployment's secret, as results
+are, so a redrive unpickles nothing it did not write):
+
+* before a batch of calls is sent, what they run: per call its id, first item, item count,
+  function key, stored-input key or inline input (``keys.call_inputs_key``; one PUT per batch: a
+  map with ``chunksize`` writes one, an automatically chunked map one per batch of calls its
+  feed makes); a call is never sent before its inputs are stored;
+* an automatically chunked map's items, at its start (``keys.job_items_key``; the pickle made to
+  check every item pickles, stored instead of dropped): the items in no call yet when the client
+  stopped are only there.
+
+A redrive sends every call of the job again under its own id and with its own inputs.  Exactly
+once holds because a result is committed first-writer-wins (``put_if_absent``): a call committed
+already is answered from storage by the worker without running, and of a call that still runs
+elsewhere (the stopped client's attempt) and this redrive's, the first to commit is the result.
+Items in no call get new calls.  Jobs of ``fnmap.Executor`` and the Dask shim store nothing and
+cannot be redriven.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import warnings
+
+from .errors import FnmapError
+from .runtime import keys, signing
+from .runtime.serialization import dump_parts, dumps, loads
+
+#: Job kinds whose calls are stored for a redrive (fnmap.map, starmap, imap and map_reduce).
+RECORDED_KINDS = ("map", "reduce")
+
+
+class RedriveError(FnmapError, RuntimeError):
+    """A job cannot be redriven: it still runs elsewhere, or it stored no inputs."""
+
+
+def record_calls(client, job, states: list) -> None:
+    """Store what these calls of ``job`` run, before they are sent (one PUT)."""
+    if job.kind not in RECORDED_KINDS or not states:
+        return
+    entries = [(s.call_id, s.first_index, s.n_items, s.func_key, s.items_key, bytes(s.payload or b""))
+               for s in states]
+    key = keys.call_inputs_key(job.id, states[0].call_id)
+    try:
+        client.store.put(key, signing.seal(client.secret, key, dumps(entries)))
+    except Exception as e:  # the job runs on; only a later redrive of these calls is refused
+        warnings.warn(f"fnmap: could not store the inputs of job {job.id} for a redrive: {e}",
+                      RuntimeWarning, stacklevel=3)
+
+
+def store_items(client, job, mode: str, items: list) -> None:
+    """Check that every item pickles (raising as ``Client.check_items`` does) and store the pickle."""
+    from .client import _large_values_out_of_band
+
+    try:
+        parts = dump_parts(_large_values_out_of_band((mode, items)))
+    except Exception:
+        client.check_items(mode, items)  # names the item that does not pickle
+        raise
+    if job.kind not in RECORDED_KINDS:
+        return
+    key = keys.job_items_key(job.id)
+    with client.storage_errors("store the items of the map"):
+        client.store.put(key, signing.seal(client.secret, key, b"".join(parts)))
+
+
+def _get_sealed(store, secret: bytes, key: str):
+    return loads(signing.unseal(secret, key, store.get(key)))
+
+
+def stored_calls(store, job_id: str, secret: bytes) -> dict[int, tuple]:
+    """Call id -> ``(call_id, first_index, n_items, func_key, items_key, payload)`` of every call
+    the job stored before sending it."""
+    calls: dict[int, tuple] = {}
+    for key in store.list(keys.call_inputs_prefix(job_id)):
+        for entry in _get_sealed(store, secret, key):
+            calls[entry[0]] = entry
+    return calls
+
+
+def redrive(store, job_id: str, config=None, **options):
+    """Run the calls of job ``job_id`` that have no committed result; the running
+    :class:`fnmap.jobs.Job` (its ``results()`` are every item's, in order)."""
+    from . import lease
+    from .client import get_client
+    from .config import resolve
+    from .observe import records
+
+    config = config or resolve(**options)
+    client = get_client(config)
+    if client.store.url != store.url:
+        raise RedriveError(f"job {job_id} is in {store.url} but the configured storage is {client.store.url}: "
+                           f"pass storage={store.url!r}")
+    held = lease.read(store, job_id)
+    if lease.live(held):
+        who = held.get("holder") or {}
+        raise RedriveError(f"job {job_id} is still running in {who.get('host')} pid {who.get('pid')} (its lease was "
+                           "renewed in time): wait for it (fnmap.job(ID).wait()), or stop it with `fnmap cancel`")
+    summary = records.load(store, job_id)["summary"]
+    plan = _plan(store, job_id, client.secret, config)
+    # A stale cancel request would stop this run at once; the stale final record would stand while it runs.
+    store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
+    job = client.new_job(config, summary.get("kind") or "map", job_id=job_id, created=summary["created"])
+    records.label(job, types.SimpleNamespace(__qualname__=summary.get("function") or "redrive"))
+    return _submit(client, job, plan, config)
+
+
+def _plan(store, job_id: str, secret: bytes, config) -> tuple[list, object]:
+    """The job's stored calls in id order, and its items in no call as ``(mode, first, items)`` (or None)."""
+    try:
+        calls = stored_calls(store, job_id, secret)
+    except signing.UnauthenticatedObject as e:
+        raise RedriveError(f"the stored inputs of job {job_id} do not hold for this secret ({e}): "
+                           "redrive with the deployment's secret (FNMAP_SECRET)") from e
+    if not calls:
+        raise RedriveError(f"job {job_id} stored no inputs to redrive: only maps (fnmap.map, starmap, imap, "
+                           "map_reduce) store them, Executor and Dask jobs do not")
+    unknown = sorted(set(range(max(calls) + 1)) - set(calls))
+    if unknown:
+        raise RedriveError(f"calls {unknown[:10]} of job {job_id} have no stored inputs (the storage refused "
+                           "them when they were sent): the job cannot be redriven; run the map again")
+    ordered = [calls[i] for i in range(len(calls))]
+    rest = None
+    try:
+        mode, items = _get_sealed(store, secret, keys.job_items_key(job_id))
+    except (OSError, LookupError):  # KeyNotFound: chunksize was set, every call was made up front
+        pass
+    else:
+        first = max(c[1] + c[2] for c in ordered)
+        if first < len(items):
+            rest = (mode, first, items[first:])
+    return ordered, rest
+
+
+def _submit(client, job, plan: tuple, config):
+    from .jobs import CallOutcome, CallState
+    from .observe.progress import make_progress
+    from .policy import chunks
+
+    ordered, rest = plan
+    states = []
+    for call_id, first, n_items, func_key, items_key, payload in ordered:
+        state = CallState(call_id, first, n_items, func_key, payload, items_key, CallOutcome(), False)
+        client.scheduler.add(job, state)
+        states.append(state)
+    total = sum(s.n_items for s in states)
+    if rest is not None:
+        mode, first, items = rest
+        size = config.chunksize or max(1, math.ceil(len(items) / (4 * client.max_workers)))
+        func_key = ordered[0][3]
+        for chunk in chunks(items, size):
+            states.append(client.add_call(job, func_key, (mode, chunk), first, len(chunk), CallOutcome()))
+            first += len(chunk)
+        total = first
+    job.progress = make_progress(config.progress, total, f"fnmap redrive {job.id[:12]}")
+    client.seal(job)
+    client.submit(job, states)
+    return job
+
