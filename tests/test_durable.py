@@ -134,10 +134,13 @@ def test_a_named_job_refuses_another_function_or_other_items(tmp_path):
 
 
 EXITING_CLIENT = """
-import sys, time, fnmap
+import os, sys, time, fnmap
+
+GATE = sys.argv[1]  # a global: the function carries its value to the workers
 
 def nap(x):
-    time.sleep(0.1 if x == 0 else 60)
+    while x > 0 and not os.path.exists(GATE):
+        time.sleep(0.05)
     return x
 
 job = fnmap.map(nap, range(4), return_job=True, chunksize=1, workers=2)
@@ -148,11 +151,12 @@ print(job.id, flush=True)
 """
 
 
-def test_a_script_that_exits_mid_job_leaves_it_abandoned_not_failed(tmp_path):
-    script = tmp_path / "exiting_client.py"
+def test_a_script_that_exits_mid_job_leaves_it_abandoned_not_failed_and_fnmap_redrive_ends_it(tmp_path):
+    script, gate = tmp_path / "exiting_client.py", tmp_path / "gate"
     script.write_text(EXITING_CLIENT)
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "FNMAP_SECRET": SECRET}
+    done = subprocess.run([sys.executable, str(script), str(gate)], capture_output=True, text=True, env=env,
+                          timeout=120)
     job_id = done.stdout.strip()
     assert job_id, done.stderr
     job = fnmap.job(job_id)
@@ -164,3 +168,10 @@ def test_a_script_that_exits_mid_job_leaves_it_abandoned_not_failed(tmp_path):
         "the job was abandoned")
                               for c in unfinished), unfinished  # not failed with the emulator's errors
     assert record["summary"]["retries"] == 0
+
+    gate.touch()
+    redrive = subprocess.run([sys.executable, "-m", "fnmap", "redrive", job_id[:8]], capture_output=True,
+                             text=True, env=env, timeout=300)
+    assert redrive.returncode == 0, redrive.stdout + redrive.stderr
+    assert "succeeded" in redrive.stdout
+    assert fnmap.job(job_id, secret=SECRET).results() == [0, 1, 2, 3]

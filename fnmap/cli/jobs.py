@@ -275,7 +275,8 @@ def format_summary(record: dict) -> str:
     if s.get("error"):
         lines.append(f"error    {s['error']} (before any call ran)")
     if s["status"] == "abandoned":
-        lines.append("note     the client that started this job is gone (killed or crashed) before it finished")
+        lines.append("note     the client that started this job is gone (killed or crashed) before it finished"
+                     + (f": {s['abandoned']}" if s.get("abandoned") else "") + "; `fnmap redrive ID` runs the rest")
     if record.get("rebuilt"):
         lines.append(f"note     {record['rebuilt']}")
     failed = [
