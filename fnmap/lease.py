@@ -11,7 +11,7 @@ per call; a job's lease is deleted once the job is done.  A reader anywhere -- `
 ``abandoned`` (:func:`judge`), and waiting on it ends.  A pid on the same host name, the check
 before this, said nothing about a client on another machine.
 
-A process that exits (a script's end, a kernel restarted) while a job runs does not wait for the
+A process that exits (a script's end, a kernel restarted) while a map runs does not wait for the
 lease to expire: at exit it abandons the job as Ctrl-C would (no retries, no copies; the platform
 stops what it can) and marks the lease ``abandoned`` at once, so the record says ``abandoned``
 rather than ``failed`` with the connection errors of an emulator stopping under its calls.  What
@@ -37,6 +37,9 @@ from .runtime import keys
 RENEWALS_PER_LEASE = 6
 #: Statuses a lease can turn into ``abandoned``: a job that succeeded did all its work regardless.
 _JUDGED = ("running", "unknown", "incomplete", "cancelled", "failed")
+#: Kinds of job a client gives up at its exit (``fnmap.map`` and the like, which nobody waits for
+#: any more); an ``Executor``'s or Dask's job is left to finish or to expire.
+_GIVEN_UP_AT_EXIT = ("map", "reduce")
 #: Status of a job whose client stopped before it finished (the same word as observe.records).
 ABANDONED = "abandoned"
 
@@ -96,9 +99,11 @@ class _Leases:
         self._thread: threading.Thread | None = None
         self._holder: dict | None = None
         self._exiting = False
+        self._writing = threading.Lock()
 
     def hold(self, job) -> None:
-        """Take the lease of ``job`` now (one PUT) and keep renewing it until the job is done."""
+        """Take the lease of ``job`` and keep renewing it until the job is done: written by the
+        renewing thread, woken now (the job's start does not wait for one more PUT)."""
         seconds = float(job.config.lease)
         with self._lock:
             if self._exiting:
@@ -110,21 +115,24 @@ class _Leases:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._renew_loop, name="fnmap-lease", daemon=True)
                 self._thread.start()
-        self._write(job.store, job.id, seconds)
-        self._wake.set()  # a shorter lease than those held so far renews sooner
+        self._wake.set()  # write it now (a shorter lease than those held so far renews sooner too)
 
     def _write(self, store, job_id: str, seconds: float, abandoned: str | None = None) -> None:
-        now = time.time()
-        lease = {"holder": self._holder, "renewed": now, "expires": now if abandoned else now + seconds}
-        if abandoned:
-            lease["abandoned"] = abandoned
-        try:
-            store.put(keys.lease_key(job_id), json.dumps(lease).encode())
-        except Exception:  # storage hiccup: the next renewal tries again (a lease outlives 5 misses)
-            pass
+        with self._writing:  # a renewal never lands after the mark of a job given up at exit
+            if self._exiting and not abandoned:
+                return
+            now = time.time()
+            lease = {"holder": self._holder, "renewed": now, "expires": now if abandoned else now + seconds}
+            if abandoned:
+                lease["abandoned"] = abandoned
+            try:
+                store.put(keys.lease_key(job_id), json.dumps(lease).encode())
+            except Exception:  # storage hiccup: the next renewal tries again (a lease outlives 5 misses)
+                pass
 
     def _renew_loop(self) -> None:
         while True:
+            self._wake.clear()  # before the writes: a hold() meanwhile wakes the wait below at once
             with self._lock:
                 held = list(self._held.items())
                 if self._exiting or not held:  # nothing to renew: hold() starts another thread
@@ -138,7 +146,6 @@ class _Leases:
                 else:
                     self._write(store, job_id, seconds)
             self._wake.wait(period)
-            self._wake.clear()
 
     def _release(self, job_id: str, store) -> None:
         with self._lock:
@@ -157,6 +164,8 @@ class _Leases:
             held, self._held = list(self._held.items()), {}
         for job_id, (ref, store, seconds) in held:
             job = ref()
+            if job is not None and not job.done and job.kind not in _GIVEN_UP_AT_EXIT:
+                continue  # an Executor finishes its pending work at exit (as the standard library's); else it expires
             if job is None or job.done:
                 try:
                     store.delete([keys.lease_key(job_id)])

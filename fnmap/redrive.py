@@ -101,6 +101,9 @@ def redrive(store, job_id: str, config=None, **options):
         raise RedriveError(f"job {job_id} is still running in {who.get('host')} pid {who.get('pid')} (its lease was "
                            "renewed in time): wait for it (fnmap.job(ID).wait()), or stop it with `fnmap cancel`")
     summary = records.load(store, job_id)["summary"]
+    if summary["status"] == "succeeded":
+        raise RedriveError(f"job {job_id} succeeded: every call has its result, nothing to redrive "
+                           "(fnmap.job(ID).results() reads them)")
     plan = _plan(store, job_id, client.secret, config)
     # A stale cancel request would stop this run at once; the stale final record would stand while it runs.
     store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
