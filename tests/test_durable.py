@@ -47,7 +47,7 @@ def emulators():
     started = []
 
     def start() -> EmulatorLauncher:
-        emu = EmulatorLauncher(2, secret=SECRET, stderr=tempfile.TemporaryFile())
+        emu = EmulatorLauncher(4, secret=SECRET, stderr=tempfile.TemporaryFile())
         started.append(emu)
         return emu
 
@@ -63,8 +63,9 @@ def _runs(path) -> list[int]:
 def test_a_killed_remote_client_s_job_is_abandoned_then_redriven_exactly_once(tmp_path, emulators, monkeypatch):
     runs, gate = tmp_path / "runs.txt", tmp_path / "gate"
     first = emulators()
+    # Two calls in flight at once, on an emulator with room for more: calls 0 and 1 are sent first.
     env = {**os.environ, "FNMAP_EMULATOR_URL": first.url, "FNMAP_SECRET": SECRET, "FNMAP_LEASE": "2",
-           "PYTHONPATH": os.getcwd()}
+           "FNMAP_WORKERS": "2", "PYTHONPATH": os.getcwd()}
     script = tmp_path / "remote_client.py"
     script.write_text(REMOTE_CLIENT)
     client = subprocess.Popen([sys.executable, str(script), str(runs), str(gate)], stdout=subprocess.PIPE,
@@ -136,14 +137,18 @@ def test_a_named_job_refuses_another_function_or_other_items(tmp_path):
 EXITING_CLIENT = """
 import os, sys, time, fnmap
 
-GATE = sys.argv[1]  # a global: the function carries its value to the workers
+GATE, RUNS = sys.argv[1], sys.argv[2]  # globals: the function carries their values to the workers
 
 def nap(x):
     while x > 0 and not os.path.exists(GATE):
         time.sleep(0.05)
+    fd = os.open(RUNS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # one line per run that finished
+    os.write(fd, f"{x}\\n".encode())
+    os.close(fd)
     return x
 
-job = fnmap.map(nap, range(4), return_job=True, chunksize=1, workers=2)
+chunksize = None if sys.argv[3] == "auto" else int(sys.argv[3])
+job = fnmap.map(nap, range(12), return_job=True, chunksize=chunksize, workers=2)
 while job.summary()["done"] < 1:
     time.sleep(0.05)
 print(job.id, flush=True)
@@ -151,12 +156,13 @@ print(job.id, flush=True)
 """
 
 
-def test_a_script_that_exits_mid_job_leaves_it_abandoned_not_failed_and_fnmap_redrive_ends_it(tmp_path):
-    script, gate = tmp_path / "exiting_client.py", tmp_path / "gate"
+@pytest.mark.parametrize("chunksize", ["1", "auto"])  # auto: items in no call yet come from the stored items
+def test_a_script_that_exits_mid_job_leaves_it_abandoned_not_failed_and_fnmap_redrive_ends_it(tmp_path, chunksize):
+    script, gate, runs = tmp_path / "exiting_client.py", tmp_path / "gate", tmp_path / "runs.txt"
     script.write_text(EXITING_CLIENT)
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "FNMAP_SECRET": SECRET}
-    done = subprocess.run([sys.executable, str(script), str(gate)], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = subprocess.run([sys.executable, str(script), str(gate), str(runs), chunksize], capture_output=True,
+                          text=True, env=env, timeout=120)
     job_id = done.stdout.strip()
     assert job_id, done.stderr
     job = fnmap.job(job_id)
@@ -165,13 +171,14 @@ def test_a_script_that_exits_mid_job_leaves_it_abandoned_not_failed_and_fnmap_re
     record = job.record()
     unfinished = [c for c in record["calls"] if c["status"] != "ok"]
     assert unfinished and all(c["status"] == "cancelled" and (c["error"] or "the job was abandoned").startswith(
-        "the job was abandoned")
-                              for c in unfinished), unfinished  # not failed with the emulator's errors
+        "the job was abandoned") for c in unfinished), unfinished  # not failed with the emulator's errors
     assert record["summary"]["retries"] == 0
+    assert _runs(runs) == [0]
 
     gate.touch()
     redrive = subprocess.run([sys.executable, "-m", "fnmap", "redrive", job_id[:8]], capture_output=True,
                              text=True, env=env, timeout=300)
     assert redrive.returncode == 0, redrive.stdout + redrive.stderr
     assert "succeeded" in redrive.stdout
-    assert fnmap.job(job_id, secret=SECRET).results() == [0, 1, 2, 3]
+    assert fnmap.job(job_id, secret=SECRET).results() == list(range(12))
+    assert _runs(runs) == list(range(12))  # each item ran to its end exactly once
