@@ -85,12 +85,13 @@ def starmap(
     *,
     return_exceptions: bool = False,
     return_job: bool = False,
+    job_name: str | None = None,
     **options: Any,
 ):
     """Run ``func(*args)`` for every tuple ``args`` of ``iterable``; results in input order.
 
     The serverless twin of ``multiprocessing.Pool.starmap`` (and Modal's
-    ``starmap``); options, errors and ``return_exceptions`` as in :func:`map`.
+    ``starmap``); options, errors, ``return_exceptions`` and ``job_name`` as in :func:`map`.
 
     >>> import fnmap
     >>> fnmap.starmap(pow, [(2, 3), (10, 2)])
@@ -102,7 +103,13 @@ def starmap(
             f"iterable={iterable!r:.80} is a {type(iterable).__name__}; starmap takes an iterable of "
             "argument tuples, e.g. [(1, 2), (3, 4)]"
         )
-    job = start_map(func, (_star_args(i, args) for i, args in enumerate(iterable)), config, mode=MODE_ARGS)
+    items = (_star_args(i, args) for i, args in enumerate(iterable))
+    if job_name is not None:  # issue 23
+        from .named import start_named
+
+        job = start_named(func, items, config, job_name, mode=MODE_ARGS)
+    else:
+        job = start_map(func, items, config, mode=MODE_ARGS)
     if return_job:
         return job
     return job.results(return_exceptions=return_exceptions)

@@ -25,7 +25,7 @@ class JobNameTaken(ConfigError):
     """``job_name`` names a job of another function or other items."""
 
 
-def start_named(func, items, config, name: str):
+def start_named(func, items, config, name: str, mode: str = "one"):
     """The job named ``name``: started now, re-attached, or redriven; refused if it differs."""
     from .api import start_map
     from .client import get_client, with_initializer
@@ -40,7 +40,7 @@ def start_named(func, items, config, name: str):
     identity = {
         "function": pickle_function(with_initializer(func, config))[0],
         "function_name": getattr(func, "__qualname__", None) or type(func).__name__,
-        "inputs": _items_digest(items),
+        "inputs": _items_digest(mode, items),
         "items": len(items),
     }
     key = keys.job_name_key(name)
@@ -48,18 +48,19 @@ def start_named(func, items, config, name: str):
     claim = {"job_id": job_id, **identity, "created": time.time()}
     with client.storage_errors(f"claim the job name {name!r}"):
         if client.store.put_if_absent(key, json.dumps(claim).encode()):
-            return start_map(func, items, config, job_id=job_id)
+            return start_map(func, items, config, mode=mode, job_id=job_id)
         named = json.loads(client.store.get(key))
     _check_same(name, named, identity)
-    return _reattach(client, config, named["job_id"], lambda: start_map(func, items, config, job_id=named["job_id"]))
+    return _reattach(client, config, named["job_id"],
+                     lambda: start_map(func, items, config, mode=mode, job_id=named["job_id"]))
 
 
-def _items_digest(items: list) -> str:
+def _items_digest(mode: str, items: list) -> str:
     from .client import _large_values_out_of_band
     from .runtime.serialization import dump_parts
 
     digest = hashlib.sha256()
-    for part in dump_parts(_large_values_out_of_band(("one", items))):
+    for part in dump_parts(_large_values_out_of_band((mode, items))):
         digest.update(part)
     return digest.hexdigest()
 

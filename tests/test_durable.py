@@ -118,6 +118,8 @@ def test_a_named_job_run_again_does_not_run_its_calls_again(tmp_path):
     assert again.results() == list(range(100, 106))
     assert _runs(runs) == list(range(6))  # nothing ran twice
     assert again.id == fnmap.map(work, range(6), job_name="nightly-2026-12-04", return_job=True).id
+    assert fnmap.starmap(pow, [(2, 3), (10, 2)], job_name="powers") == [8, 100]
+    assert fnmap.starmap(pow, [(2, 3), (10, 2)], job_name="powers", return_job=True).status == "succeeded"
 
 
 def test_a_named_job_refuses_another_function_or_other_items(tmp_path):
