@@ -23,12 +23,13 @@ cannot be redriven.
 from __future__ import annotations
 
 import math
+import pickle
 import types
 import warnings
 
 from .errors import FnmapError
 from .runtime import keys, signing
-from .runtime.serialization import dump_parts, dumps, loads
+from .runtime.serialization import dump_parts, loads
 
 #: Job kinds whose calls are stored for a redrive (fnmap.map, starmap, imap and map_reduce).
 RECORDED_KINDS = ("map", "reduce")
@@ -46,7 +47,7 @@ def record_calls(client, job, states: list) -> None:
                for s in states]
     key = keys.call_inputs_key(job.id, states[0].call_id)
     try:
-        client.store.put(key, signing.seal(client.secret, key, dumps(entries)))
+        client.store.put(key, signing.seal(client.secret, key, pickle.dumps(entries, protocol=5)))  # plain data
     except Exception as e:  # the job runs on; only a later redrive of these calls is refused
         warnings.warn(f"fnmap: could not store the inputs of job {job.id} for a redrive: {e}",
                       RuntimeWarning, stacklevel=3)
