@@ -8,7 +8,6 @@ Data in object storage (issue 7): a storage URL, glob or list of URLs as
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -18,7 +17,6 @@ from .config import resolve
 from .errors import ConfigError
 from .feed import ChunkFeed
 from .jobs import CallOutcome
-from .observe import records
 from .observe.progress import make_progress
 from .runtime import keys
 from .runtime.worker import MODE_ARGS, MODE_ONE
@@ -200,8 +198,7 @@ def _start(
 
     With ``chunksize`` set, every chunk is made and pickled here; unset (automatic), the first
     calls are made here and a :class:`fnmap.feed.ChunkFeed` makes the rest as calls end."""
-    job = client.new_job(config, kind)
-    records.label(job, getattr(func, "map_func", None) or getattr(func, "reduce_func", None) or func)
+    job = client.new_job(config, kind, function=func, stream=stream)
     index = 0
     states = []
     stores: list = []  # large inputs being stored meanwhile, by the client's input threads
@@ -211,7 +208,7 @@ def _start(
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
             client.check_items(mode, items)  # a bad item is named before anything runs
-            job.feed = ChunkFeed(client, job, func_key, mode, items)
+            client.use_feed(job, ChunkFeed(client, job, func_key, mode, items))
             states = job.feed.start(stores)
             index = len(items)
         else:
@@ -222,14 +219,10 @@ def _start(
         client.finish_stores(stores)
     except BaseException as e:
         client.finish_stores(stores, abandon=True)  # nothing is left writing for a job that will not run
-        job.setup_error = f"{type(e).__name__}: {e}"  # the record says why nothing ran
-        job.cancel()
-        client.seal(job)
+        client.setup_failed(job, e)  # nothing runs; the record says why
         raise
     label = label or f"fnmap {getattr(func, '__name__', 'map')}"
-    job.progress = make_progress(config.progress, index, label)
-    if stream:  # imap reads each call as it is done
-        job.completed = queue.SimpleQueue()
+    client.show_progress(job, make_progress(config.progress, index, label))
     if job.feed is None or job.feed.seal_if_complete():
         client.seal(job)
     client.submit(job, states)

@@ -25,6 +25,7 @@ import threading
 from .errors import PlatformFault
 from .jobs import CallOutcome, CallState
 from .policy import ChunkSizer
+from .runtime.outcome import ANSWERED
 
 
 class ChunkFeed:
@@ -130,7 +131,7 @@ def _answer_seconds(state: CallState) -> float | None:
     stats = state.stats
     if stats and stats.get("written") is not None and stats.get("started") is not None:
         return stats["written"] - stats["started"]
-    for _attempt, sent, ended, outcome, *_memory in reversed(state.attempts):
-        if ended is not None and outcome in ("ok", "error"):
-            return ended - sent
+    for attempt in reversed(state.attempts):
+        if attempt.ended is not None and attempt.outcome in ANSWERED:
+            return attempt.ended - attempt.sent
     return None

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import FnmapError
 from ..runtime import keys
+from ..runtime import outcome as _outcome
 from . import cost
 
 FORMAT = 1
@@ -92,11 +93,14 @@ def build(job) -> dict:
 def _call_entry(state, error: tuple[str, str] | None) -> dict:
     stats = state.stats or {}
     attempts = [
-        {"attempt": a, "sent": s, "ended": e, "outcome": o, **({"memory": m} if m else {})}
-        for a, s, e, o, m in state.attempts
+        {"attempt": a.number, "sent": a.sent, "ended": a.ended, "outcome": a.outcome,
+         **({"memory": a.memory} if a.memory else {})}
+        for a in state.attempts
     ]
     if state.done:
-        if error is not None:
+        if state.cancelled and error is None:
+            status = "cancelled"
+        elif error is not None:
             status = error[0]
         elif not attempts:
             status = "cancelled"
@@ -117,6 +121,8 @@ def _call_entry(state, error: tuple[str, str] | None) -> dict:
         "ended": ended,
         "attempt": stats.get("attempt"),
         "attempts": attempts,
+        # Attempts that were speculative copies (sent while another was out), not retries.
+        "copies": [a.number for a in state.attempts if a.copy] or None,
         "failed_items": _failed_items(status, stats, state.n_items),
     }
     for name in _STATS_FIELDS:
@@ -137,17 +143,12 @@ def call_error(outcomes: list) -> tuple[str, str, str]:
     from ..runtime.serialization import add_local_source_lines
 
     for outcome in outcomes:
-        if outcome[0] != "ok":
-            names, tb = outcome[3], outcome[2]
+        if not _outcome.succeeded(outcome):
+            _data, tb, names = _outcome.failure(outcome)
             lines = [line for line in tb.strip().splitlines() if line.strip()]
             message = lines[-1] if lines else names[0]
             return ("timeout" if _TIMEOUT_ERROR in names else "error"), message, add_local_source_lines(tb)
     return "ok", "", ""
-
-
-def label(job, func) -> None:
-    """Name ``job`` after the function it runs, for ``fnmap jobs`` and the plot (issue 14)."""
-    job.function_name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or type(func).__name__
 
 
 def _identity(job) -> dict:
@@ -157,10 +158,10 @@ def _identity(job) -> dict:
     with job._lock:
         shared = {s.func_key for s in job.calls} | {s.items_key for s in job.calls if s.items_key}
     return {
-        "function": getattr(job, "function_name", None),
+        "function": job.function_name,
         "origin": _origin(),
         "client": _client_process(),
-        "error": getattr(job, "setup_error", None),
+        "error": job.setup_error,
         "shared": sorted(k for k in shared if k.startswith(keys.SHARED_PREFIXES)),
     }
 
@@ -330,6 +331,11 @@ def _spread(values: list[float]) -> dict:
     }
 
 
+def _retries(call: dict) -> int:
+    """Attempts of a call after its first that were retries (speculative copies are not)."""
+    return max(0, len(call["attempts"]) - 1 - len(call.get("copies") or ()))
+
+
 def run_seconds(call: dict) -> float | None:
     """How long the worker ran the call (load, items), or None when it never reported."""
     if call.get("started") is None or call.get("finished") is None:
@@ -380,8 +386,8 @@ def summarize(record: dict) -> dict:
         "calls_failed": len(failed),
         "items": items,
         "failed_items": sum(c["failed_items"] for c in done),
-        "retries": sum(max(0, len(c["attempts"]) - 1) for c in calls),
-        "calls_retried": sum(1 for c in calls if len(c["attempts"]) > 1),
+        "retries": sum(_retries(c) for c in calls),
+        "calls_retried": sum(1 for c in calls if _retries(c)),
         "cold_starts": sum(1 for c in done if c.get("cold")),
         "workers": len({c["worker"] for c in done if c.get("worker")}),
         "duration_seconds": _spread(durations),

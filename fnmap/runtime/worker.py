@@ -29,6 +29,8 @@ from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
 from . import compression, keys, setup, signing
 from .missing import add_missing_module_note
+from .outcome import OK, failure, succeeded, value
+from .outcome import error as error_outcome
 from .peakmem import PeakMemory
 from .serialization import dumps, load_stream, loads, pack_exception, runtime_mismatch
 from .wire import CallRequest, CallResponse, decode_header, decode_request, encode
@@ -285,7 +287,7 @@ def _run_items(func, items: list, mode: str, req: CallRequest) -> list[tuple]:
                 deadline.armed = True
                 value = func(item) if mode == MODE_ONE else func(*item[0], **item[1])
                 deadline.armed = False
-                outcomes.append(("ok", value))
+                outcomes.append((OK, value))  # outcome.ok(value), without a call per item
             except _Expired:
                 deadline.armed = False
                 outcomes.append(_error_outcome(_timeout_error(req, index, started=True)))
@@ -350,14 +352,14 @@ def _error_outcome(exc: BaseException) -> tuple:
     add_missing_module_note(exc)
     data, tb = pack_exception(exc)
     names = [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__]
-    return ("err", data, tb, names)
+    return error_outcome(data, tb, names)
 
 
 def _wants_retry(req: CallRequest, outcomes: list[tuple]) -> bool:
     """Whether an item raised a ``retry_on`` type with attempts left (then nothing is committed)."""
     retries_left_after = req.max_attempts - 1  # attempt n may be re-run while n <= max_attempts - 1
     return any(
-        o[0] == "err" and retry_outcome(o[3], req.retry_on, req.attempt, retries_left_after)
+        not succeeded(o) and retry_outcome(failure(o).names, req.retry_on, req.attempt, retries_left_after)
         for o in outcomes
     )
 
@@ -374,7 +376,7 @@ def _dump_outcomes(outcomes: list[tuple]) -> bytes:
             fixed.append(outcome)
         except Exception as e:
             err = SerializationError(
-                f"the result of item {i} of the call ({type(outcome[1]).__name__}) cannot be pickled: {e}"
+                f"the result of item {i} of the call ({type(value(outcome)).__name__}) cannot be pickled: {e}"
             )
             fixed.append(_error_outcome(err))
     return dumps(fixed)
@@ -453,7 +455,7 @@ def _captured(buffer: io.StringIO | None, echo: bool = True):
 
 def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
     peak_kb = _peak_memory.peak_kb()
-    failed = sum(1 for o in outcomes if o[0] != "ok")
+    failed = sum(1 for o in outcomes if not succeeded(o))
     return {
         "job_id": req.job_id,
         "call_id": req.call_id,
@@ -492,7 +494,7 @@ def _add_output(stats: dict, req: CallRequest, logs: io.StringIO | None) -> None
 def _observed(loaded_at: float, logs: io.StringIO | None, outcomes: list[tuple]) -> dict:
     """Stats for job records (issue 8): when loading ended, and the output tail of a failing call."""
     extra: dict = {"loaded": loaded_at}
-    if logs is not None and logs.tell() and any(o[0] != "ok" for o in outcomes):
+    if logs is not None and logs.tell() and any(not succeeded(o) for o in outcomes):
         extra["log_tail"] = logs.getvalue()[-LOG_TAIL_CHARS:]
     return extra
 
