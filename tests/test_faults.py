@@ -79,9 +79,11 @@ def test_kill_rate_worker_dies_mid_call_and_is_replaced(use_emulator):
     store = open_store(job.store.url)
     committed_then_killed = killed_before_commit = 0
     for call_id, records in job.attempts_summary().items():
-        assert records[-1][3] == "ok"
-        assert all(r[3] == "crashed" for r in records[:-1]), call_id
-        for r in records[:-1]:  # a status record is written after the result is committed
+        # One attempt answered; the others were killed, or (a speculative copy on a loaded machine,
+        # which may crash before the attempt it copies answers) ended "superseded" when it did.
+        outcomes = sorted(r[3] for r in records if r[3] != "superseded")
+        assert outcomes == ["crashed"] * (len(outcomes) - 1) + ["ok"], call_id
+        for r in (r for r in records if r[3] == "crashed"):  # a status record is written after the result is committed
             if store.exists(keys.status_key(job.id, call_id, r[0])):
                 committed_then_killed += 1
             else:
