@@ -163,6 +163,11 @@ def test_speculative_copy_of_a_straggler_wins(use_emulator):
         # The copy finished first: the original was still out when the job ended, or ended later.
         assert original[2] is None or original[2] >= copy[2]
     assert job.summary()["speculative_copies"] == len(stragglers)
+    # Honest counts (issue 23): a fault-free job retried nothing, its copies are copies, and no
+    # attempt is left "running" once it is done (the originals a copy beat end "superseded").
+    summary, record = job.summary(), job.record()["summary"]
+    assert (summary["retries"], summary["calls_retried"], record["retries"], record["calls_retried"]) == (0, 0, 0, 0)
+    assert summary["copies"] == len(stragglers) and "running" not in summary["attempts"], summary
 
 
 def test_speculation_can_be_turned_off(use_emulator):

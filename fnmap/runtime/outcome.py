@@ -14,7 +14,12 @@ copy sent while another attempt of the call was still out (a copy is not a retry
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
+
+from ..errors import SerializationError
+from .missing import add_missing_module_note
+from .serialization import dumps, pack_exception
 
 #: The first element of an outcome: the item returned a value, or raised.
 OK = "ok"
@@ -67,6 +72,40 @@ def values(outcomes: list) -> list:
 def count_failed(outcomes: list) -> int:
     """How many of ``outcomes`` are failures."""
     return len(outcomes) - [outcome[0] for outcome in outcomes].count(OK)
+
+
+def from_exception(exc: BaseException) -> tuple:
+    """The outcome of an item that raised ``exc`` (pickled with its traceback and type names)."""
+    add_missing_module_note(exc)
+    data, tb = pack_exception(exc)
+    names = [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__]
+    return error(data, tb, names)
+
+
+def retry_outcome(exc_types: Iterable[str], retry_on: Iterable[str], attempts_made: int, retries: int) -> bool:
+    """Whether a user exception (its class and bases, as qualified names) is in ``retry_on`` with attempts left."""
+    wanted = set(retry_on)
+    return bool(wanted) and attempts_made <= retries and any(t in wanted for t in exc_types)
+
+
+def dump_all(outcomes: list) -> bytes:
+    """The pickled outcomes of a call; an item whose value does not pickle gets an error outcome
+    saying so, the others keep theirs."""
+    try:
+        return dumps(outcomes)
+    except Exception:
+        pass
+    fixed = []
+    for i, outcome in enumerate(outcomes):  # find the results that do not pickle, keep the rest
+        try:
+            dumps(outcome)
+            fixed.append(outcome)
+        except Exception as e:
+            err = SerializationError(
+                f"the result of item {i} of the call ({type(value(outcome)).__name__}) cannot be pickled: {e}"
+            )
+            fixed.append(from_exception(err))
+    return dumps(fixed)
 
 
 class Attempt:
