@@ -98,11 +98,9 @@ def _call_entry(state, error: tuple[str, str] | None) -> dict:
         for a in state.attempts
     ]
     if state.done:
-        if state.cancelled and error is None:
-            status = "cancelled"
-        elif error is not None:
+        if error is not None:
             status = error[0]
-        elif not attempts:
+        elif not attempts or state.cancelled:
             status = "cancelled"
         else:
             status = "ok"
@@ -121,10 +119,10 @@ def _call_entry(state, error: tuple[str, str] | None) -> dict:
         "ended": ended,
         "attempt": stats.get("attempt"),
         "attempts": attempts,
-        # Attempts that were speculative copies (sent while another was out), not retries.
-        "copies": [a.number for a in state.attempts if a.copy] or None,
         "failed_items": _failed_items(status, stats, state.n_items),
     }
+    if len(attempts) > 1:  # the attempts that were speculative copies (sent while another was out), not retries
+        entry["copies"] = [a.number for a in state.attempts if a.copy] or None
     for name in _STATS_FIELDS:
         entry[name] = stats.get(name)
     return entry
@@ -333,7 +331,8 @@ def _spread(values: list[float]) -> dict:
 
 def _retries(call: dict) -> int:
     """Attempts of a call after its first that were retries (speculative copies are not)."""
-    return max(0, len(call["attempts"]) - 1 - len(call.get("copies") or ()))
+    n = len(call["attempts"])
+    return 0 if n < 2 else max(0, n - 1 - len(call.get("copies") or ()))
 
 
 def run_seconds(call: dict) -> float | None:
