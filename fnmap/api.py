@@ -262,22 +262,10 @@ def map_reduce(
     >>> fnmap.map_reduce(lambda x: x * x, range(4), sum)
     14
     """
-    from .runtime.partition import Partition
-    from .runtime.reduce import MapStage, ReduceStage, check_fanin
+    from .runtime.reduce import MapStage, ReduceStage
 
     config = resolve(**options)
-    check_fanin(reduce_fanin)
-    if not callable(reduce_func):
-        raise TypeError(
-            f"reduce_func must be callable, got {type(reduce_func).__name__}: {reduce_func!r:.100}"
-        )
-    items = list(_input_items(items, obj_chunk_size, obj_chunk_number))
-    if reduce_by_key and not all(isinstance(item, Partition) for item in items):
-        raise ConfigError(
-            "reduce_by_key=True reduces each object's partitions separately, so items must name "
-            "data in object storage (a URL, glob or list of URLs); use reduce_by_key=False for "
-            "other items"
-        )
+    items = _reduce_inputs(items, reduce_func, reduce_fanin, reduce_by_key, obj_chunk_size, obj_chunk_number)
     client = get_client(config)
     name = getattr(map_func, "__name__", "map")
     map_job = _start(
@@ -301,6 +289,26 @@ def map_reduce(
     if return_job:
         return last_job
     return results if reduce_by_key else results[None]
+
+
+def _reduce_inputs(items, reduce_func, reduce_fanin, reduce_by_key: bool, obj_chunk_size, obj_chunk_number) -> list:
+    """The items of a ``map_reduce``, once its reduce options are checked."""
+    from .runtime.partition import Partition
+    from .runtime.reduce import check_fanin
+
+    check_fanin(reduce_fanin)
+    if not callable(reduce_func):
+        raise TypeError(
+            f"reduce_func must be callable, got {type(reduce_func).__name__}: {reduce_func!r:.100}"
+        )
+    items = list(_input_items(items, obj_chunk_size, obj_chunk_number))
+    if reduce_by_key and not all(isinstance(item, Partition) for item in items):
+        raise ConfigError(
+            "reduce_by_key=True reduces each object's partitions separately, so items must name "
+            "data in object storage (a URL, glob or list of URLs); use reduce_by_key=False for "
+            "other items"
+        )
+    return items
 
 
 def _reduce_tree(client, config, stage, groups: dict, fanin: int | None):
