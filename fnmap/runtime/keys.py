@@ -16,8 +16,28 @@ def new_job_id() -> str:
     return secrets.token_hex(16)
 
 
+#: Where every job's own objects live (``jobs/<job_id>/...``).
+JOBS_PREFIX = "jobs/"
+#: How the file store names a file being written, renamed into place once complete: what a
+#: writer killed meanwhile leaves behind (``fnmap gc`` collects them).
+TEMP_PREFIX = ".tmp-"
+
+
 def job_prefix(job_id: str) -> str:
     return f"jobs/{job_id}/"
+
+
+def job_of(key: str) -> str | None:
+    """The job id of a key under ``jobs/<job_id>/`` (inverse of every per-job key), else None."""
+    parts = key.split("/", 2)
+    if len(parts) < 3 or parts[0] + "/" != JOBS_PREFIX or not parts[1]:
+        return None
+    return parts[1]
+
+
+def is_temporary(key: str) -> bool:
+    """Whether ``key`` (or a file path) names a file store's unfinished write (:data:`TEMP_PREFIX`)."""
+    return key.rsplit("/", 1)[-1].startswith(TEMP_PREFIX)
 
 
 def spread(index: int) -> str:
@@ -50,6 +70,12 @@ def status_prefix(job_id: str) -> str:
     return f"jobs/{job_id}/status/"
 
 
+def call_attempt_of(key: str) -> tuple[int, int]:
+    """``(call_id, attempt)`` of a status or log key (inverse of :func:`status_key`, :func:`log_key`)."""
+    call, attempt, _ext = key.rsplit("/", 1)[1].split(".")
+    return int(call), int(attempt)
+
+
 def call_id_from_key(key: str) -> int:
     """Inverse of :func:`result_key` (the last path segment)."""
     return int(key.rsplit("/", 1)[1])
@@ -59,6 +85,22 @@ def shared_input_key(digest: str) -> str:
     """A call's input over the inline limit, stored once by content hash: the same 500 MB
     argument passed to two jobs is one object.  ``fnmap gc`` removes it once no kept job uses it."""
     return f"inputs/{digest[:2]}/{digest}"
+
+
+def content_digest(key: str) -> str | None:
+    """The SHA-256 hex digest (or, for a function, its first 32 digits) a content-addressed key
+    names (inverse of :func:`function_key` and :func:`shared_input_key`); None for any other key."""
+    name = key.rsplit("/", 1)[-1]
+    if key.startswith("functions/") and name.endswith(".pkl") and len(name) == 36:
+        return name[:32]
+    if (key.startswith("inputs/") or key == joblib_argument_key(job_of(key) or "", name)) and len(name) == 64:
+        return name
+    return None
+
+
+def joblib_argument_key(job_id: str, digest: str) -> str:
+    """A large argument of a joblib job, stored once for the job by its SHA-256 (``fnmap.joblib``)."""
+    return f"jobs/{job_id}/joblib/{digest}"
 
 
 #: Prefixes of objects shared by jobs (functions, inputs), kept while a job refers to them.
@@ -106,3 +148,14 @@ def job_index_key(job_id: str, created: float) -> str:
 
 def job_index_prefix() -> str:
     return "index/jobs/"
+
+
+def job_index_entry(key: str) -> tuple[float, str]:
+    """``(created, job_id)`` of an index key (inverse of :func:`job_index_key`; created in seconds)."""
+    millis, _, rest = key.rsplit("/", 1)[1].partition("-")
+    return int(millis) / 1000, rest.removesuffix(".json")
+
+
+def is_job_index_key(value: str, job_id: str) -> bool:
+    """Whether ``value`` is a key :func:`job_index_key` makes for ``job_id`` (whatever its time)."""
+    return value.startswith(job_index_prefix()) and value.endswith(f"-{job_id}.json")
