@@ -9,7 +9,7 @@ import sys
 import time
 
 import fnmap
-from fnmap.observe import records
+from fnmap.observe import gc, history, records
 from fnmap.runtime import keys
 from fnmap.storage import open_store
 
@@ -20,7 +20,7 @@ SMALL = 64 * 1024
 def gc_since(store, cutoff: float, **options) -> dict:
     """``fnmap gc`` of the jobs created before ``cutoff`` (a clock reading), whatever the delay until it runs."""
     now = time.time()
-    return records.collect_garbage(store, older_than=now - cutoff, now=now, **options)
+    return gc.collect_garbage(store, older_than=now - cutoff, now=now, **options)
 
 
 def first_byte(blob: bytes) -> int:
@@ -84,7 +84,7 @@ def test_gc_removes_shared_objects_no_kept_job_uses_and_reports_bytes(tmp_path):
     assert fnmap.job(new.id, storage=url).results() == [ord("s")]
 
     time.sleep(0.05)
-    assert records.collect_garbage(store, older_than=0)["deleted_shared"] == function  # no job left
+    assert gc.collect_garbage(store, older_than=0)["deleted_shared"] == function  # no job left
     # The same process maps the deleted function again: it is looked up per job and stored again.
     assert fnmap.map(first_byte, [big], storage=url, inline_limit=SMALL) == [big[0]]
 
@@ -100,7 +100,7 @@ def test_while_a_kept_job_runs_no_shared_object_is_removed(tmp_path):
     with fnmap.Executor(storage=url) as ex:
         assert ex.submit(len, b"abc").result() == 3
         # Listed from its first call on, not only once it is shut down: gc sees it running.
-        assert any(j["job_id"] == ex.job.id and j["status"] == "running" for j in records.list_jobs(store))
+        assert any(j["job_id"] == ex.job.id and j["status"] == "running" for j in history.list_jobs(store))
         report = gc_since(store, between)
         assert report["deleted_jobs"] == [old.id]
         assert report["kept_shared_because_running"] and report["deleted_shared"] == []

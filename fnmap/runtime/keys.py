@@ -40,6 +40,18 @@ def is_temporary(key: str) -> bool:
     return key.rsplit("/", 1)[-1].startswith(TEMP_PREFIX)
 
 
+def temp_name(pid: int, thread: int, serial: int) -> str:
+    """The name of a file store's file being written by process ``pid`` (renamed into place when complete)."""
+    return f"{TEMP_PREFIX}{pid}-{thread}-{serial}"
+
+
+def temp_writer(key: str) -> int | None:
+    """The pid of the process that wrote a temporary file (inverse of :func:`temp_name`), or None."""
+    name = key.rsplit("/", 1)[-1]
+    pid = name.removeprefix(TEMP_PREFIX).split("-", 1)[0]
+    return int(pid) if name.startswith(TEMP_PREFIX) and pid.isdigit() else None
+
+
 def spread(index: int) -> str:
     """The sub-prefix (one of 16) of a per-call key: S3 rates are per prefix (DESIGN.md)."""
     return format(zlib.crc32(str(index).encode()) & 0xF, "x")
