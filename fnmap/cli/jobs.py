@@ -261,8 +261,8 @@ def format_summary(record: dict) -> str:
         f"function {s.get('function') or '-'}   from {s.get('origin') or '-'}",
         f"storage  {s.get('storage')}",
         f"created  {_time(s['created'])}   wall {_seconds(s['wall_seconds'])}",
-        f"calls    {s['calls']} ({s['items']} items)   {states_text(s, full=True)}   "
-        f"failed items {s['failed_items']}   retried {s['calls_retried']} ({s['retries']} retries)",
+        f"calls    {s['calls']} ({s['items']} items)   {_states_line(s)}   "
+        f"retried {s['calls_retried']} ({s['retries']} retries)",
         f"workers  {s['workers']}   cold starts {s['cold_starts']}",
         f"duration p50 {_seconds(d['p50'])}   p95 {_seconds(d['p95'])}   max {_seconds(d['max'])}"
         "   (run time on the worker)",
@@ -385,14 +385,21 @@ def run_gc(args) -> int:
 STATES = ("succeeded", "done", "failed", "cancelled", "abandoned", "running")
 
 
-def states_text(summary: dict, full: bool = False) -> str:
-    """Calls per state, e.g. ``20 succeeded, 80 cancelled`` (``full``: every state, zeros too);
-    ``done/calls`` for a summary written before states were counted."""
+def states_text(summary: dict) -> str:
+    """Calls per state, e.g. ``20 succeeded, 80 cancelled``; ``done/calls`` for a summary written
+    before states were counted."""
     states = summary.get("states")
     if not states:
         return f"{summary['calls_done']}/{summary['calls']} done"
-    shown = [(name, states[name]) for name in STATES if name in states and (full or states[name])]
-    return ", ".join(f"{n} {name}" for name, n in shown) or "no calls"
+    return ", ".join(f"{states[name]} {name}" for name in STATES if states.get(name)) or "no calls"
+
+
+def _states_line(s: dict) -> str:
+    """``fnmap job``'s calls per state, every state shown, failed with its items."""
+    states = s.get("states") or {"done": s["calls_done"], "failed": s["calls_failed"]}
+    shown = [name for name in STATES if name in states or name != "done"]
+    return "   ".join(f"{name} {states.get(name, 0)}" + (f" ({s['failed_items']} items)" if name == "failed" else "")
+                       for name in shown)
 
 
 def _short(text: str, width: int) -> str:
