@@ -197,3 +197,71 @@ def test_a_gc_while_a_job_is_being_submitted_keeps_every_shared_object(tmp_path)
     assert reports[0]["deleted_shared"] == [] and reports[0]["kept_shared_because_running"]
     later = gc_since(store, between)
     assert sorted(later["deleted_shared"]) == sorted(old_shared)  # no job left uses them
+
+
+def slow_double(x: int) -> int:
+    time.sleep(0.3)
+    return 2 * x
+
+
+def test_gc_during_a_running_job_keeps_it_whole(tmp_path):
+    """A cutoff in the future makes every job old: the running one stays whole, function included,
+    and every result is readable afterwards; once it has ended, the same gc deletes it."""
+    from conftest import until
+
+    url = (tmp_path / "store").as_uri()
+    store = open_store(url)
+    job = fnmap.map(slow_double, range(8), storage=url, return_job=True, chunksize=1, workers=2)
+    until(lambda: store.list(keys.status_prefix(job.id)))  # mid-job: a call has reported
+    report = gc_since(store, time.time() + 3600)
+    assert report["deleted_jobs"] == [] and report["kept_running_jobs"] == [job.id]
+    assert report["deleted_shared"] == [] and report["kept_shared_because_running"]
+    assert job.results() == [2 * x for x in range(8)]
+    assert fnmap.job(job.id, storage=url).results() == [2 * x for x in range(8)]
+    after = gc_since(store, time.time() + 3600)
+    assert after["deleted_jobs"] == [job.id] and store.list(keys.job_prefix(job.id)) == []
+
+
+def test_gc_keeps_a_job_whose_lease_is_live(tmp_path):
+    """A live lease (a client redriving the job elsewhere) keeps even a finished job; an expired one does not."""
+    url = (tmp_path / "store").as_uri()
+    store = open_store(url)
+    job = fnmap.map(first_byte, [b"a"], storage=url, return_job=True)
+    job.results()
+
+    def lease(expires: float) -> None:
+        store.put(keys.lease_key(job.id), json.dumps(
+            {"holder": "another-host:123", "renewed": time.time(), "expires": expires}).encode())
+
+    lease(time.time() + 600)
+    report = gc_since(store, time.time() + 3600)
+    assert report["deleted_jobs"] == [] and report["kept_running_jobs"] == [job.id]
+    assert fnmap.job(job.id, storage=url).results() == [ord("a")]
+    lease(time.time() - 1)
+    report = gc_since(store, time.time() + 3600)
+    assert report["deleted_jobs"] == [job.id] and store.list(keys.job_prefix(job.id)) == []
+
+
+def test_gc_collects_temporary_files_of_killed_writers_and_counts_bytes_on_disk(tmp_path):
+    root = tmp_path / "store"
+    url = root.as_uri()
+    store = open_store(url)
+    job = fnmap.map(first_byte, [b"a"], storage=url, return_job=True)
+    job.results()
+    folder = root / "jobs" / job.id / "out"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a writer that has exited, as one killed mid-write
+    killed = folder / keys.temp_name(gone.pid, 1, 1)
+    killed.write_bytes(b"x" * 5000)
+    writing = folder / keys.temp_name(os.getpid(), 1, 2)  # this process's: a writer still at work
+    writing.write_bytes(b"y" * 3000)
+    minute_ago = time.time() - 60
+    for path in (killed, writing):
+        os.utime(path, (minute_ago, minute_ago))
+    on_disk = disk_bytes(root)
+
+    report = gc_since(store, time.time() - 30)  # the job, created since, is kept
+    assert report["deleted_jobs"] == [] and report["deleted_temporary_bytes"] == 5000
+    assert report["deleted_temporary"] == [f"jobs/{job.id}/out/{killed.name}"]
+    assert not killed.exists() and writing.exists()
+    assert report["kept_bytes"] == disk_bytes(root) == on_disk - 5000

@@ -280,6 +280,9 @@ def format_summary(record: dict) -> str:
         lines.append(f"error    {s['error']} (before any call ran)")
     if s["status"] == "abandoned":
         lines.append("note     the client that started this job is gone (killed or crashed) before it finished")
+    if s.get("items_unreported"):
+        lines.append(f"no result {s['items_unreported']} items: their calls never ran or never reported "
+                     "(fnmap.job(ID).results() has an exception in their place)")
     if record.get("rebuilt"):
         lines.append(f"note     {record['rebuilt']}")
     failed = [

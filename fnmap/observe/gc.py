@@ -76,13 +76,14 @@ def collect_garbage(store, older_than: float, dry_run: bool = False, now: float 
     in_use, running = _shared_in_use(store, listing, kept + live + undated, index)
     shared_doomed = [(key, size) for key, size, modified in listing.shared
                      if key not in in_use and modified < cutoff and not running]
-    temporary = _dead_temporaries(store, cutoff)
+    temporaries = _temporaries(store)
+    temporary = _dead_temporaries(temporaries, cutoff)
     everything = [key for keys_ in doomed.values() for key in keys_] + [key for key, _ in shared_doomed]
     if not dry_run:
         store.delete(everything)
         store.delete([key for key, _ in temporary])
     deleted_bytes = sum(listing.sizes.get(key, 0) for key in everything) + sum(size for _, size in temporary)
-    total = sum(listing.sizes.values()) + _temporary_bytes(store)
+    total = sum(listing.sizes.values()) + sum(size for _, size, _ in temporaries)
     return {
         "deleted_jobs": old,
         "deleted_job_bytes": {job_id: listing.job_bytes(job_id) for job_id in old},
@@ -160,12 +161,12 @@ def _shared_in_use(store, listing: _Listing, job_ids: list[str], index: dict[str
     return in_use, running
 
 
-def _dead_temporaries(store, cutoff: float) -> list[tuple[str, int]]:
+def _dead_temporaries(temporaries: list[tuple[str, int, float]], cutoff: float) -> list[tuple[str, int]]:
     """The file store's temporary files older than ``cutoff`` whose writer is gone: its process no
     longer exists on this host, or nothing wrote to the file for :data:`STALE_TEMPORARY` seconds."""
     stale = time.time() - STALE_TEMPORARY
     found = []
-    for key, size, modified in _temporaries(store):
+    for key, size, modified in temporaries:
         if modified < cutoff and (modified < stale or not _writer_alive(keys.temp_writer(key))):
             found.append((key, size))
     return found
@@ -174,10 +175,6 @@ def _dead_temporaries(store, cutoff: float) -> list[tuple[str, int]]:
 def _temporaries(store) -> list[tuple[str, int, float]]:
     lister = getattr(store, "list_temporary", None)  # only the file store writes through temporary files
     return lister() if lister is not None else []
-
-
-def _temporary_bytes(store) -> int:
-    return sum(size for _, size, _ in _temporaries(store))
 
 
 def _writer_alive(pid: int | None) -> bool:

@@ -406,8 +406,10 @@ def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -
     summary["status"] = (ABANDONED if client_gone(started.get("client")) else "running") if started else "unknown"
     summary["calls"] = max(summary["calls"], started.get("calls") or 0)
     summary["items"] = max(summary["items"], started.get("items") or 0)
-    record["unreported"] = _unreported(calls, summary["items"])
-    unfinished = summary["calls"] - summary["calls_done"]
+    record["unreported"] = gaps = _unreported(calls, summary["items"])
+    summary["items_unreported"] = sum(n for _, n in gaps or [])
+    # each range of items no call reported is one call at least (calls not yet made are not counted)
+    unfinished = max(summary["calls"] - summary["calls_done"], len(gaps or []))
     summary["states"]["running"] = 0 if summary["status"] == ABANDONED else unfinished
     summary["states"][ABANDONED] = unfinished if summary["status"] == ABANDONED else 0
     return record
