@@ -124,6 +124,11 @@ def blob_key(job_id: str, name: str) -> str:
     return f"jobs/{job_id}/blobs/{name}"
 
 
+def batch_request_prefix(job_id: str, array_id: str) -> str:
+    """Where a Batch array job's signed requests are stored, one per child (``fnmap.runtime.container``)."""
+    return f"jobs/{job_id}/requests/{array_id}/"
+
+
 def job_record_key(job_id: str) -> str:
     return f"jobs/{job_id}/job.json"
 

@@ -267,7 +267,7 @@ class _HashingReader:
             if not rest:
                 break
             self._hash.update(rest)
-        if not key.startswith("inputs/") or self._hash.hexdigest() != keys.content_digest(key):
+        if key != keys.shared_input_key(self._hash.hexdigest()):  # inputs/xx/<its SHA-256>
             raise signing.UnauthenticatedObject(
                 f"input object {key!r} does not have the SHA-256 its key names: it was planted or "
                 "altered; refused, not unpickled")
