@@ -16,7 +16,16 @@ A job writes two objects, both JSON, both through the job's own store:
 Readers (:func:`load`) fill in what the client did not see, such as the
 worker's stats of calls whose results were gathered from storage, from the
 status record each worker writes per attempt; a job whose client died before
-writing its record is rebuilt from those status records alone.
+writing its record is rebuilt from those status records alone, each call at the
+items its status record names, the ranges no call reported listed as
+``unreported`` (so a re-attach never misaligns).
+
+The other topics of the job records live beside this one: the index, listing
+and id prefixes in :mod:`fnmap.observe.history`, the client's identity in
+:mod:`fnmap.observe.identity`, captured output in :mod:`fnmap.observe.logs`,
+``fnmap gc`` in :mod:`fnmap.observe.gc`; the cancel channel and a call's error,
+which the control path uses, in :mod:`fnmap.runtime.cancel` and
+:mod:`fnmap.runtime.call_error`.
 """
 
 from __future__ import annotations
@@ -30,10 +39,11 @@ from ..runtime import keys
 from . import cost, identity
 from .history import JobNotFound, get_json_many, resolve_id, started_entry, write_index
 from .identity import ABANDONED, client_gone
-from .logs import logs_text  # noqa: F401 - fnmap.jobs reads a job's logs through the records
+from .logs import logs_text
 
-__all__ = ["ABANDONED", "JobNotFound", "build", "label", "load", "resolve_id", "started_summary", "summarize",
-           "write", "write_index"]
+#: What fnmap.jobs (and older callers) read from here; the index and logs are re-exported from their modules.
+__all__ = ["ABANDONED", "JobNotFound", "build", "label", "load", "logs_text", "resolve_id", "started_summary",
+           "summarize", "write", "write_index"]
 
 FORMAT = 1
 #: Call statuses that mean the call has not finished.
@@ -342,6 +352,8 @@ def load(store, job_id: str) -> dict:
         record = None
     if record is not None:
         expand_calls(record["calls"])
+        if "states" not in record["summary"]:  # written before calls were counted per state
+            record["summary"] = summarize(record)
     status_keys = store.list(keys.status_prefix(job_id))
     if record is None:
         started = started_entry(store, job_id)
