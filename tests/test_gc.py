@@ -259,6 +259,8 @@ def test_gc_collects_temporary_files_of_killed_writers_and_counts_bytes_on_disk(
     for path in (killed, writing):
         os.utime(path, (minute_ago, minute_ago))
     on_disk = disk_bytes(root)
+    shown = gc_cli(url, "--older-than", "30s", "--dry-run").stdout
+    assert "would delete 1 temporary file(s) of killed writers, 4.9 KB" in shown, shown
 
     report = gc_since(store, time.time() - 30)  # the job, created since, is kept
     assert report["deleted_jobs"] == [] and report["deleted_temporary_bytes"] == 5000

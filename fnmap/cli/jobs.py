@@ -372,6 +372,12 @@ def run_gc(args) -> int:
         for job_id, size in largest:
             fate = "would delete" if job_id in report["deleted_job_bytes"] else "kept"
             print(f"  {job_id[:12]}  {_bytes(size):>9}  {fate}")
+    if report["kept_running_jobs"]:
+        print(f"kept {len(report['kept_running_jobs'])} old job(s) that may still run (a live lease, or "
+              "no final record and a client not known to be gone): " + ", ".join(report["kept_running_jobs"][:5]))
+    if report["deleted_temporary"]:
+        print(f"{verb} {len(report['deleted_temporary'])} temporary file(s) of killed writers, "
+              f"{_bytes(report['deleted_temporary_bytes'])}")
     if report["kept_shared_because_running"]:
         print("kept every shared function and input: a kept job is still running")
     if report["undated_jobs"]:
