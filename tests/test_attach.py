@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -134,7 +135,7 @@ KILLED = textwrap.dedent('''
 
     def slow(x):
         import time
-        time.sleep(0.3)
+        time.sleep({sleep})
         return x * 2
 
     job = fnmap.map(slow, range({n}), return_job=True, workers=2{options})
@@ -143,19 +144,27 @@ KILLED = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("options", ["", ", chunksize=3"], ids=["auto-chunks", "chunksize-3"])
-def test_a_client_killed_mid_job_leaves_results_in_place(tmp_path, options):
+def reported(store, job_id: str) -> list[dict]:
+    return [json.loads(store.get(key)) for key in store.list(keys.status_prefix(job_id))]
+
+
+@pytest.mark.parametrize("n, sleep, options, calls_of", [
+    (3000, 0.02, "", lambda sizes: len(sizes) >= 3 and max(sizes) > 1),  # automatic: calls grow
+    (300, 0.3, ", chunksize=3", lambda sizes: len(sizes) >= 3),
+], ids=["growing-chunks", "chunksize-3"])
+def test_a_client_killed_mid_job_leaves_results_in_place(tmp_path, n, sleep, options, calls_of):
     """SIGKILL the client of a job mid-way: re-attached, every item stands at its index, a result
-    or a CallLost where its call never ran or never reported, never a shorter list."""
-    n = 300
+    or a CallLost where its call never ran or never reported, never a shorter list.  With automatic
+    chunking the client is killed once calls of several sizes have reported (each placed by the
+    first item its status record names)."""
     script = tmp_path / "killed.py"
-    script.write_text(KILLED.format(n=n, options=options))
+    script.write_text(KILLED.format(n=n, sleep=sleep, options=options))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         job_id = proc.stdout.readline().strip()
         assert len(job_id) == 32, proc.stderr.read() if proc.poll() is not None else job_id
         store = open_store(os.environ["FNMAP_STORAGE"])
-        until(lambda: len(store.list(keys.status_prefix(job_id))) >= 3)  # a few calls reported
+        until(lambda: calls_of([s["items"] for s in reported(store, job_id)]))
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         if proc.poll() is None:
