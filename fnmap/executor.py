@@ -46,6 +46,7 @@ class Executor(futures.Executor):
     """
 
     def __init__(self, **options):
+        _register_exit_hook()  # raises once the interpreter is exiting, before a backend starts
         self._config = resolve(**options)
         self._client = get_client(self._config)
         #: How many calls run at once; Dask reads this to size its parallelism.
@@ -54,7 +55,7 @@ class Executor(futures.Executor):
         self._shutdown = False
         self._lock = threading.Lock()
         self._index = itertools.count()
-        _watch(self._job)
+        _open_jobs.add(self._job)
 
     @property
     def job(self):
@@ -197,19 +198,20 @@ _registered = False
 _open_jobs: weakref.WeakSet = weakref.WeakSet()
 
 
-def _watch(job) -> None:
-    """Have the interpreter's exit wait for ``job``'s calls.  The hook is registered at the first
-    executor, after the backend started: ``threading``'s exit hooks run last-registered first, so
-    this one runs before those of what the backend uses (a ``ThreadPoolExecutor``)."""
+def _register_exit_hook() -> None:
+    """Have the interpreter's exit wait for the executors' calls (registered at the first executor:
+    ``threading``'s exit hooks run last-registered first, so this one runs before those of the
+    ``ThreadPoolExecutor``s fnmap's client uses); raise once the interpreter is exiting."""
     global _registered, _exiting
     with _exit_lock:
-        if not _registered:
+        if not _registered and not _exiting:
             try:
                 threading._register_atexit(_finish_at_exit)
                 _registered = True
             except RuntimeError:  # "can't register atexit after shutdown": the interpreter is exiting
                 _exiting = True
-        _open_jobs.add(job)
+        if _exiting:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
 
 def _finish_at_exit() -> None:
