@@ -105,7 +105,7 @@ class Executor(futures.Executor):
                 future, state = calls.popleft()
                 if more is not None and (chunk := next(more, None)) is not None:
                     calls.append(self._submit_chunk(fn, chunk))
-                outcomes = future.result() if end_time is None else future.result(end_time - time.monotonic())
+                outcomes = _outcomes_or_cancel(future, end_time)
                 outcomes.reverse()  # popped from the end, so the chunk lets go of what it gave
                 offset = 0
                 while outcomes:
@@ -134,6 +134,15 @@ def _check_map_options(chunksize, buffersize) -> None:
         raise TypeError("buffersize must be an integer or None")
     if buffersize is not None and buffersize < 1:
         raise ValueError("buffersize must be None or > 0")
+
+
+def _outcomes_or_cancel(future: Future, end_time: float | None) -> list:
+    """A chunk's outcomes; a chunk whose wait ended without them (the timeout) is cancelled, as the
+    standard library's ``map`` cancels the future it waited on (``_base._result_or_cancel``)."""
+    try:
+        return future.result() if end_time is None else future.result(end_time - time.monotonic())
+    finally:
+        future.cancel()
 
 
 def _item_value(job, state, offset: int, outcome: tuple):

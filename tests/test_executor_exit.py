@@ -13,7 +13,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import weakref
+from concurrent import futures
 
 import pytest
 
@@ -193,3 +195,34 @@ def test_a_failed_result_is_freed_with_its_future(executor):
     del future
     gc.collect()
     assert ref() is None
+
+
+def wait_for_file(path, value):
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return value
+
+
+def append_line(path, line):
+    with open(path, "a") as f:
+        f.write(line + "\n")
+    return line
+
+
+def test_map_timeout_cancels_the_chunk_it_waited_on(tmp_path):
+    """CPython's ``test_executor_map_current_future_cancel``: the chunk whose wait timed out is
+    cancelled too, not only those after it (``_base._result_or_cancel``)."""
+    gate, log = tmp_path / "gate", tmp_path / "ran.txt"
+    ex = fnmap.Executor(backend="local", workers=1)
+    try:
+        first = ex.submit(wait_for_file, str(gate), "first")  # holds the only worker
+        results = ex.map(append_line, [str(log)] * 2, ["second", "third"], timeout=0)
+        with pytest.raises(futures.TimeoutError):
+            next(results)
+        results.close()
+        gate.touch()
+        assert first.result() == "first"
+    finally:
+        gate.touch()
+        ex.shutdown(wait=True)
+    assert _lines(log) == []
