@@ -135,9 +135,10 @@ _LATE = """
 """
 
 
-@pytest.mark.parametrize("which", ["existing", "new"])
-@pytest.mark.parametrize("backend", ["emulator", "local"])
+@pytest.mark.parametrize(("backend", "which"), [("emulator", "existing"), ("local", "existing"), ("local", "new")])
 def test_submit_after_interpreter_shutdown_raises(tmp_path, backend, which):
+    """An executor made before the exit refuses at ``submit``; one made after, at its creation
+    (before any backend starts; the stdlib's refuses at ``submit``, with the same message)."""
     proc = _run_script(tmp_path, _LATE, backend, which)
     assert proc.returncode == 0, proc.stderr
     refused = "refused at start:" if which == "new" else "refused:"
