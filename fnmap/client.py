@@ -18,9 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from .backends import create_backend
 from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageError, storage_fix
 from .jobs import Job
-from .observe import records
 from .run import CallRun
-from .runtime import keys
+from .runtime import cancel, keys
 from .runtime.serialization import dump_parts, dumps_checked, out_of_band, parts_size, pickle_function
 from .runtime.setup import WithInitializer
 from .runtime.worker import MODE_ARGS, MODE_ONE
@@ -184,7 +183,7 @@ class Client:
     def _cancel_if_asked(self, job: Job) -> None:
         """Called by the scheduler's monitor for each running job, every ``CANCEL_CHECK_SECONDS`` at
         most: stop it if ``fnmap cancel`` (from any process that reaches the storage) asked to."""
-        reason = records.cancel_requested(self.store, job.id)
+        reason = cancel.cancel_requested(self.store, job.id)
         if reason:
             self.scheduler.cancel(job, stop_platform=True, reason=reason)
 

@@ -43,9 +43,9 @@ from .dispatch import ACCEPTED, COALESCE_MAX_SECONDS, COALESCE_SECONDS, Dispatch
 from .errors import FaultKind, PlatformFault
 from .locks import YieldingLock
 from .monitor import FETCH_THREADS, LOST_GRACE_SECONDS, POLL_SECONDS, Monitor
-from .observe import records
 from .run import CallRun, JobRun
 from .runtime import outcome
+from .runtime.call_error import call_error
 from .runtime.outcome import Attempt
 
 __all__ = ["ACCEPTED", "COALESCE_MAX_SECONDS", "COALESCE_SECONDS", "FETCH_THREADS", "LOST_GRACE_SECONDS",
@@ -335,7 +335,7 @@ class Scheduler(Dispatch, Monitor):
             failed = outcome.count_failed(answer.outcomes)
             run.failed_count += failed
             if failed:
-                run.call_errors[state.call_id] = records.call_error(answer.outcomes)
+                run.call_errors[state.call_id] = call_error(answer.outcomes)
             state.end_attempt(attempt, "ok" if not failed else "error")
             state.payload = None
             state.result = answer.outcomes
