@@ -385,7 +385,7 @@ class Scheduler(Dispatch, Monitor):
         if write:
             run.record_saved = True
             run.finished = run.finished or time.time()
-        others = state.end_open_attempts() if state is not None else []
+        others = state.end_open_attempts() if state is not None and state.in_flight else []
         return write, all_done, others
 
     def _all_done(self, job) -> None:
