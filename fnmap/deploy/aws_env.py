@@ -160,7 +160,7 @@ def build(source: Source, runtime: str, architecture: str, path: str) -> str:
 
 def copy_current(names: list[str], runtime: str, architecture: str, path: str) -> str:
     """Zip the installed files of ``names`` and their dependencies into a layer (``python/``)."""
-    from ..emulator.lambda_manage import host_architecture
+    from ..emulator.lambda_common import host_architecture
 
     here = f"python{sys.version_info.major}.{sys.version_info.minor}"
     if not sys.platform.startswith("linux") or host_architecture() != architecture or here != runtime:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..deploy.package import code_sha256
-from .lambda_api import ACCOUNT, REGION
+from .lambda_common import ACCOUNT, REGION
 
 
 @dataclass

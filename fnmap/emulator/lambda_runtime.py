@@ -70,7 +70,7 @@ import zipfile
 from dataclasses import dataclass, field
 
 from ..runtime.frontdoor import FrontDoor
-from .lambda_api import ACCOUNT, HANDLER, REGION, lambda_error
+from .lambda_common import ACCOUNT, HANDLER, REGION, lambda_error
 from .lambda_layers import LayerStore
 from .memlimit import MemoryWatch
 
