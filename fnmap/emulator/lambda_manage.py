@@ -5,7 +5,7 @@ GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration (``Timeout``, ``Mem
 ``Environment``, ``Layers``), DeleteFunction, Put/Update/GetFunctionEventInvokeConfig,
 PublishLayerVersion, GetLayerVersion, ListLayerVersions and DeleteLayerVersion.  A layer's
 ``python/`` goes on the path of the functions naming it, as Lambda's ``/opt/python``
-(:class:`.lambda_runtime.Environment`).  Every other operation is refused by
+(:class:`.lambda_environment.Environment`).  Every other operation is refused by
 :func:`unsupported`, naming the operation (from botocore's model of the Lambda API) and saying
 that the emulator does not support it.
 """
