@@ -9,8 +9,9 @@ other in a circle.
 from __future__ import annotations
 
 import json
-import platform
 import re
+
+from ..deploy.package import host_architecture
 
 ACCOUNT = "000000000000"
 REGION = "us-east-1"
@@ -40,11 +41,6 @@ def error(status: int, code: str, message: str, **extra):
 
     body = json.dumps({"Type": "User", "message": message, **extra})
     return Response(body, status=status, mimetype="application/json", headers={"x-amzn-ErrorType": code})
-
-
-def host_architecture() -> str:
-    """Lambda's name for this machine's architecture (what the emulator's environments run on)."""
-    return "arm64" if platform.machine().lower() in ("aarch64", "arm64") else "x86_64"
 
 
 def configuration(api, name: str) -> dict:
