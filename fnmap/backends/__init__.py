@@ -10,18 +10,12 @@ from __future__ import annotations
 import importlib
 
 from ..backend_table import BACKENDS
-from ..errors import UnknownBackend
 
 __all__ = ["BACKENDS", "create_backend"]
 
 
 def create_backend(config):
-    """Instantiate the backend ``config.backend`` names."""
-    target = BACKENDS.get(config.backend)
-    if target is None:
-        raise UnknownBackend(
-            f"{config.describe('backend')} is not a backend; choose one of: {', '.join(BACKENDS)}"
-        )
-    module_name, class_name = target.split(":")
+    """Instantiate the backend ``config.backend`` names (a name :class:`fnmap.config.Config` checked)."""
+    module_name, class_name = BACKENDS[config.backend].split(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(config)
