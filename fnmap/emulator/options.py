@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Every option of ``fnmap emulator``, on ``p``."""
     _add_serving(p)
     _add_connections(p)
+    p.add_argument("--watch-stdin", action="store_true",
+                   help="stop when standard input closes (used when a client starts the emulator)")
     _add_faults(p)
 
 
@@ -45,8 +47,6 @@ def _add_serving(p) -> None:
     p.add_argument("--detach", action="store_true",
                    help="with --aws --env-file: run in the background and return once PATH is written, so a "
                         "script's next line can source it; stop it with kill $OFFLINE_EMULATOR_PID")
-    p.add_argument("--watch-stdin", action="store_true",
-                   help="stop when standard input closes (used when a client starts the emulator)")
 
 
 def _add_connections(p) -> None:
