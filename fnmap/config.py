@@ -308,20 +308,20 @@ def _retry_on_tuple(retry_on: Any, source: str) -> tuple:
 #: FNMAP_* variables read outside :class:`Config` (storage, the runtime, the emulator).
 OTHER_VARIABLES = ("FNMAP_S3_ENDPOINT_URL", "FNMAP_RUNTIME", "FNMAP_HTTP_PARSER", "FNMAP_BATCH_CONCURRENCY")
 _warned_variables: set[str] = set()
+_KNOWN_VARIABLES = frozenset([*(o.variable for o in DECLARED if o.variable), *OTHER_VARIABLES])
 
 
 def _warn_unknown_variables() -> None:
     """Warn once per variable about an ``FNMAP_*`` variable fnmap does not read (a typo such as
     ``FNMAP_CHUNK_SIZE`` would otherwise be ignored silently), naming the closest known one."""
-    known = [o.variable for o in DECLARED if o.variable] + list(OTHER_VARIABLES)
     for name in os.environ:
-        if not name.startswith("FNMAP_") or name in known or name in _warned_variables:
+        if not name.startswith("FNMAP_") or name in _KNOWN_VARIABLES or name in _warned_variables:
             continue
         _warned_variables.add(name)
         import difflib
         import warnings
 
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(name, sorted(_KNOWN_VARIABLES), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}? " if close else ""
         warnings.warn(f"{name} is not a setting fnmap reads, so it is ignored; {hint}"
                       "the settings are listed in fnmap.config.Config", UserWarning, stacklevel=3)

@@ -44,10 +44,9 @@ class Option:
     #: A fresh default per Config (``dict`` for ``extra_env``).
     factory: Callable[[], Any] | None = None
 
-    @property
-    def variable(self) -> str | None:
-        """The environment variable that sets it, or None for options only a keyword can set."""
-        return None if self.kind == "object" else f"FNMAP_{self.name.upper()}"
+    def __post_init__(self):
+        #: The environment variable that sets it, or None for options only a keyword can set.
+        object.__setattr__(self, "variable", None if self.kind == "object" else f"FNMAP_{self.name.upper()}")
 
     def from_environment(self, raw: str) -> Any:
         """The value ``raw`` (the variable's text) stands for; ConfigError naming it when it is bad."""
