@@ -49,13 +49,11 @@ from ..runtime.serialization import runtime_info, runtime_mismatch
 from ..storage import open_store
 from .base import ACCEPTED, Answer, BaseBackend, Failure, Invocation
 from .http import fault_from_status
+from .lambda_deployment import concurrency, event_bounds, lost_after
 from .lambda_invoke import InvokeError, LambdaInvoker
 from .lambda_memory import function_for, steps_problem
 
 INVOCATION_TYPES = ("auto", "Event", "RequestResponse")
-#: Seconds an asynchronous call may sit in Lambda's queue and run before the client calls it lost,
-#: on top of the function's own timeout (events wait in the queue while concurrency is used up).
-ASYNC_GRACE_SECONDS = 120.0
 _CONNECT_TIMEOUT = 10
 #: Seconds a call ``invoke_many`` could not deliver is held before ``poll_failures`` reports it.
 _REPORT_AFTER = 1.0
@@ -104,7 +102,11 @@ class AwsBackend(BaseBackend):
                 "(the deploy printed it), or AWS_REGION"
             ) from None
         self.function = self._describe()
-        self.lost_after = float(self.function.get("Timeout", 900)) + ASYNC_GRACE_SECONDS
+        #: An Event call with no result this long after its acceptance never ran and never will
+        #: (the function's event invoke config bounds it, see :mod:`.lambda_deployment`).
+        self.lost_after = lost_after(self.function, event_bounds(self._client, self.function_name))
+        #: Calls the platform runs at once (None: it does not say); automatic chunking's first wave.
+        self.platform_concurrency = concurrency(self._client, self.function_name)
         self._invoker = LambdaInvoker(self._session, self._client, self.function_name, self.max_workers,
                                       _CONNECT_TIMEOUT, _READ_TIMEOUT)
         #: Invokers of the functions of higher memory steps, by name (see :mod:`.lambda_memory`).

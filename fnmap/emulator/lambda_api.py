@@ -16,9 +16,10 @@ with 403 before any route sees it.  Routes, with botocore's paths:
   ``Event``), ``Function.ResponseSizeTooLarge`` for a response over 6 MiB.
 * ``GET /2015-03-31/functions/<name>/configuration`` (GetFunctionConfiguration).
 * With ``ric`` only, function management and layers (:mod:`.lambda_manage`): CreateFunction,
-  GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration, DeleteFunction,
-  Put/GetFunctionEventInvokeConfig, PublishLayerVersion, GetLayerVersion, ListLayerVersions and
-  DeleteLayerVersion.
+  GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration, DeleteFunction, PublishLayerVersion,
+  GetLayerVersion, ListLayerVersions and DeleteLayerVersion.
+* Put/Update/Get/DeleteFunctionEventInvokeConfig (honoured: an event past its age is dropped; the
+  fault plan's ``--drop-rate`` loses events silently) and GetAccountSettings (:mod:`.lambda_events`).
 * ``PUT``/``DELETE /2017-10-31/...`` and ``GET /2019-09-30/functions/<name>/concurrency``
   (reserved concurrency): a synchronous invocation beyond it answers 429
   ``TooManyRequestsException`` as Lambda does; queued events wait for a slot.
@@ -116,6 +117,8 @@ class LambdaApi:
         self._runners: list[threading.Thread] = []
         #: This emulator's URL as its first Lambda client reached it; execution environments call it back.
         self.own_url: str | None = None
+        #: The event invoke configs and lost events (:mod:`.lambda_events`), set by :func:`register`.
+        self.events = None
 
     def _acquire(self, name: str, wait: bool) -> bool:
         with self._cond:
@@ -221,19 +224,23 @@ class LambdaApi:
         return spawn(event, invoke, self.emulator.secret, threads=1)
 
     def enqueue(self, name: str, payload: bytes) -> None:
+        if self.events is not None and self.events.dropped(payload):
+            return  # lost as Lambda may lose an event (--drop-rate): accepted, never run
         with self._cond:
             if len(self._runners) < self.emulator.pool.size:  # Lambda's async queue, drained by daemons
                 runner = threading.Thread(target=self._drain, name="fnmap-lambda-event", daemon=True)
                 self._runners.append(runner)
                 runner.start()
-        self._events.put((name, payload))
+        self._events.put((name, payload, time.monotonic()))
 
     def _drain(self) -> None:
         while True:
-            name, payload = self._events.get()
+            name, payload, queued = self._events.get()
             self._acquire(name, wait=True)
             try:
-                if self.runtime is not None:
+                if self.events is not None and self.events.expired(name, queued):
+                    pass  # older than the function's MaximumEventAgeInSeconds: dropped, as on Lambda
+                elif self.runtime is not None:
                     if self.run(name, payload)[1]:  # the answer of an event is dropped, as on Lambda
                         self.stats["event_function_errors"] += 1
                 else:
@@ -323,6 +330,9 @@ def register(app, emulator) -> None:
 
     api = LambdaApi(emulator, make_runtime, getattr(emulator, "lambda_scaling_rate", None))
     app.extensions["fnmap_lambda"] = api
+    from .lambda_events import register_events
+
+    api.events = register_events(app, api)
     known = sigv4.known_credentials(app, emulator)
     # One check for every Lambda API path, before any route (those added later included) is reached.
     sigv4.require_signatures(app, known, API_PATH, "lambda",

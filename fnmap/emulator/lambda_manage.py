@@ -2,7 +2,7 @@
 
 What ``fnmap deploy aws deploy|env|destroy`` calls, with botocore's paths: CreateFunction,
 GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration (``Timeout``, ``MemorySize``,
-``Environment``, ``Layers``), DeleteFunction, Put/Update/GetFunctionEventInvokeConfig,
+``Environment``, ``Layers``), DeleteFunction,
 PublishLayerVersion, GetLayerVersion, ListLayerVersions and DeleteLayerVersion.  A layer's
 ``python/`` goes on the path of the functions naming it, as Lambda's ``/opt/python``
 (:class:`.lambda_runtime.Environment`).  Every other operation is refused by
@@ -22,9 +22,10 @@ from flask import Response, jsonify, request
 from .lambda_api import HANDLER, _configuration, _error, _function_name
 
 #: What the emulator serves, for the refusal of everything else.
-SERVED = ("Invoke, GetFunctionConfiguration, Put/Get/DeleteFunctionConcurrency and, with --lambda-runtime ric, "
+SERVED = ("Invoke, GetFunctionConfiguration, Put/Get/DeleteFunctionConcurrency, "
+          "Put/Update/Get/DeleteFunctionEventInvokeConfig, GetAccountSettings and, with --lambda-runtime ric, "
           "CreateFunction, GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration, DeleteFunction, "
-          "Put/GetFunctionEventInvokeConfig, PublishLayerVersion, GetLayerVersion, ListLayerVersions, "
+          "PublishLayerVersion, GetLayerVersion, ListLayerVersions, "
           "DeleteLayerVersion")
 
 
@@ -157,20 +158,6 @@ def _register_functions(app, api) -> None:
     @app.put("/2015-03-31/functions/<name>/configuration")
     def lambda_update_function_configuration(name):
         return _configure(api, _function_name(name), request.get_json(force=True, silent=True) or {}, None)
-
-    invoke_configs: dict[str, dict] = {}
-
-    @app.route("/2019-09-25/functions/<name>/event-invoke-config", methods=["PUT", "POST", "GET"])
-    def lambda_event_invoke_config(name):
-        """Kept and reported; the emulator's event queue never retries an event (the client does)."""
-        name = _function_name(name)
-        if request.method != "GET":
-            spec = request.get_json(force=True, silent=True) or {}
-            invoke_configs[name] = {k: spec[k] for k in ("MaximumRetryAttempts", "MaximumEventAgeInSeconds")
-                                    if k in spec}
-        if name not in invoke_configs:
-            return _error(404, "ResourceNotFoundException", f"The function {name} has no event invoke config")
-        return jsonify({"FunctionArn": _configuration(api, name)["FunctionArn"], **invoke_configs[name]})
 
 
 def _register_layers(app, api) -> None:
