@@ -1,12 +1,13 @@
 """Automatic chunking: a job's calls made while it runs, each sized to the backend's call duration.
 
 A map with ``chunksize`` unset (the default) gives its items to a :class:`ChunkFeed` instead of
-cutting them into equal chunks up front.  The feed keeps one call per dispatch slot of the
+cutting them into equal chunks up front. The feed keeps one call per dispatch slot of the
 backend outstanding (fewer where the platform runs fewer at once, :func:`parallelism`): it
-starts with one-item calls (so a few slow items still spread over the workers), and whenever a call ends it measures it (the worker's time, else send to answer) and
-makes the next call, sized by :class:`fnmap.policy.ChunkSizer` to the backend's ``call_seconds``
-(joblib's ``batch_size="auto"``).  The last call it makes seals the job.  A failure to store a
-large chunk fails the items in no call yet, as one call with a ``storage`` fault.
+starts with one-item calls (so a few slow items still spread over the workers), and whenever a
+call ends it measures it (the worker's time, else send to answer) and makes the next call, sized
+by :class:`fnmap.policy.ChunkSizer` to the backend's ``call_seconds`` (joblib's
+``batch_size="auto"``). The last call it makes seals the job. A failure to store a large chunk
+fails the items in no call yet, as one call with a ``storage`` fault.
 
 Invariants the front-ends rely on:
 
