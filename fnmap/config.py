@@ -79,7 +79,8 @@ class Config:
     lambda_sync_limit: int = 6 * 1024 * 1024
     lambda_async_limit: int = 1024 * 1024
     #: aws backend: jobs of at least this many calls are invoked from inside Lambda by a few
-    #: spawner calls (the client's cost stops growing with the job); None: never.
+    #: spawner calls (the client's cost stops growing with the job); None (default): only the
+    #: calls sent as Event go through spawners; 0: no spawners at all.
     lambda_fanout: int | None = None
     #: AWS Batch job queue and job definition (batch backend).
     job_queue: str = "fnmap"
@@ -300,8 +301,8 @@ def _validate(c: Config) -> None:
         _check_int(c, "chunksize", 1, "items per invocation; use chunksize=1 or more, or 'auto'")
     _check_int(c, "retries", 0, "use retries=0 to never re-run a call")
     _check_int(c, "gpu", 0, "use gpu=0 for CPU work or gpu=1 for one GPU per call")
-    if c.lambda_fanout is not None:
-        _check_int(c, "lambda_fanout", 2, "calls in a job from which spawners invoke them; None to never fan out")
+    if c.lambda_fanout is not None and not (type(c.lambda_fanout) is int and c.lambda_fanout == 0):
+        _check_int(c, "lambda_fanout", 2, "calls in a job from which all go through spawners; 0 for no spawners")
     _check_int(c, "inline_limit", 0, "a size in bytes")
     if c.workers is not None:
         _check_int(c, "workers", 1, "at least one worker")

@@ -12,8 +12,8 @@
    versions, so pickles load), plus a dependency layer built from
    ``--requirements`` (reused while unchanged); or from a container image (``--image``, built from
    ``infra/lambda.Dockerfile``);
-5. reserved concurrency, asynchronous retries off (the client retries), and a
-   function URL with ``AWS_IAM`` auth.
+5. reserved concurrency, asynchronous retries off (the client retries) and events dropped after
+   ``--max-event-age``, and a function URL with ``AWS_IAM`` auth.
 
 It prints the settings a client needs.  Every resource is tagged
 ``fnmap:deployment=<name>``; ``destroy`` removes exactly those (a bucket only
@@ -62,6 +62,8 @@ class Settings:
     expire_days: int = 7
     log_retention_days: int = 14
     rotate_secret: bool = False
+    #: Lambda's MaximumEventAgeInSeconds (retries off): see backends/lambda_deployment.py.
+    max_event_age: int = 300
 
 
 # -- policies --------------------------------------------------------------------
@@ -74,7 +76,8 @@ def trust_policy() -> dict:
 
 
 def role_policy(bucket: str, prefix: str, region: str, account: str, name: str) -> dict:
-    """Least privilege: the objects under the bucket prefix, and the function's own log group."""
+    """Least privilege: the objects under the bucket prefix, the function's own log group, and invoking
+    the function itself (spawners)."""
     return {"Version": "2012-10-17", "Statement": [
         {"Sid": "JobData", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
          "Resource": f"arn:aws:s3:::{bucket}/{prefix}/*"},
@@ -82,6 +85,8 @@ def role_policy(bucket: str, prefix: str, region: str, account: str, name: str) 
          "Resource": f"arn:aws:s3:::{bucket}", "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/*"]}}},
         {"Sid": "Logs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
          "Resource": f"arn:aws:logs:{region}:{account}:log-group:/aws/lambda/{name}:*"},
+        {"Sid": "FanOut", "Effect": "Allow", "Action": "lambda:InvokeFunction",
+         "Resource": f"arn:aws:lambda:{region}:{account}:function:{name}"},
     ]}
 
 
@@ -127,9 +132,7 @@ class Deployment:
         self._function_code_and_config(existing, role_arn, secret, layers)
         self._concurrency()
         self.lam.put_function_event_invoke_config(
-            FunctionName=self.s.name, MaximumRetryAttempts=0,
-            MaximumEventAgeInSeconds=min(21600, max(60, self.s.timeout + 120)),
-        )
+            FunctionName=self.s.name, MaximumRetryAttempts=0, MaximumEventAgeInSeconds=self.s.max_event_age)
         url = self._url()
         result = {
             "FNMAP_BACKEND": "aws", "FNMAP_FUNCTION_NAME": self.s.name, "FNMAP_REGION": self.region,
@@ -405,6 +408,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"seconds per call, at most 900 (default {d.timeout})")
     p.add_argument("--concurrency", type=int, default=d.concurrency,
                    help=f"reserved concurrency; 0 for none (default {d.concurrency})")
+    p.add_argument("--max-event-age", type=int, default=d.max_event_age,
+                   help="seconds Lambda may queue an Event call before dropping it, 60-21600; the client "
+                        f"declares a call lost after this + --timeout (default {d.max_event_age})")
     p.add_argument("--architecture", choices=["x86_64", "arm64"], default=None,
                    help=f"the function's architecture (default: deploy {d.architecture}; env: the function's)")
     p.add_argument("--image", default=None, help="container image URI (built from infra/lambda.Dockerfile) "
@@ -423,7 +429,9 @@ def settings_from(args) -> Settings:
                  memory=args.memory, timeout=args.timeout, concurrency=args.concurrency,
                  architecture=args.architecture or d.architecture, image=args.image, requirements=args.requirements,
                  expire_days=args.expire_days, log_retention_days=args.log_retention_days,
-                 rotate_secret=args.rotate_secret)
+                 rotate_secret=args.rotate_secret, max_event_age=args.max_event_age)
+    if not 60 <= s.max_event_age <= 21600:
+        raise ConfigError(f"--max-event-age {s.max_event_age} must be between 60 and 21600 seconds (Lambda's limits)")
     if not 1 <= s.timeout <= 900:
         raise ConfigError(f"--timeout {s.timeout} must be between 1 and 900 seconds (Lambda's limit)")
     if not 128 <= s.memory <= 10240:
