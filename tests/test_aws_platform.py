@@ -138,3 +138,24 @@ def test_deploy_lets_the_function_invoke_itself_and_bounds_its_events():
     assert fan_out["Action"] == "lambda:InvokeFunction"
     assert fan_out["Resource"] == "arn:aws:lambda:eu-west-1:123456789012:function:fn"  # itself only
     assert 60 <= Settings().max_event_age <= 21600
+
+
+@needs_ric
+def test_a_function_that_may_not_invoke_itself_gets_its_calls_directly_with_one_warning(
+        emulator_process, aws_backend_on, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    emu = aws_backend_on(emulator_process("--lambda-runtime", "ric", workers=2))
+    # The function's own keys are unknown to the Lambda API: its spawners' Invokes are refused.
+    _lambda(emu).update_function_configuration(FunctionName="fnmap", Environment={"Variables": {
+        "AWS_ACCESS_KEY_ID": "AKIDNOTALLOWED", "AWS_SECRET_ACCESS_KEY": "not-allowed", "AWS_SESSION_TOKEN": "x"}})
+    items = range(12)
+    with pytest.warns(RuntimeWarning, match="may not invoke itself") as caught:
+        job = fnmap.map(square, items, chunksize=1, lambda_invocation="Event", speculation=False, return_job=True)
+        assert job.results() == [x * x for x in items]
+        again = fnmap.map(square, items, chunksize=1, lambda_invocation="Event", speculation=False)
+    assert again == [x * x for x in items]
+    assert len([w for w in caught if "may not invoke itself" in str(w.message)]) == 1  # once per client
+    stats = lambda_stats(emu)
+    assert stats["spawners"] == 1 and stats["Event"] == 2 * len(items), stats  # then sent directly
+    assert job.summary()["retries"] == 0, job.summary()  # the refused calls were not charged a retry

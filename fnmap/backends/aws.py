@@ -227,10 +227,11 @@ class AwsBackend(BaseBackend):
             self._report(invocation, fault)
             return ACCEPTED
 
-    def spawn(self, calls: list, denied=None) -> list:
+    def spawn(self, calls: list, give_back: bool = False) -> list:
         """One spawner: it invokes ``calls`` (``(invocation, payload)``) from inside the platform;
-        report those it did not, except those whose failure message ``denied(message)`` says the
-        function may not invoke itself: returned as ``(invocation, payload, message)``."""
+        report those it did not.  With ``give_back``, a spawner that could invoke none of its calls
+        (and not for throttling: the function may not invoke itself, or cannot reach the Lambda API)
+        reports nothing and returns them as ``(invocation, payload, message)``."""
         try:
             first = calls[0][0].request
             event = encode_spawn_event([payload for _, payload in calls], [i.signature for i, _ in calls],
@@ -247,17 +248,15 @@ class AwsBackend(BaseBackend):
             for invocation, _ in calls:
                 self._report(invocation, fault)
             return []
-        refused = []
+        if give_back and failed and len(failed) == len(calls) and all(kind != "throttled" for _, kind, _ in failed):
+            return [(*calls[index], str(message)) for index, _kind, message in failed]
         for index, kind, message in failed:
-            if denied is not None and denied(str(message)):
-                refused.append((*calls[index], str(message)))
-                continue
             try:
                 fault = PlatformFault(kind, f"a spawner could not invoke the call: {message}")
             except ValueError:
                 fault = PlatformFault("server", f"a spawner could not invoke the call ({kind}): {message}")
             self._report(calls[index][0], fault)
-        return refused
+        return []
 
     def _report(self, invocation: Invocation, fault: PlatformFault) -> None:
         req = invocation.request

@@ -11,11 +11,12 @@ client CPU per call without this, about 0.4x with it).  A flush of fewer than
 :data:`MIN_SPAWN` calls sends them directly (a spawner would cost an invocation more than it saves).
 
 Where the deployment does not allow it (the function's role may not invoke the function: ``fnmap
-deploy aws`` grants ``lambda:InvokeFunction`` on itself), the first spawner's calls come back
-refused (AccessDenied); they are sent directly, the spawner is switched off for this client and
-one warning says why and how to fix it.  Any other call a spawner could not invoke, or the calls of
-a spawner that failed, are reported through ``poll_failures`` and retried by the scheduler, as with
-the opt-in ``lambda_fanout``.  ``lambda_fanout=0`` (``FNMAP_LAMBDA_FANOUT=0``) turns spawners off.
+deploy aws`` grants ``lambda:InvokeFunction`` on itself; or it cannot reach the Lambda API), the
+first spawner invokes none of its calls (AccessDenied, a connection error); they are sent
+directly, spawners are switched off for this client and one warning says why and how to fix it.
+Any other call a spawner could not invoke, or the calls of a spawner that failed, are reported
+through ``poll_failures`` and retried by the scheduler, as with the opt-in ``lambda_fanout``.
+``lambda_fanout=0`` (``FNMAP_LAMBDA_FANOUT=0``) turns spawners off.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ import warnings
 FLUSH_SECONDS = 0.02
 #: Fewer calls than this in a flush go out directly, one Invoke each.
 MIN_SPAWN = 4
-#: Error codes of a spawner's Invoke that mean its role may not invoke the function.
-_DENIED = ("AccessDenied", "not authorized", "UnrecognizedClient")
 
 
 class EventSpawner:
@@ -85,7 +84,7 @@ class EventSpawner:
             for invocation, payload in calls:
                 self.backend.send_event(invocation, payload)
             return
-        refused = self.backend.spawn(calls, denied=_denied)
+        refused = self.backend.spawn(calls, give_back=True)
         if refused:
             self._switch_off(refused[0][2])
             for invocation, payload, _message in refused:
@@ -97,17 +96,14 @@ class EventSpawner:
                 return
             self.enabled = False
         warnings.warn(
-            f"fnmap: the Lambda function {self.backend.function_name!r} may not invoke itself, so its calls are "
-            f"sent one by one from this client (more client CPU per call): {message[:300]}. Redeploy with "
-            "`fnmap deploy aws update`, which grants its role lambda:InvokeFunction on the function, or set "
-            "lambda_fanout=0 to silence this", RuntimeWarning, stacklevel=2)
+            f"fnmap: the Lambda function {self.backend.function_name!r} may not invoke itself (or cannot reach "
+            f"the Lambda API), so its calls are sent one by one from this client (more client CPU per call): "
+            f"{message[:300]}. Redeploy with `fnmap deploy aws update`, which grants its role "
+            "lambda:InvokeFunction on the function, or set lambda_fanout=0 to silence this",
+            RuntimeWarning, stacklevel=2)
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
 
-
-def _denied(message: str) -> bool:
-    """Whether a spawner's failure to invoke a call says its role may not invoke the function."""
-    return any(word in message for word in _DENIED)
