@@ -76,7 +76,10 @@ class EventSpawner:
                     self._cond.wait(wait)
                 calls = self._take()
             if calls:
-                self.backend.senders().submit(self.send, calls)
+                try:
+                    self.backend.senders().submit(self.send, calls)
+                except RuntimeError:  # the backend was closed: its jobs are over
+                    return
 
     def send(self, calls: list) -> None:
         """Send buffered calls: through a spawner, or directly when few or spawners are off."""
