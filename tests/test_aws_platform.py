@@ -159,3 +159,12 @@ def test_a_function_that_may_not_invoke_itself_gets_its_calls_directly_with_one_
     stats = lambda_stats(emu)
     assert stats["spawners"] == 1 and stats["Event"] == 2 * len(items), stats  # then sent directly
     assert job.summary()["retries"] == 0, job.summary()  # the refused calls were not charged a retry
+
+
+def test_a_cold_first_call_does_not_keep_the_chunks_at_one_item():
+    from fnmap.policy import ChunkSizer
+
+    sizer = ChunkSizer(1.5, 2)
+    sizer.observe(1, 5.0)  # the first call met a cold start
+    sizer.observe(1, 0.1)  # a warm one: the cost of a call
+    assert sizer.next_size(2000) == 8  # grows at once (at most 8x the largest call measured)
