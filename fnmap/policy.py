@@ -40,9 +40,9 @@ class ChunkSizer:
       (n - 1)`` per item; one-item calls alone give the fastest one's seconds per item (an
       overestimate, so the chunks grow in steps; a cold start of the first does not linger).
       The estimate is smoothed (0.7 old, 0.3 new) and replaced by each call larger than any
-      measured before; calls made before the
-      chunks grew (``growth`` times smaller than the largest measured) are left out, as
-      joblib leaves out batches of an old size (they waited behind larger ones).
+      measured before; calls made before the chunks grew (``growth`` times smaller than the
+      largest measured) are left out, as joblib leaves out batches of an old size (they
+      waited behind larger ones).
     * **Grow, bounded.**  The next size is what takes ``target`` at the estimated cost, but
       at most ``growth`` times the largest call measured so far (one noisy measurement never
       takes the chunks from 1 to 100,000 items), and it shrinks at once when items turn out
