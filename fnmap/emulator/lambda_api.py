@@ -437,8 +437,8 @@ def register(app, emulator) -> None:
                  "access_keys": len(api.access_keys)}  # how many keys, not which: the route is unsigned
         if api.scaling_rate:
             stats["scaled_to"] = dict(api.environments)
-        if ric:
-            stats.update(api.runtime.stats, environments=api.runtime.environments())
+        if ric and api._runtime is not None:  # not made here: made before a signed request, its
+            stats.update(api.runtime.stats, environments=api.runtime.environments())  # spawners lack own_url
         return jsonify(stats)
 
 
