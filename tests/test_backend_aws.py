@@ -134,7 +134,7 @@ def test_auto_uses_both_invocation_types(aws):
 
 def test_request_over_the_payload_limit_travels_by_reference(aws):
     blobs = [bytes(10_000 + i) for i in range(4)]
-    assert fnmap.map(size_of, blobs, lambda_invocation="Event", lambda_async_limit=4096,
+    assert fnmap.map(size_of, blobs, lambda_invocation="Event", lambda_async_limit=4096, chunksize=1,
                      speculation=False) == [
         10_000 + i for i in range(4)
     ]
