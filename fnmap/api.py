@@ -232,6 +232,8 @@ def _start(
         job.completed = queue.SimpleQueue()
     if job.feed is None or job.feed.seal_if_complete():
         client.seal(job)
+    else:  # its "running" entry with every item counted: a re-attach after the client died aligns
+        job.save_record(final=False)
     client.submit(job, states)
     return job
 

@@ -19,8 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from .backends import create_backend
 from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageError, storage_fix
 from .jobs import CallState, Job
-from .observe import records
-from .runtime import keys
+from .runtime import cancel, keys
 from .runtime.serialization import dump_parts, dumps_checked, out_of_band, parts_size, pickle_function
 from .runtime.setup import WithInitializer
 from .runtime.worker import MODE_ARGS, MODE_ONE
@@ -170,7 +169,7 @@ class Client:
         if job.abandoned or now - job.cancel_checked < CANCEL_CHECK_SECONDS:
             return
         job.cancel_checked = now
-        reason = records.cancel_requested(self.store, job.id)
+        reason = cancel.cancel_requested(self.store, job.id)
         if reason:
             job.cancel_reason = reason
             job.cancel(stop_platform=True)

@@ -48,8 +48,8 @@ from . import policy
 from .backends.base import Answer, Invocation
 from .errors import FaultKind, PlatformFault
 from .locks import YieldingLock
-from .observe import records
 from .runtime import compression, keys, signing
+from .runtime.call_error import call_error
 from .runtime.serialization import loads, runtime_info
 from .runtime.wire import CallRequest, decode_response, encode
 
@@ -469,7 +469,7 @@ class Scheduler:
             failed = len(answer.outcomes) - [outcome[0] for outcome in answer.outcomes].count("ok")
             job.failed_count += failed
             if failed:
-                job.call_errors[state.call_id] = records.call_error(answer.outcomes)
+                job.call_errors[state.call_id] = call_error(answer.outcomes)
             _end_attempt(state, attempt, "ok" if not failed else "error")
             state.payload = None
             state.result = answer.outcomes

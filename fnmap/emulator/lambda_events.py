@@ -9,7 +9,7 @@ Routes (botocore's paths), with either ``--lambda-runtime``:
 * ``GET /2016-08-19/account-settings`` (GetAccountSettings): the emulator's concurrency is its
   workers (``ConcurrentExecutions``), less the functions' reserved concurrency (``Unreserved...``).
 
-How the event queue honours them (:class:`EventQueueRules`, called by :mod:`.lambda_api`):
+How the event queue honours them (:class:`EventQueueRules`, ``LambdaApi.events``):
 
 * an event that waited in the queue longer than its function's ``MaximumEventAgeInSeconds`` is
   dropped without running (``events_expired`` in ``/lambda/stats``), as Lambda drops it;
@@ -28,6 +28,8 @@ import threading
 import time
 
 from flask import Response, jsonify, request
+
+from .lambda_common import configuration, error, function_name
 
 #: Lambda's bounds of the event invoke config (the emulator also takes ages down to 1 s).
 MAX_RETRIES = 2
@@ -92,41 +94,42 @@ def _checked(spec: dict) -> str | None:
     return None
 
 
-def register_events(app, api) -> EventQueueRules:
-    """Add the event-invoke-config and account-settings routes; the rules the event queue applies."""
-    from .lambda_api import _configuration, _error, _function_name
-
-    rules = EventQueueRules(api)
-
-    @app.route("/2019-09-25/functions/<name>/event-invoke-config", methods=["PUT", "POST", "GET", "DELETE"])
-    def lambda_event_invoke_config(name):
-        name = _function_name(name)
-        if request.method in ("PUT", "POST"):
-            spec = request.get_json(force=True, silent=True) or {}
-            problem = _checked(spec)
-            if problem:
-                return _error(400, "InvalidParameterValueException", problem)
-            fields = {k: spec[k] for k in ("MaximumRetryAttempts", "MaximumEventAgeInSeconds") if k in spec}
-            with rules._lock:  # Put replaces the config, Update (POST) changes the fields it names
-                rules.configs[name] = fields if request.method == "PUT" else {**rules.configs.get(name, {}), **fields}
+def lambda_event_invoke_config(api, name):
+    """Put (replace), Update (POST: the fields named), Get and Delete a function's event invoke config."""
+    rules = api.events
+    name = function_name(name)
+    if request.method in ("PUT", "POST"):
+        spec = request.get_json(force=True, silent=True) or {}
+        problem = _checked(spec)
+        if problem:
+            return error(400, "InvalidParameterValueException", problem)
+        fields = {k: spec[k] for k in ("MaximumRetryAttempts", "MaximumEventAgeInSeconds") if k in spec}
         with rules._lock:
-            config = rules.configs.pop(name, None) if request.method == "DELETE" else rules.configs.get(name)
-        if config is None:
-            return _error(404, "ResourceNotFoundException", f"The function {name} has no event invoke config")
-        if request.method == "DELETE":
-            return Response(status=204)
-        return jsonify({"FunctionArn": _configuration(api, name)["FunctionArn"], "LastModified": time.time(),
-                        "DestinationConfig": {}, **config})
+            rules.configs[name] = fields if request.method == "PUT" else {**rules.configs.get(name, {}), **fields}
+    with rules._lock:
+        config = rules.configs.pop(name, None) if request.method == "DELETE" else rules.configs.get(name)
+    if config is None:
+        return error(404, "ResourceNotFoundException", f"The function {name} has no event invoke config")
+    if request.method == "DELETE":
+        return Response(status=204)
+    return jsonify({"FunctionArn": configuration(api, name)["FunctionArn"], "LastModified": time.time(),
+                    "DestinationConfig": {}, **config})
 
-    @app.get("/2016-08-19/account-settings")
-    def lambda_account_settings():
-        size = api.emulator.pool.size
-        with api._cond:
-            reserved = sum(api.reserved.values())
-        return jsonify({"AccountLimit": {"ConcurrentExecutions": size,
-                                         "UnreservedConcurrentExecutions": max(0, size - reserved),
-                                         "TotalCodeSize": 80 * 2**30, "CodeSizeUnzipped": 250 * 2**20,
-                                         "CodeSizeZipped": 50 * 2**20},
-                        "AccountUsage": {"TotalCodeSize": 0, "FunctionCount": 0}})
 
-    return rules
+def lambda_account_settings(api):
+    """The account's concurrency: the emulator's workers, less the functions' reserved concurrency."""
+    size = api.emulator.pool.size
+    with api._cond:
+        reserved = sum(api.reserved.values())
+    return jsonify({"AccountLimit": {"ConcurrentExecutions": size,
+                                     "UnreservedConcurrentExecutions": max(0, size - reserved),
+                                     "TotalCodeSize": 80 * 2**30, "CodeSizeUnzipped": 250 * 2**20,
+                                     "CodeSizeZipped": 50 * 2**20},
+                    "AccountUsage": {"TotalCodeSize": 0, "FunctionCount": 0}})
+
+
+#: Routes (botocore's paths), served with either ``--lambda-runtime``.
+ROUTES = [
+    ("PUT,POST,GET,DELETE", "/2019-09-25/functions/<name>/event-invoke-config", lambda_event_invoke_config),
+    ("GET", "/2016-08-19/account-settings", lambda_account_settings),
+]

@@ -267,7 +267,7 @@ class _HashingReader:
             if not rest:
                 break
             self._hash.update(rest)
-        if not key.startswith("inputs/") or self._hash.hexdigest() != key.rsplit("/", 1)[-1]:
+        if key != keys.shared_input_key(self._hash.hexdigest()):  # inputs/xx/<its SHA-256>
             raise signing.UnauthenticatedObject(
                 f"input object {key!r} does not have the SHA-256 its key names: it was planted or "
                 "altered; refused, not unpickled")
@@ -457,6 +457,7 @@ def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
     return {
         "job_id": req.job_id,
         "call_id": req.call_id,
+        "first_item": req.first_index,  # where the call's items stand: a re-attach aligns on it
         "attempt": req.attempt,
         "worker": WORKER_ID,
         "cold": cold,
