@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError, FnmapError
 from ..runtime.serialization import runtime_info
 from ..runtime.signing import new_secret
+from .aws_policies import role_policy, trust_policy
 from .package import UNZIPPED_LIMIT, build_zip, code_sha256, unzipped_size
 
 TAG = "fnmap:deployment"
@@ -62,32 +63,7 @@ class Settings:
     expire_days: int = 7
     log_retention_days: int = 14
     rotate_secret: bool = False
-    #: Lambda's MaximumEventAgeInSeconds (retries off): see backends/lambda_deployment.py.
-    max_event_age: int = 300
-
-
-# -- policies --------------------------------------------------------------------
-
-
-def trust_policy() -> dict:
-    return {"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole",
-    }]}
-
-
-def role_policy(bucket: str, prefix: str, region: str, account: str, name: str) -> dict:
-    """Least privilege: the objects under the bucket prefix, the function's own log group, and invoking
-    the function itself (spawners)."""
-    return {"Version": "2012-10-17", "Statement": [
-        {"Sid": "JobData", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
-         "Resource": f"arn:aws:s3:::{bucket}/{prefix}/*"},
-        {"Sid": "ListJobData", "Effect": "Allow", "Action": "s3:ListBucket",
-         "Resource": f"arn:aws:s3:::{bucket}", "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/*"]}}},
-        {"Sid": "Logs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
-         "Resource": f"arn:aws:logs:{region}:{account}:log-group:/aws/lambda/{name}:*"},
-        {"Sid": "FanOut", "Effect": "Allow", "Action": "lambda:InvokeFunction",
-         "Resource": f"arn:aws:lambda:{region}:{account}:function:{name}"},
-    ]}
+    max_event_age: int = 300  # Lambda's MaximumEventAgeInSeconds (retries off): backends/lambda_deployment.py
 
 
 # -- deploy ------------------------------------------------------------------------
