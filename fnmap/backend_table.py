@@ -27,6 +27,13 @@ BACKENDS = {
 }
 
 
+def _check_fanout(config, option: Option) -> None:
+    """``lambda_fanout``: None, 0 (no spawners) or a number of calls, at least ``option.minimum``."""
+    value = config.lambda_fanout
+    if not (type(value) is int and value == 0):
+        check_int(config, option)
+
+
 def _check_emulator_options(config, option: Option) -> None:
     from .errors import ConfigError
 
@@ -71,9 +78,10 @@ BACKEND_OPTIONS: dict[str, tuple[Option, ...]] = {
         Option("lambda_async_limit", 1024 * 1024, "aws backend: Lambda's asynchronous payload limit in "
                "bytes (256 KiB before late 2025).", kind="int", identifies=True),
         Option("lambda_fanout", None, "aws backend: jobs of at least this many calls are invoked from inside "
-               "Lambda by a few spawner calls (the client's cost stops growing with the job); None: never.",
-               kind="int", identifies=True, check=check_int, minimum=2,
-               fix="calls in a job from which spawners invoke them; None to never fan out"),
+               "Lambda by a few spawner calls (the client's cost stops growing with the job); None (default): "
+               "only the calls sent as Event go through spawners; 0: no spawners at all.",
+               kind="int", identifies=True, check=_check_fanout, minimum=2,
+               fix="calls in a job from which all go through spawners; 0 for no spawners"),
     ),
     "batch": (
         _REGION,

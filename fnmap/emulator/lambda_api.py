@@ -16,9 +16,10 @@ with 403 before any route sees it.  Routes, with botocore's paths:
   ``Event``), ``Function.ResponseSizeTooLarge`` for a response over 6 MiB.
 * ``GET /2015-03-31/functions/<name>/configuration`` (GetFunctionConfiguration).
 * With ``ric`` only, function management and layers (:mod:`.lambda_manage`): CreateFunction,
-  GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration, DeleteFunction,
-  Put/GetFunctionEventInvokeConfig, PublishLayerVersion, GetLayerVersion, ListLayerVersions and
-  DeleteLayerVersion.
+  GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration, DeleteFunction, PublishLayerVersion,
+  GetLayerVersion, ListLayerVersions and DeleteLayerVersion.
+* Put/Update/Get/DeleteFunctionEventInvokeConfig (honoured: an event past its age is dropped; the
+  fault plan's ``--drop-rate`` loses events silently) and GetAccountSettings (:mod:`.lambda_events`).
 * ``PUT``/``DELETE /2017-10-31/...`` and ``GET /2019-09-30/functions/<name>/concurrency``
   (reserved concurrency): a synchronous invocation beyond it answers 429
   ``TooManyRequestsException`` as Lambda does; queued events wait for a slot.
@@ -67,9 +68,10 @@ from flask import Response, jsonify, request
 from ..runtime.lambda_event import SPAWN_PREFIX, Refused, decode_event, encode_result, is_spawn_event, spawn
 from ..runtime.signing import REFUSED
 from ..runtime.wire import ERROR_KIND_HEADER
-from . import lambda_manage, sigv4
+from . import lambda_events, lambda_manage, sigv4
 from .lambda_common import ACCOUNT, API_VERSION, HANDLER, REGION, TIMEOUT_SECONDS, configuration, error, lambda_error
 from .lambda_common import function_name as _function_name
+from .lambda_events import EventQueueRules
 from .routes import add_routes
 
 __all__ = ["ACCOUNT", "HANDLER", "REGION", "TIMEOUT_SECONDS", "LambdaApi", "lambda_error", "register", "runtime_mode"]
@@ -113,8 +115,8 @@ class LambdaApi:
         self.own_url: str | None = None
         #: Whether events run under awslambdaric (``--lambda-runtime ric``), not in the pool.
         self.ric = make_runtime is not None
-        #: Each function's event invoke config (Put/GetFunctionEventInvokeConfig), as given.
-        self.invoke_configs: dict[str, dict] = {}
+        #: The event invoke configs and lost events (:mod:`.lambda_events`).
+        self.events = EventQueueRules(self)
 
     def _acquire(self, name: str, wait: bool) -> bool:
         with self._cond:
@@ -220,19 +222,23 @@ class LambdaApi:
         return spawn(event, invoke, self.emulator.secret, threads=1)
 
     def enqueue(self, name: str, payload: bytes) -> None:
+        if self.events.dropped(payload):
+            return  # lost as Lambda may lose an event (--drop-rate): accepted, never run
         with self._cond:
             if len(self._runners) < self.emulator.pool.size:  # Lambda's async queue, drained by daemons
                 runner = threading.Thread(target=self._drain, name="fnmap-lambda-event", daemon=True)
                 self._runners.append(runner)
                 runner.start()
-        self._events.put((name, payload))
+        self._events.put((name, payload, time.monotonic()))
 
     def _drain(self) -> None:
         while True:
-            name, payload = self._events.get()
+            name, payload, queued = self._events.get()
             self._acquire(name, wait=True)
             try:
-                if self.runtime is not None:
+                if self.events.expired(name, queued):
+                    pass  # older than the function's MaximumEventAgeInSeconds: dropped, as on Lambda
+                elif self.runtime is not None:
                     if self.run(name, payload)[1]:  # the answer of an event is dropped, as on Lambda
                         self.stats["event_function_errors"] += 1
                 else:
@@ -318,7 +324,7 @@ def register(app, emulator) -> None:
         if api.own_url is None and API_PATH.match(request.path):
             api.own_url = request.host_url.rstrip("/")
 
-    add_routes(app, [*ROUTES[:2], *(lambda_manage.ROUTES if ric else ()), *ROUTES[2:]], api)
+    add_routes(app, [*ROUTES[:2], *lambda_events.ROUTES, *(lambda_manage.ROUTES if ric else ()), *ROUTES[2:]], api)
 
 
 def lambda_invoke(api: LambdaApi, name):
@@ -412,8 +418,8 @@ def lambda_stats(api: LambdaApi):
              "access_keys": len(api.access_keys)}  # how many keys, not which: the route is unsigned
     if api.scaling_rate:
         stats["scaled_to"] = dict(api.environments)
-    if api.ric:
-        stats.update(api.runtime.stats, environments=api.runtime.environments())
+    if api.ric and api._runtime is not None:  # not made here: made before a signed request, its
+        stats.update(api.runtime.stats, environments=api.runtime.environments())  # spawners lack own_url
     return jsonify(stats)
 
 

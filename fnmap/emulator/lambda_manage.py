@@ -2,7 +2,7 @@
 
 What ``fnmap deploy aws deploy|env|destroy`` calls, with botocore's paths: CreateFunction,
 GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration (``Timeout``, ``MemorySize``,
-``Environment``, ``Layers``), DeleteFunction, Put/Update/GetFunctionEventInvokeConfig,
+``Environment``, ``Layers``), DeleteFunction,
 PublishLayerVersion, GetLayerVersion, ListLayerVersions and DeleteLayerVersion.  A layer's
 ``python/`` goes on the path of the functions naming it, as Lambda's ``/opt/python``
 (:class:`.lambda_environment.Environment`).  Every other operation is refused by
@@ -21,9 +21,10 @@ from flask import Response, jsonify, request
 from .lambda_common import HANDLER, configuration, error, function_name, host_architecture
 
 #: What the emulator serves, for the refusal of everything else.
-SERVED = ("Invoke, GetFunctionConfiguration, Put/Get/DeleteFunctionConcurrency and, with --lambda-runtime ric, "
+SERVED = ("Invoke, GetFunctionConfiguration, Put/Get/DeleteFunctionConcurrency, "
+          "Put/Update/Get/DeleteFunctionEventInvokeConfig, GetAccountSettings and, with --lambda-runtime ric, "
           "CreateFunction, GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration, DeleteFunction, "
-          "Put/GetFunctionEventInvokeConfig, PublishLayerVersion, GetLayerVersion, ListLayerVersions, "
+          "PublishLayerVersion, GetLayerVersion, ListLayerVersions, "
           "DeleteLayerVersion")
 
 
@@ -150,18 +151,6 @@ def lambda_update_function_configuration(api, name):
     return _configure(api, function_name(name), request.get_json(force=True, silent=True) or {}, None)
 
 
-def lambda_event_invoke_config(api, name):
-    """Kept and reported; the emulator's event queue never retries an event (the client does)."""
-    name = function_name(name)
-    if request.method != "GET":
-        spec = request.get_json(force=True, silent=True) or {}
-        api.invoke_configs[name] = {k: spec[k] for k in ("MaximumRetryAttempts", "MaximumEventAgeInSeconds")
-                                    if k in spec}
-    if name not in api.invoke_configs:
-        return error(404, "ResourceNotFoundException", f"The function {name} has no event invoke config")
-    return jsonify({"FunctionArn": configuration(api, name)["FunctionArn"], **api.invoke_configs[name]})
-
-
 def lambda_publish_layer_version(api, name):
     spec = request.get_json(force=True, silent=True) or {}
     zip_file = (spec.get("Content") or {}).get("ZipFile")
@@ -196,7 +185,6 @@ ROUTES = [
     ("DELETE", "/2015-03-31/functions/<name>", lambda_delete_function),
     ("PUT", "/2015-03-31/functions/<name>/code", lambda_update_function_code),
     ("PUT", "/2015-03-31/functions/<name>/configuration", lambda_update_function_configuration),
-    ("PUT,POST,GET", "/2019-09-25/functions/<name>/event-invoke-config", lambda_event_invoke_config),
     ("POST", "/2018-10-31/layers/<name>/versions", lambda_publish_layer_version),
     ("GET", "/2018-10-31/layers/<name>/versions", lambda_list_layer_versions),
     ("GET,DELETE", "/2018-10-31/layers/<name>/versions/<int:version>", lambda_layer_version),
