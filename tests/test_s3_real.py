@@ -99,7 +99,7 @@ def test_ranged_gets_at_the_edges(store):
 
 
 def test_listing_past_one_page_of_1000_keys(store):
-    keys = [f"many/{i % 7}/{i:05d}" for i in range(1234)]
+    keys = [f"many/{i % 7}/{i:05d}" for i in range(1003)]  # two pages, two DeleteObjects requests
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: store.put(k, b"x"), keys))
     store.put("many-not/0", b"x")  # shares the string prefix "many", not the folder
@@ -113,9 +113,14 @@ def test_listing_past_one_page_of_1000_keys(store):
     assert store.list("many-not/") == ["many-not/0"]
 
 
-def test_object_over_100_mb_goes_up_in_parts(store, s3_env):
+def test_object_over_100_mb_goes_up_in_parts(store, s3_env, monkeypatch):
+    # By default a 100 MB object is over the threshold; the upload is tried with S3's smallest parts
+    # (5 MiB) so that it stays cheap: three parts, the last one short.
+    assert s3_storage.MULTIPART_THRESHOLD < 100 << 20
+    monkeypatch.setattr(s3_storage, "MULTIPART_THRESHOLD", 6 << 20)
+    monkeypatch.setattr(s3_storage, "PART_SIZE", 5 << 20)
     block = bytes(range(256)) * 4096  # 1 MiB with every offset distinguishable mod 256
-    data = block * 100 + b"+" * 12345
+    data = block * 10 + b"+" * 12345
     store.put("big/obj", data)
     head = s3_env.client.head_object(Bucket=store.bucket, Key=store.prefix + "big/obj")
     parts = -(-len(data) // s3_storage.PART_SIZE)
