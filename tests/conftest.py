@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import tempfile
 import time
 
@@ -15,13 +14,6 @@ from fnmap.emulator.launcher import EmulatorLauncher
 from fnmap.errors import FnmapError
 
 _SCRUB = re.compile(r"^(FNMAP_|AWS_ENDPOINT_URL)")
-
-# The suite starts hundreds of Python processes (emulators, Batch children, scripts, kernels); where
-# PYTHONDONTWRITEBYTECODE is set (this machine's environment sets it), each one would compile fnmap
-# from source again (~0.15 s of CPU an emulator).  Bytecode caches are written beside the sources
-# (``__pycache__/``, ignored by git) for this process and everything it starts.
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-sys.dont_write_bytecode = False
 
 
 @pytest.fixture(scope="session")
