@@ -17,7 +17,9 @@ own settings (``AWS_ENDPOINT_URL_LAMBDA``, test credentials), storage a local fo
 ``--register NAME=module:Class`` adds a backend (a module on ``PYTHONPATH``), e.g. a copy of an
 older ``aws.py`` to measure before and after in one run: ``--backends aws,aws_before,emulator``.
 ``--scaling-rate`` and ``--max-concurrency`` pass Lambda's limits to the emulator; ``--fanout N``
-sends the scale runs' jobs through spawner invocations (fan-out from inside the platform).
+sends whole jobs of N calls or more through spawner invocations (fan-out from inside the platform;
+without it the aws backend still sends its ``Event`` calls through spawners, its default since
+issue 25); ``--chunksize auto`` runs the scale runs with automatic chunking (the default of a map).
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ def _instrument(backend_name: str, registered: dict, profilers: list | None) -> 
     return marks, counts
 
 
-def measure(backend: str, n: int, options: dict, registered: dict, profile: str | None, fanout: int | None) -> dict:
+def measure(backend: str, n: int, options: dict, registered: dict, profile: str | None, fanout: int | None,
+            chunksize: int | None = 1) -> dict:
     import fnmap
 
     if fanout:
@@ -118,7 +121,8 @@ def measure(backend: str, n: int, options: dict, registered: dict, profile: str 
     rss_before = _rss_kb()
     marks["profiling"] = True
     wall, cpu = time.perf_counter(), time.process_time()
-    out = fnmap.map(noop, range(n), backend=backend, chunksize=1, progress=False, **options)
+    job = fnmap.map(noop, range(n), backend=backend, chunksize=chunksize, progress=False, return_job=True, **options)
+    out = job.results()
     cpu, end = time.process_time() - cpu, time.perf_counter()
     if profilers:
         import pstats
@@ -131,13 +135,13 @@ def measure(backend: str, n: int, options: dict, registered: dict, profile: str 
     maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"backend": backend, "n": n, "cpu_s": cpu, "invoked_s": marks["last_invoked"] - wall,
             "gathered_s": end - wall, "invoke_cpu_s": marks["invoke_cpu_s"], "rss_growth_kb": maxrss_kb - rss_before,
-            "storage": dict(counts)}
+            "storage": dict(counts), "calls": len(job.calls)}
 
 
 def run_child(backend: str, n: int, env: dict, options: dict, registered: dict, profile: str | None = None,
-              fanout: int | None = None) -> dict:
+              fanout: int | None = None, chunksize: int | None = 1) -> dict:
     spec = json.dumps({"backend": backend, "n": n, "options": options, "registered": registered,
-                       "profile": profile, "fanout": fanout})
+                       "profile": profile, "fanout": fanout, "chunksize": chunksize})
     cmd = [sys.executable, os.path.abspath(__file__), "--child", spec]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     for line in reversed(p.stdout.splitlines()):
@@ -169,7 +173,8 @@ def _row(r: dict) -> str:
     n = r["n"]
     per_call = sum(r["storage"].values()) / n
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["storage"].items()))
-    return (f"| {r['backend']} | {n:,} | {r['invoked_s']:.2f} | {r['gathered_s']:.2f} | {r['cpu_s'] / n * 1e6:.0f} "
+    return (f"| {r['backend']} | {n:,} | {r.get('calls', n):,} "
+            f"| {r['invoked_s']:.2f} | {r['gathered_s']:.2f} | {r['cpu_s'] / n * 1e6:.0f} "
             f"| {r['invoke_cpu_s'] / n * 1e6:.0f} "
             f"| {r['rss_growth_kb'] / n:.2f} | {per_call:.3f} ({kinds}) |")
 
@@ -193,6 +198,8 @@ def main(argv=None) -> None:
                     help="how the emulator runs Lambda events (default pool)")
     ap.add_argument("--scaling-rate", type=int, default=0, help="the emulator's --scaling-rate (default off)")
     ap.add_argument("--max-concurrency", type=int, default=0, help="the emulator's --max-concurrency (default off)")
+    ap.add_argument("--chunksize", default="1",
+                    help="chunksize of the scale runs: items per call, or auto (automatic chunking); default 1")
     ap.add_argument("--fanout", type=int, default=0, metavar="N",
                     help="the aws backend fans jobs of N calls or more out through spawner "
                          "invocations (AwsBackend.fanout_threshold; default off)")
@@ -206,7 +213,7 @@ def main(argv=None) -> None:
         sys.path.insert(0, HERE)
         spec = json.loads(args.child)
         print(json.dumps(measure(spec["backend"], spec["n"], spec["options"], spec["registered"],
-                                 spec["profile"], spec.get("fanout"))), flush=True)
+                                 spec["profile"], spec.get("fanout"), spec.get("chunksize", 1))), flush=True)
         return
     registered = dict(r.split("=", 1) for r in args.register)
     options = {"workers": args.client_workers, "lambda_invocation": args.invocation, "speculation": False}
@@ -219,8 +226,8 @@ def main(argv=None) -> None:
             env = _client_env(emu, "file://" + folder)
             print(f"emulator {emu.url}: {args.workers} workers, Lambda runtime {args.lambda_runtime}; "
                   f"{os.cpu_count()} CPUs; client workers {args.client_workers}", flush=True)
-            header = ("| backend | calls | invoked s | gathered s | client CPU µs/call | in invoke "
-                      "| RSS KB/call | client storage requests/call |\n" + "| --- " * 8 + "|")
+            header = ("| backend | items | calls | invoked s | gathered s | client CPU µs/item | in invoke "
+                      "| RSS KB/item | client storage requests/item |\n" + "| --- " * 9 + "|")
             if args.compare:
                 print(f"\ncompare, {args.compare:,} calls each, alternating, {args.reps} reps:\n{header}", flush=True)
                 runs = collections.defaultdict(list)
@@ -239,10 +246,12 @@ def main(argv=None) -> None:
             sizes = [int(s) for s in args.calls.split(",") if s and int(s) > 0]
             if sizes:
                 fanned = f", fan-out from {args.fanout} calls" if args.fanout else ""
-                print(f"\nscale ({args.scale_backend}, lambda_invocation={args.invocation}{fanned}):\n{header}",
+                print(f"\nscale ({args.scale_backend}, lambda_invocation={args.invocation}{fanned}, "
+                      f"chunksize {args.chunksize}):\n{header}",
                       flush=True)
             for n in sizes:
-                r = run_child(args.scale_backend, n, env, options, registered, fanout=args.fanout)
+                r = run_child(args.scale_backend, n, env, options, registered, fanout=args.fanout,
+                              chunksize=None if args.chunksize == "auto" else int(args.chunksize))
                 rows.append(dict(r, kind="scale"))
                 print(_row(r), flush=True)
     finally:

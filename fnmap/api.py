@@ -8,7 +8,6 @@ Data in object storage (issue 7): a storage URL, glob or list of URLs as
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -18,7 +17,6 @@ from .config import resolve
 from .errors import ConfigError
 from .feed import ChunkFeed
 from .jobs import CallOutcome
-from .observe import records
 from .observe.progress import make_progress
 from .runtime import keys
 from .runtime.worker import MODE_ARGS, MODE_ONE
@@ -219,8 +217,7 @@ def _start(
 
     With ``chunksize`` set, every chunk is made and pickled here; unset (automatic), the first
     calls are made here and a :class:`fnmap.feed.ChunkFeed` makes the rest as calls end."""
-    job = client.new_job(config, kind, job_id=job_id)
-    records.label(job, getattr(func, "map_func", None) or getattr(func, "reduce_func", None) or func)
+    job = client.new_job(config, kind, function=func, stream=stream, job_id=job_id)
     index = 0
     states = []
     stores: list = []  # large inputs being stored meanwhile, by the client's input threads
@@ -230,7 +227,7 @@ def _start(
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
             redrive.store_items(client, job, mode, items)  # a bad item is named before anything runs
-            job.feed = ChunkFeed(client, job, func_key, mode, items)
+            client.use_feed(job, ChunkFeed(client, job, func_key, mode, items))
             states = job.feed.start(stores)
             index = len(items)
         else:
@@ -241,16 +238,14 @@ def _start(
         client.finish_stores(stores)
     except BaseException as e:
         client.finish_stores(stores, abandon=True)  # nothing is left writing for a job that will not run
-        job.setup_error = f"{type(e).__name__}: {e}"  # the record says why nothing ran
-        job.cancel()
-        client.seal(job)
+        client.setup_failed(job, e)  # nothing runs; the record says why
         raise
     label = label or f"fnmap {getattr(func, '__name__', 'map')}"
-    job.progress = make_progress(config.progress, index, label)
-    if stream:  # imap reads each call as it is done
-        job.completed = queue.SimpleQueue()
+    client.show_progress(job, make_progress(config.progress, index, label))
     if job.feed is None or job.feed.seal_if_complete():
         client.seal(job)
+    else:  # its "running" entry with every item counted: a re-attach after the client died aligns
+        job.save_record(final=False)
     client.submit(job, states)
     return job
 
@@ -288,22 +283,10 @@ def map_reduce(
     >>> fnmap.map_reduce(lambda x: x * x, range(4), sum)
     14
     """
-    from .runtime.partition import Partition
-    from .runtime.reduce import MapStage, ReduceStage, check_fanin
+    from .runtime.reduce import MapStage, ReduceStage
 
     config = resolve(**options)
-    check_fanin(reduce_fanin)
-    if not callable(reduce_func):
-        raise TypeError(
-            f"reduce_func must be callable, got {type(reduce_func).__name__}: {reduce_func!r:.100}"
-        )
-    items = list(_input_items(items, obj_chunk_size, obj_chunk_number))
-    if reduce_by_key and not all(isinstance(item, Partition) for item in items):
-        raise ConfigError(
-            "reduce_by_key=True reduces each object's partitions separately, so items must name "
-            "data in object storage (a URL, glob or list of URLs); use reduce_by_key=False for "
-            "other items"
-        )
+    items = _reduce_inputs(items, reduce_func, reduce_fanin, reduce_by_key, obj_chunk_size, obj_chunk_number)
     client = get_client(config)
     name = getattr(map_func, "__name__", "map")
     map_job = _start(
@@ -327,6 +310,26 @@ def map_reduce(
     if return_job:
         return last_job
     return results if reduce_by_key else results[None]
+
+
+def _reduce_inputs(items, reduce_func, reduce_fanin, reduce_by_key: bool, obj_chunk_size, obj_chunk_number) -> list:
+    """The items of a ``map_reduce``, once its reduce options are checked."""
+    from .runtime.partition import Partition
+    from .runtime.reduce import check_fanin
+
+    check_fanin(reduce_fanin)
+    if not callable(reduce_func):
+        raise TypeError(
+            f"reduce_func must be callable, got {type(reduce_func).__name__}: {reduce_func!r:.100}"
+        )
+    items = list(_input_items(items, obj_chunk_size, obj_chunk_number))
+    if reduce_by_key and not all(isinstance(item, Partition) for item in items):
+        raise ConfigError(
+            "reduce_by_key=True reduces each object's partitions separately, so items must name "
+            "data in object storage (a URL, glob or list of URLs); use reduce_by_key=False for "
+            "other items"
+        )
+    return items
 
 
 def _reduce_tree(client, config, stage, groups: dict, fanin: int | None):

@@ -12,14 +12,16 @@ from __future__ import annotations
 import time
 from concurrent.futures import CancelledError
 
-from .errors import KeyNotFound, PlatformError
+from .errors import CallLost, FnmapError, KeyNotFound, PlatformError
 from .jobs import remote_exception
-from .observe import records
-from .runtime import compression, keys, signing
+from .observe import history, records
+from .observe.identity import ABANDONED
+from .observe.logs import logs_text
+from .runtime import cancel, compression, keys, signing
 from .runtime.serialization import loads
 
 #: Statuses after which nothing about a job changes any more.
-FINAL = ("succeeded", "failed", "cancelled", "incomplete", records.ABANDONED)
+FINAL = ("succeeded", "failed", "cancelled", "incomplete", ABANDONED)
 
 
 def job(job_id: str, **options) -> AttachedJob:
@@ -30,7 +32,7 @@ def job(job_id: str, **options) -> AttachedJob:
 
     config = resolve(**options)
     store = open_store(config.storage_url, config.storage_origin, create=False)  # reading creates nothing
-    return AttachedJob(store, records.resolve_id(store, job_id), secret=config.secret)
+    return AttachedJob(store, history.resolve_id(store, job_id), secret=config.secret)
 
 
 class AttachedJob:
@@ -72,14 +74,34 @@ class AttachedJob:
         return True
 
     def results(self, return_exceptions: bool = False) -> list:
-        """Every item's result in input order, as ``fnmap.map`` returned them (waits for the job).
-        An item's exception is raised (or put in place with ``return_exceptions``); a call that
-        never ran gives ``CancelledError``, one that failed on the platform ``PlatformError``."""
+        """Every item's result in input order, as ``fnmap.map`` returned them (waits for the job):
+        one entry per item, always.  An item's exception is raised (or put in place with
+        ``return_exceptions``); a call that never ran gives ``CancelledError``, one that failed on
+        the platform ``PlatformError``, one that never reported (its client stopped first) ``CallLost``."""
         self.wait()
+        record = self.record()
+        unreported = record.get("unreported", [])
+        if unreported is None:
+            raise FnmapError(f"job {self.id}: the status records do not say where each call's items stand "
+                             "(written by an older fnmap), so its results cannot be put in order")
+        spans = [(c["first_item"] or 0, c) for c in record["calls"]]
+        spans += [(first, {"unreported": n, "first_item": first}) for first, n in unreported]
         out = []
-        for call in sorted(self.record()["calls"], key=lambda c: c["call"]):
-            out.extend(self._call_results(call, return_exceptions))
+        for _, call in sorted(spans, key=lambda span: span[0]):
+            out.extend(self._unreported(call, record, return_exceptions) if "unreported" in call
+                       else self._call_results(call, return_exceptions))
         return out
+
+    def _unreported(self, span: dict, record: dict, return_exceptions: bool) -> list:
+        """Placeholders for items no call reported: a clear exception each, raised for the first."""
+        first, n = span["first_item"], span["unreported"]
+        status = record["summary"]["status"]
+        why = "its client stopped before it ran or reported" if status == ABANDONED else f"the job is {status}"
+        excs = [CallLost(f"item {first + i} of job {self.id} has no result: its call never ran or never "
+                         f"reported ({why}); see `fnmap job {self.id[:12]}`") for i in range(n)]
+        if excs and not return_exceptions:
+            raise excs[0]
+        return excs
 
     def _call_results(self, call: dict, return_exceptions: bool) -> list:
         try:
@@ -109,7 +131,7 @@ class AttachedJob:
 
     def logs(self, call: int | None = None) -> str:
         """The captured output of every call (or of call ``call``), by attempt."""
-        return records.logs_text(self.store, self.id, call)
+        return logs_text(self.store, self.id, call)
 
     def redrive(self, **options):
         """Run the calls of this job that have no committed result, from this process (the job's
@@ -124,7 +146,7 @@ class AttachedJob:
 
     def cancel(self) -> None:
         """Ask the client running this job to cancel it (no effect on a job that has ended)."""
-        records.request_cancel(self.store, self.id, "fnmap.job(...).cancel()")
+        cancel.request_cancel(self.store, self.id, "fnmap.job(...).cancel()")
 
     def __repr__(self) -> str:
         s = self.summary()

@@ -12,16 +12,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-import time
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import lease, redrive
 from .backends import create_backend
 from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageError, storage_fix
-from .jobs import CallState, Job
-from .observe import records
-from .runtime import keys
+from .jobs import Job
+from .run import CallRun
+from .runtime import cancel, keys
 from .runtime.serialization import dump_parts, dumps_checked, out_of_band, parts_size, pickle_function
 from .runtime.setup import WithInitializer
 from .runtime.worker import MODE_ARGS, MODE_ONE
@@ -49,6 +48,7 @@ class Client:
         self.max_workers = self.backend.max_workers
         self.scheduler = Scheduler(self.backend, self.store, secret)
         self.scheduler.on_poll = self._cancel_if_asked
+        self.scheduler.on_poll_seconds = CANCEL_CHECK_SECONDS
         #: Shared objects this process stored or found: key -> the job it last looked for.
         self._uploaded: dict[str, str] = {}
         #: Threads that store a map's large inputs (a pool starts its threads on first use).
@@ -60,13 +60,18 @@ class Client:
 
     # -- the front-ends' API -------------------------------------------------------
 
-    def new_job(self, config, kind: str = "map", job_id: str | None = None, created: float | None = None) -> Job:
-        """A new, empty job of this deployment (``kind`` names the front-end in its record).
+    def new_job(self, config, kind: str = "map", *, function=None, stream: bool = False,
+                speculate_open: bool = False, job_id: str | None = None, created: float | None = None) -> Job:
+        """A new, empty job of this deployment (``kind`` names the front-end in its record,
+        ``function`` the job in ``fnmap jobs``; ``stream``: its calls are handed on as they are
+        done, for ``imap``; ``speculate_open``: stragglers get copies before it is sealed;
+        ``job_id``/``created``: those of a job run again, a redrive or a named job, issue 23).
 
         Its "running" index entry is written now, before any function or input is looked up: a
         ``fnmap gc`` in another process then sees a job being built and keeps every shared object
         (one small PUT per job; it is rewritten with the counts when the job is sealed)."""
-        job = Job(self.scheduler, self.store, config, kind, job_id, created)
+        job = Job(self.scheduler, self.store, config, kind, function=function, stream=stream,
+                  speculate_open=speculate_open, job_id=job_id, created=created)
         job.save_record(final=False)
         lease.hold(job)  # renewed in storage while this process runs it (issue 23)
         return job
@@ -92,7 +97,7 @@ class Client:
         self._uploaded[key] = job.id
 
     def add_call(self, job: Job, func_key: str, chunk: tuple, first_index: int, n_items: int,
-                 future: Future | None = None, unwrap: bool = False, stores: list | None = None) -> CallState:
+                 future: Future | None = None, unwrap: bool = False, stores: list | None = None) -> CallRun:
         """Pickle a chunk (storing it if it is large) and add the call to ``job``; not sent until
         :meth:`submit`.  An item that cannot be pickled is named, with its index, before anything runs.
 
@@ -105,11 +110,21 @@ class Client:
             _raise_unpicklable(chunk, first_index)
         by_reference = parts_size(parts) > job.config.inline_limit
         payload = b"" if by_reference else parts[0] if len(parts) == 1 else b"".join(parts)
-        state = CallState(len(job.calls), first_index, n_items, func_key, payload, None, future or Future(), unwrap)
+        state = CallRun(len(job.calls), first_index, n_items, func_key, payload, None, future or Future(), unwrap)
         if by_reference and stores is None:
             self._store_input(state, parts, job)
         elif by_reference:
             stores.append(self._inputs.submit(self._store_input, state, parts, job))
+        self.scheduler.add(job, state)
+        return state
+
+    def add_stored_call(self, job: Job, call_id: int, first_index: int, n_items: int, func_key: str,
+                        items_key: str | None, payload: bytes, future: Future | None = None) -> CallRun:
+        """Add to ``job`` a call whose input is pickled already (inline ``payload``, or stored at
+        ``items_key``), under its own id: a redrive sends a stopped job's calls again (issue 23)."""
+        if call_id != len(job.calls):
+            raise ValueError(f"call {call_id} of job {job.id} added as call {len(job.calls)}: add them in order")
+        state = CallRun(call_id, first_index, n_items, func_key, payload, items_key, future or Future(), False)
         self.scheduler.add(job, state)
         return state
 
@@ -122,14 +137,15 @@ class Client:
         except Exception:
             _raise_unpicklable((mode, items), 0)
 
-    def _store_input(self, state: CallState, parts: list, job: Job) -> None:
+    def _store_input(self, state: CallRun, parts: list, job: Job) -> None:
         """Store a call's chunk once by content and name it in the call (its signed request names it);
         its large buffers go from the caller's memory to storage without a copy (``dump_parts``)."""
         digest = hashlib.sha256()
         for part in parts:
             digest.update(part)
-        state.items_key = keys.shared_input_key(digest.hexdigest())
-        self._put_shared(state.items_key, parts, job, "store the input of the call")
+        items_key = keys.shared_input_key(digest.hexdigest())
+        self._put_shared(items_key, parts, job, "store the input of the call")
+        self.scheduler.input_stored(state, items_key)
 
     @staticmethod
     def finish_stores(stores: list, abandon: bool = False) -> None:
@@ -141,7 +157,7 @@ class Client:
         for pending in stores if not abandon else ():
             pending.result()
 
-    def submit(self, job: Job, states: list[CallState]) -> None:
+    def submit(self, job: Job, states: list[CallRun]) -> None:
         """Send these calls of ``job``; their futures complete as they finish."""
         redrive.record_calls(self, job, states)  # what they run, stored first: redrive can run them again
         self.scheduler.submit(job, states)
@@ -149,6 +165,18 @@ class Client:
     def seal(self, job: Job) -> None:
         """No more calls will be added to ``job``."""
         self.scheduler.seal(job)
+
+    def setup_failed(self, job: Job, error: BaseException) -> None:
+        """``job`` could not be set up (``error``): nothing runs, its record says why."""
+        self.scheduler.setup_failed(job, f"{type(error).__name__}: {error}")
+
+    def use_feed(self, job: Job, feed) -> None:
+        """``feed`` makes the calls of ``job`` as it runs (see :mod:`fnmap.feed`)."""
+        self.scheduler.use_feed(job, feed)
+
+    def show_progress(self, job: Job, progress) -> None:
+        """Show ``job``'s calls on ``progress`` (a bar from ``make_progress``, or None)."""
+        self.scheduler.show_progress(job, progress)
 
     @contextlib.contextmanager
     def storage_errors(self, doing: str):
@@ -167,16 +195,11 @@ class Client:
             raise err from e
 
     def _cancel_if_asked(self, job: Job) -> None:
-        """Called by the scheduler's monitor for each running job: stop it if ``fnmap cancel`` (from
-        any process that reaches the storage) asked to; one small GET per job per second at most."""
-        now = time.monotonic()
-        if job.abandoned or now - job.cancel_checked < CANCEL_CHECK_SECONDS:
-            return
-        job.cancel_checked = now
-        reason = records.cancel_requested(self.store, job.id)
+        """Called by the scheduler's monitor for each running job, every ``CANCEL_CHECK_SECONDS`` at
+        most: stop it if ``fnmap cancel`` (from any process that reaches the storage) asked to."""
+        reason = cancel.cancel_requested(self.store, job.id)
         if reason:
-            job.cancel_reason = reason
-            job.cancel(stop_platform=True)
+            self.scheduler.cancel(job, stop_platform=True, reason=reason)
 
     def close(self) -> None:
         self.scheduler.close()

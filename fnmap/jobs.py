@@ -7,7 +7,6 @@ it is the value itself, or the remote exception.
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import CancelledError, Future
 
@@ -26,52 +25,13 @@ from .errors import (
 from .errors import TimeoutError as CallTimeout
 from .observe import records
 from .observe.output import show_call_output
+from .run import CallRun, JobRun
 from .runtime import keys
+from .runtime import outcome as _outcome
 from .runtime.serialization import unpack_exception
 
-
-class CallState:
-    """Bookkeeping of one call (one chunk of items)."""
-
-    __slots__ = (
-        "call_id", "first_index", "n_items", "func_key", "payload", "items_key", "future",
-        "unwrap", "attempts", "next_attempt", "sent_at", "in_flight", "done", "speculated",
-        "stats", "awaiting", "charged", "claimed", "result", "memory_step",
-    )
-
-    def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap):
-        self.call_id = call_id
-        self.first_index = first_index
-        self.n_items = n_items
-        self.func_key = func_key
-        self.payload = payload
-        self.items_key = items_key
-        self.future = future
-        self.unwrap = unwrap
-        #: One ``[attempt, sent, ended, outcome, memory MB or None]`` per attempt, for the job summary.
-        self.attempts: list[list] = []
-        self.next_attempt = 1
-        self.sent_at = 0.0
-        self.in_flight = 0
-        self.done = False
-        self.speculated = False
-        self.stats: dict | None = None
-        #: Attempt number -> time, for attempts accepted asynchronously whose result is in storage.
-        self.awaiting: dict[int, float] | None = None
-        #: Faults that used up one of ``retries`` (429s and speculative copies use none; issue 3).
-        self.charged = 0
-        #: Set, under the job's lock, by whoever settles the first attempt's fate: a dispatch
-        #: thread starting the call, or ``Job.cancel`` cancelling it (never both; issue 12).
-        self.claimed = False
-        #: The final outcome list, or the fault that failed the call, until :meth:`Job.deliver` hands it on.
-        self.result = None
-        #: Index into the job's ``memory`` steps that the next attempt runs with (out of memory climbs it).
-        self.memory_step = 0
-
-    def describe(self) -> str:
-        last = self.first_index + self.n_items - 1
-        items = f"item {self.first_index}" if self.n_items == 1 else f"items {self.first_index}..{last}"
-        return f"call {self.call_id} ({items})"
+#: The run state of one call, written by the scheduler (the name front-ends and tests knew it by).
+CallState = CallRun
 
 
 _PENDING, _RUNNING, _FINISHED, _FAILED, _CANCELLED = range(5)
@@ -154,42 +114,24 @@ FAULT_ERRORS = {
 class Job:
     """The user's handle on one job: its calls' futures, results, summary, record, logs and cost.
 
-    The :class:`fnmap.scheduler.Scheduler` decides everything about the calls (it updates the
-    counters below under its lock); the job turns those decisions into what a user sees:
-    completed futures, the progress bar, the job record in storage.
+    The :class:`fnmap.scheduler.Scheduler` decides everything about the calls and keeps what it
+    decided in the job's run state (:class:`fnmap.run.JobRun`, written by it alone under its lock);
+    the job reads that state (the read-only properties below) and turns the scheduler's decisions
+    into what a user sees: completed futures, the progress bar, the job record in storage.
     """
 
-    def __init__(self, scheduler, store, config, kind: str = "map", job_id: str | None = None,
-                 created: float | None = None):
+    def __init__(self, scheduler, store, config, kind: str = "map", *, function=None, stream: bool = False,
+                 speculate_open: bool = False, job_id: str | None = None, created: float | None = None):
         self.id = job_id or keys.new_job_id()  # a given id: a redrive or a named job (fnmap.redrive)
         self._scheduler = scheduler
+        #: What the scheduler decided about this job and its calls (read it; only the scheduler writes it).
+        self._run: JobRun = scheduler.new_run(speculate_open=speculate_open, stream=stream)
         self.store = store
         self.config = config
         self.kind = kind
+        #: The name of the function the job runs (``fnmap jobs``, the plot; issue 14), or None.
+        self.function_name: str | None = function_label(function) if function is not None else None
         self.created = created or time.time()
-        self.finished: float | None = None
-        self.calls: list[CallState] = []
-        self.sealed = False
-        #: No call starts any more; calls already started complete with their own results.
-        self.cancelled = False
-        #: Nobody waits for the results any more: no retries, no copies, failures are final.
-        self.abandoned = False
-        #: ``(call id, attempt)`` the scheduler stopped because the job was abandoned: they end as cancelled.
-        self.stopped_attempts: set[tuple[int, int]] = set()
-        #: Stragglers get speculative copies before the job is sealed (the Dask shim sets it).
-        self.speculate_open = False
-        #: Who asked another process to stop this job (``fnmap cancel``), once the client saw it.
-        self.cancel_reason: str | None = None
-        self.cancel_checked = 0.0
-        self.done_count = 0
-        self.failed_count = 0
-        self.retry_count = 0
-        self.duplicate_count = 0
-        self.durations: list[float] = []
-        self.progress = None
-        #: Call id -> (status, "Type: message") of calls that failed, for the job record (issue 8).
-        self.call_errors: dict[int, tuple[str, str]] = {}
-        self._record_saved = False
         self._log_reads = 0
         #: Why the job record could not be written, if it could not (also warned about).
         self.record_error: str | None = None
@@ -198,42 +140,69 @@ class Job:
         )
         #: The scheduler's lock: held while reading the calls' state for a record or summary.
         self._lock = scheduler.lock
-        self._all_done = threading.Event()
-        #: Set when every call is done or a call failed: what ``results`` waits on (fail fast).
-        self._wake = threading.Event()
-        #: A queue that receives each call's state when it is done, for ``fnmap.imap``;
-        #: None (no cost) unless a reader set one before the calls were dispatched.
-        self.completed = None
-        #: The :class:`fnmap.feed.ChunkFeed` that makes this job's calls as it runs (``chunksize``
-        #: unset), or None when every call was made up front.
-        self.feed = None
+
+    # -- the run state, as the scheduler keeps it (read-only) ----------------------
+
+    @property
+    def run(self) -> JobRun:
+        return self._run
+
+    calls = property(lambda self: self._run.calls, doc="The job's calls (:class:`fnmap.run.CallRun`), in order.")
+    sealed = property(lambda self: self._run.sealed, doc="No more calls will be added.")
+    cancelled = property(lambda self: self._run.cancelled,
+                         doc="No call starts any more; calls already started complete with their own results.")
+    abandoned = property(lambda self: self._run.abandoned,
+                         doc="Nobody waits for the results any more: no retries, no copies, failures are final.")
+    speculate_open = property(lambda self: self._run.speculate_open,
+                              doc="Stragglers get speculative copies before the job is sealed (Dask).")
+    cancel_reason = property(lambda self: self._run.cancel_reason,
+                             doc="Who asked another process to stop this job (``fnmap cancel``), once seen.")
+    stopped_attempts = property(lambda self: frozenset(self._run.stopped_attempts),
+                                doc="``(call id, attempt)`` stopped because the job was abandoned.")
+    done_count = property(lambda self: self._run.done_count, doc="Calls decided (finished, failed, cancelled).")
+    failed_count = property(lambda self: self._run.failed_count, doc="Items that failed.")
+    cancelled_count = property(lambda self: self._run.cancelled_count, doc="Calls that ended cancelled.")
+    retry_count = property(lambda self: self._run.retry_count, doc="Attempts sent after failed ones.")
+    copy_count = property(lambda self: self._run.copy_count, doc="Speculative copies sent.")
+    duplicate_count = property(lambda self: self._run.duplicate_count,
+                               doc="Answers that came after their call was decided (discarded).")
+    durations = property(lambda self: list(self._run.durations), doc="Seconds the finished calls ran.")
+    call_errors = property(lambda self: self._run.call_errors,
+                           doc="Call id -> (status, \"Type: message\"[, traceback]) of calls that failed.")
+    finished = property(lambda self: self._run.finished, doc="When the last call was decided (None: running).")
+    setup_error = property(lambda self: self._run.setup_error,
+                           doc="Why nothing ran (a function or item that does not pickle), or None.")
+    progress = property(lambda self: self._run.progress, doc="The job's progress bar, or None.")
+    completed = property(lambda self: self._run.completed,
+                         doc="A queue of calls as they are done (``fnmap.imap``), or None.")
+    feed = property(lambda self: self._run.feed,
+                    doc="The :class:`fnmap.feed.ChunkFeed` making the calls as they run (``chunksize`` unset).")
 
     # -- what the scheduler's decisions become ------------------------------------
 
-    def deliver(self, state: CallState, failed: int) -> None:
-        """A call's outcome is final (``state.result``: its outcomes, or the fault that failed it;
-        ``failed`` of its items failed): complete its future, tell ``imap`` and the progress bar."""
-        result, state.result = state.result, None
+    def deliver(self, state: CallRun, result, failed: int) -> None:
+        """A call's outcome is final (``result``: its outcomes, or the fault that failed it; ``failed``
+        of its items failed): complete its future, tell ``imap`` and the progress bar."""
         if isinstance(result, PlatformFault):
             _set(state.future, exception=self._fault_error(state, result))
         else:
             if not state.unwrap:
                 _set(state.future, result=result)
-            elif result[0][0] == "ok":
-                _set(state.future, result=result[0][1])
+            elif _outcome.succeeded(result[0]):
+                _set(state.future, result=_outcome.value(result[0]))
             else:
                 _set(state.future, exception=self.item_exception(state, 0, result[0]))
-        if self.completed is not None:
-            self.completed.put(state)
-        if self.progress is not None:
-            self.progress.update(state.n_items, failed, state.call_id)
-        if failed:
-            self._wake.set()
+        run = self._run
+        if run.completed is not None:
+            run.completed.put(state)
+        if run.progress is not None:
+            run.progress.update(state.n_items, failed, state.call_id)
 
-    def _fault_error(self, state: CallState, fault: PlatformFault) -> BaseException:
-        if fault.kind == FaultKind.CANCELLED and (self.cancel_reason or self.abandoned):  # not its own failure
-            if self.cancel_reason:
-                return CancelledError(f"job {self.id} was cancelled from outside by `{self.cancel_reason}` "
+    def _fault_error(self, state: CallRun, fault: PlatformFault) -> BaseException:
+        run = self._run
+        if fault.kind == FaultKind.CANCELLED and (run.cancel_reason or run.abandoned):  # not its own failure
+            if run.cancel_reason:
+                return CancelledError(f"job {self.id} was cancelled from outside by `{run.cancel_reason}` "
                                       f"while {state.describe()} ran")
             return CancelledError(f"{state.describe()} of job {self.id}: {fault.message}")
         cls = FAULT_ERRORS.get(fault.kind, PlatformError)
@@ -241,16 +210,6 @@ class Job:
                   f"{fault.message}")
         exc.add_note(f"fnmap: {state.describe()} of job {self.id}; retries={self.config.retries}")
         return exc
-
-    def all_done(self) -> None:
-        """Every call is done and no more will come: close the bar, then wake the waiters."""
-        if self._all_done.is_set():
-            return
-        self.finished = self.finished or time.time()  # set already if the record was written
-        if self.progress is not None:  # before the waiters wake: the bar's last draw precedes their next line
-            self.progress.close()
-        self._all_done.set()
-        self._wake.set()
 
     # -- the job record (issue 8) ---------------------------------------------
 
@@ -286,7 +245,7 @@ class Job:
     def _stored_log_tail(self, state: CallState) -> str | None:
         """A failing call's output from storage, when its result came from there with no stats
         (asynchronous backends); a few reads per job at most, on the error path only."""
-        attempt = next((a[0] for a in reversed(state.attempts) if a[3] in ("ok", "error")), None)
+        attempt = next((a.number for a in reversed(state.attempts) if a.outcome in _outcome.ANSWERED), None)
         with self._lock:
             if attempt is None or self._log_reads >= _LOG_NOTE_READS:
                 return None
@@ -299,14 +258,14 @@ class Job:
 
     def wait(self, timeout: float | None = None) -> bool:
         if timeout is not None:
-            return self._all_done.wait(timeout)
-        while not self._all_done.wait(SIGNAL_CHECK_SECONDS):  # interruptible by Ctrl-C (see _wait_call)
+            return self._run.all_done.wait(timeout)
+        while not self._run.all_done.wait(SIGNAL_CHECK_SECONDS):  # interruptible by Ctrl-C (see _wait_call)
             pass
         return True
 
     @property
     def done(self) -> bool:
-        return self._all_done.is_set()
+        return self._run.all_done.is_set()
 
     def results(self, return_exceptions: bool = False) -> list:
         """Every item's result in input order; raises the first failure unless ``return_exceptions``."""
@@ -338,12 +297,12 @@ class Job:
             if not return_exceptions:
                 raise
             return [exc] * state.n_items
-        if state.call_id not in self.call_errors:  # no item failed: a chunk of 10,000 in one pass
-            return [outcome[1] for outcome in outcomes]
+        if state.call_id not in self._run.call_errors:  # no item failed: a chunk of 10,000 in one pass
+            return _outcome.values(outcomes)
         out = []
         for offset, outcome in enumerate(outcomes):
-            if outcome[0] == "ok":
-                out.append(outcome[1])
+            if _outcome.succeeded(outcome):
+                out.append(_outcome.value(outcome))
                 continue
             exc = self.item_exception(state, offset, outcome)
             if not return_exceptions:
@@ -358,12 +317,12 @@ class Job:
         if isinstance(future, Future):
             return  # its result() blocks
         while not future.done():
-            if self._wake.is_set():
-                self._all_done.wait(0.05)
+            if self._run.wake.is_set():
+                self._run.all_done.wait(0.05)
             else:
                 # Not an endless wait: a Ctrl-C the kernel hands to one of the client's other threads
                 # only sets a flag, and the main thread runs the KeyboardInterrupt when it wakes.
-                self._wake.wait(SIGNAL_CHECK_SECONDS)
+                self._run.wake.wait(SIGNAL_CHECK_SECONDS)
 
     def cancel(self, stop_platform: bool = False) -> None:
         """Stop starting this job's calls; those running end with their own results.  With
@@ -375,31 +334,41 @@ class Job:
         """Attempts per call: ``{call_id: [[attempt, sent, ended, outcome, memory], ...]}`` (memory
         in MB as the attempt asked for it, None without a ``memory`` option)."""
         with self._lock:
-            return {s.call_id: [list(a) for a in s.attempts] for s in self.calls}
+            return {s.call_id: [a.as_list() for a in s.attempts] for s in self._run.calls}
 
     def summary(self) -> dict:
+        """Counts of the job as the scheduler recorded them: calls, calls decided (``done``) and
+        among them ``cancelled`` ones, failed items, retries (attempts after failed ones) and
+        speculative copies (calls that got one; ``copies``: copies sent) kept apart, and attempts
+        per outcome (``ok``, ``crashed``, ``superseded``...; ``running`` only while the job runs)."""
+        run = self._run
         with self._lock:
-            calls = len(self.calls)
-            retried = sum(1 for s in self.calls if len(s.attempts) > 1)
-            speculative = sum(1 for s in self.calls if s.speculated)
+            calls = len(run.calls)
+            retried = sum(1 for s in run.calls if any(a.number > 1 and not a.copy for a in s.attempts))
+            speculative = sum(1 for s in run.calls if s.speculated)
             attempts: dict[str, int] = {}  # outcome -> attempts (ok, crashed, server, throttled, ...)
-            for s in self.calls:
+            for s in run.calls:
                 for record in s.attempts:
-                    outcome = record[3] or "running"
+                    outcome = record.outcome or "running"
                     attempts[outcome] = attempts.get(outcome, 0) + 1
-        end = self.finished or time.time()
+            counts = (run.done_count, run.cancelled_count, run.failed_count, run.retry_count, run.copy_count,
+                      run.duplicate_count)
+        end = run.finished or time.time()
+        done, cancelled, failed, retries, copies, duplicates = counts
         return {
             "job_id": self.id,
             "kind": self.kind,
             "backend": self.config.backend,
             "storage": self.store.url,
             "calls": calls,
-            "done": self.done_count,
-            "failed_items": self.failed_count,
-            "retries": self.retry_count,
+            "done": done,
+            "cancelled": cancelled,
+            "failed_items": failed,
+            "retries": retries,
             "calls_retried": retried,
-            "duplicates_discarded": self.duplicate_count,
+            "duplicates_discarded": duplicates,
             "speculative_copies": speculative,
+            "copies": copies,
             "attempts": attempts,
             "wall_seconds": end - self.created,
         }
@@ -432,10 +401,18 @@ class Job:
         return f"<fnmap.Job {self.id} {self.done_count}/{len(self.calls)} calls done>"
 
 
+def function_label(func) -> str:
+    """The name a job running ``func`` is shown by (``fnmap jobs``, the plot; issue 14); a stage of
+    ``map_reduce`` is named after the user's function it runs."""
+    func = getattr(func, "map_func", None) or getattr(func, "reduce_func", None) or func
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or type(func).__name__
+
+
 def remote_exception(outcome: tuple, item: int, where: str) -> Exception:
     """The exception an item raised remotely (an ``("err", ...)`` outcome), ready to raise here: an
     ``Exception`` always (a remote ``sys.exit`` becomes :class:`RemoteExit`), noting the item."""
-    exc = unpack_exception(outcome[1], outcome[2])
+    failure = _outcome.failure(outcome)
+    exc = unpack_exception(failure.data, failure.traceback)
     if not isinstance(exc, Exception):  # sys.exit, KeyboardInterrupt: the item's failure only
         exc = RemoteExit.of(exc, item)
     exc.add_note(f"fnmap: raised remotely by item {item} ({where})")

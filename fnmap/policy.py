@@ -38,10 +38,11 @@ class ChunkSizer:
       seconds are its fixed cost plus its items' cost: the fastest one-item call measures
       the fixed cost (with one item's), so a call of ``n`` items costs ``(seconds - that) /
       (n - 1)`` per item; one-item calls alone give the fastest one's seconds per item (an
-      overestimate, so the chunks grow in steps).  The estimate is smoothed (0.7 old, 0.3
-      new) and replaced by each call larger than any measured before; calls made before the
-      chunks grew (``growth`` times smaller than the largest measured) are left out, as
-      joblib leaves out batches of an old size (they waited behind larger ones).
+      overestimate, so the chunks grow in steps; a cold start of the first does not linger).
+      The estimate is smoothed (0.7 old, 0.3 new) and replaced by each call larger than any
+      measured before; calls made before the chunks grew (``growth`` times smaller than the
+      largest measured) are left out, as joblib leaves out batches of an old size (they
+      waited behind larger ones).
     * **Grow, bounded.**  The next size is what takes ``target`` at the estimated cost, but
       at most ``growth`` times the largest call measured so far (one noisy measurement never
       takes the chunks from 1 to 100,000 items), and it shrinks at once when items turn out
@@ -83,7 +84,9 @@ class ChunkSizer:
         else:
             estimate = seconds / items
         estimate = max(estimate, 1e-9)
-        if self.per_item is None or items > self.measured:
+        if self.per_item is None or items > self.measured or self.measured == 1:
+            # Only one-item calls so far: the fastest says most (a first call's cold start, 40x a warm
+            # one on Lambda, would otherwise keep the chunks at one item for several calls more).
             self.per_item = estimate
         else:
             self.per_item = 0.7 * self.per_item + 0.3 * estimate

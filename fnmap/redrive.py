@@ -108,8 +108,9 @@ def redrive(store, job_id: str, config=None, **options):
     plan = _plan(store, job_id, client.secret, config)
     # A stale cancel request would stop this run at once; the stale final record would stand while it runs.
     store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
-    job = client.new_job(config, summary.get("kind") or "map", job_id=job_id, created=summary["created"])
-    records.label(job, types.SimpleNamespace(__qualname__=summary.get("function") or "redrive"))
+    function = types.SimpleNamespace(__qualname__=summary.get("function") or "redrive")  # its name in `fnmap jobs`
+    job = client.new_job(config, summary.get("kind") or "map", function=function, job_id=job_id,
+                         created=summary["created"])
     return _submit(client, job, plan, config)
 
 
@@ -141,16 +142,14 @@ def _plan(store, job_id: str, secret: bytes, config) -> tuple[list, object]:
 
 
 def _submit(client, job, plan: tuple, config):
-    from .jobs import CallOutcome, CallState
+    from .jobs import CallOutcome
     from .observe.progress import make_progress
     from .policy import chunks
 
     ordered, rest = plan
-    states = []
-    for call_id, first, n_items, func_key, items_key, payload in ordered:
-        state = CallState(call_id, first, n_items, func_key, payload, items_key, CallOutcome(), False)
-        client.scheduler.add(job, state)
-        states.append(state)
+    states = [client.add_stored_call(job, call_id, first, n_items, func_key, items_key, payload,
+                                     CallOutcome())
+              for call_id, first, n_items, func_key, items_key, payload in ordered]
     total = sum(s.n_items for s in states)
     if rest is not None:
         mode, first, items = rest
@@ -160,8 +159,7 @@ def _submit(client, job, plan: tuple, config):
             states.append(client.add_call(job, func_key, (mode, chunk), first, len(chunk), CallOutcome()))
             first += len(chunk)
         total = first
-    job.progress = make_progress(config.progress, total, f"fnmap redrive {job.id[:12]}")
+    client.show_progress(job, make_progress(config.progress, total, f"fnmap redrive {job.id[:12]}"))
     client.seal(job)
     client.submit(job, states)
     return job
-

@@ -11,7 +11,7 @@ also makes the IAM roles, instance profile and bucket it needs (tagged
 
 import sys
 
-from fnmap.deploy.batch import main
+from fnmap.deploy.batch_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -142,9 +142,9 @@ def use_backend(platform_emulator, monkeypatch):
             from fnmap.backends.batch import BatchBackend
 
             monkeypatch.setenv("AWS_ENDPOINT_URL_BATCH", platform_emulator.url)
-            # Each call is a container (here a process): jobs of a few calls keep the suite quick;
-            # a test that passes chunksize= still gets what it asks.
-            monkeypatch.setenv("FNMAP_CHUNKSIZE", "50")
+            # Each call is a container (here a process): jobs of a few calls keep the suite quick
+            # (1,000 items are 4 calls); a test that passes chunksize= still gets what it asks.
+            monkeypatch.setenv("FNMAP_CHUNKSIZE", "250")
             monkeypatch.setattr(BatchBackend, "status_interval", 0.2)
         return name
 

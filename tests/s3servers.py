@@ -160,7 +160,7 @@ class SeaweedFS:
             try:
                 # On SIGTERM the filer waits 15 s for the S3 gateway's metadata subscription to end
                 # before forcing it; the data is thrown away, so it need not wait that long.
-                proc.wait(timeout=5)
+                proc.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

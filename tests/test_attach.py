@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 from concurrent.futures import CancelledError
 
 import pytest
+from conftest import until
 
 import fnmap
+from fnmap.errors import CallLost
+from fnmap.runtime import keys
+from fnmap.storage import open_store
 
 SCRIPT = textwrap.dedent('''
     import sys, fnmap
@@ -99,6 +106,14 @@ def test_fnmap_cancel_stops_a_job_running_in_another_process(running_job):
     assert handle.status == "cancelled"
     ran = [c for c in handle.record()["calls"] if c["status"] == "ok"]
     assert len(ran) < 20
+    # Counts per state: never "20/20" or "done 20" for a job whose calls were mostly cancelled.
+    states = handle.summary()["states"]
+    assert states["succeeded"] == len(ran) and states["cancelled"] == 20 - len(ran) > 0, states
+    assert states["failed"] == states["abandoned"] == states["running"] == 0
+    row = next(line for line in fnmap_cli("jobs").stdout.splitlines() if line.startswith(job_id[:12]))
+    assert f"{len(ran)} succeeded, {20 - len(ran)} cancelled" in row and "20/20" not in row, row
+    shown = fnmap_cli("job", job_id).stdout
+    assert f"succeeded {len(ran)}" in shown and f"cancelled {20 - len(ran)}" in shown and "done 20" not in shown
     with pytest.raises(CancelledError):
         handle.results()
     again = fnmap_cli("cancel", job_id)
@@ -113,3 +128,60 @@ def test_watch_follows_a_job_until_it_ends(running_job):
     assert any("running" in line and "/6 calls done" in line for line in lines), lines
     assert any(line.startswith("job ") and "succeeded" in line for line in lines)
     proc.communicate(timeout=30)
+
+
+KILLED = textwrap.dedent('''
+    import fnmap
+
+    def slow(x):
+        import time
+        time.sleep({sleep})
+        return x * 2
+
+    job = fnmap.map(slow, range({n}), return_job=True, workers=2{options})
+    print(job.id, flush=True)
+    job.results()
+''')
+
+
+def reported(store, job_id: str) -> list[dict]:
+    return [json.loads(store.get(key)) for key in store.list(keys.status_prefix(job_id))]
+
+
+@pytest.mark.parametrize("n, sleep, options, calls_of", [
+    (3000, 0.02, "", lambda sizes: len(sizes) >= 3 and max(sizes) > 1),  # automatic: calls grow
+    (300, 0.3, ", chunksize=3", lambda sizes: len(sizes) >= 3),
+], ids=["growing-chunks", "chunksize-3"])
+def test_a_client_killed_mid_job_leaves_results_in_place(tmp_path, n, sleep, options, calls_of):
+    """SIGKILL the client of a job mid-way: re-attached, every item stands at its index, a result
+    or a CallLost where its call never ran or never reported, never a shorter list.  With automatic
+    chunking the client is killed once calls of several sizes have reported (each placed by the
+    first item its status record names)."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED.format(n=n, sleep=sleep, options=options))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = proc.stdout.readline().strip()
+        assert len(job_id) == 32, proc.stderr.read() if proc.poll() is not None else job_id
+        store = open_store(os.environ["FNMAP_STORAGE"])
+        until(lambda: calls_of([s["items"] for s in reported(store, job_id)]))
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+    handle = fnmap.job(job_id)
+    assert handle.status == "abandoned"
+    out = handle.results(return_exceptions=True)
+    assert len(out) == n
+    values = [i for i, v in enumerate(out) if v == 2 * i]
+    lost = [i for i, v in enumerate(out) if isinstance(v, CallLost)]
+    assert len(values) >= 3 and lost and sorted(values + lost) == list(range(n)), (values, lost)
+    assert f"item {lost[-1]} of job {job_id} has no result" in str(out[lost[-1]])
+    with pytest.raises(CallLost, match=f"item {lost[0]} of"):  # the first item without a result, raised
+        handle.results()
+    summary = handle.summary()
+    assert summary["states"]["abandoned"] >= 1 and summary["states"]["succeeded"] >= 1
+    assert summary["items_unreported"] == len(lost)
+    shown = fnmap_cli("job", job_id).stdout
+    assert f"abandoned {summary['states']['abandoned']}" in shown and f"no result {len(lost)} items" in shown

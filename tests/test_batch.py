@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import until
+from conftest import EmulatorProcess, until
 
 import fnmap
 from fnmap.backends import batch as batch_backend
@@ -223,36 +223,54 @@ def test_container_entrypoint_exit_codes(storage_root):
 # -- end to end through the emulated AWS Batch API ------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def _module_batch_emulator():
+    """One emulator speaking the Batch API for this module's tests (stopped after them): each test
+    sees only the jobs it submitted (``_jobs``), so none depends on a fresh one."""
+    import boto3
+
+    emu = EmulatorProcess(workers=1, env={batch_api.CONCURRENCY_ENV: "2"})
+    try:
+        emu.batch = boto3.client(
+            "batch",
+            endpoint_url=emu.url,
+            region_name="us-east-1",
+            aws_access_key_id=emu.aws_environment["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=emu.aws_environment["AWS_SECRET_ACCESS_KEY"],
+        )
+        yield emu
+        # Close the keep-alive connections to it, so that the emulator stops at once.
+        emu.batch.close()
+    finally:
+        emu.stop()
+
+
 @pytest.fixture
-def batch_emulator(emulator_process, monkeypatch):
-    """An emulator speaking the Batch API; boto3 pointed at it by ``AWS_ENDPOINT_URL_BATCH``."""
-    emu = emulator_process(workers=1, env={batch_api.CONCURRENCY_ENV: "2"})
+def batch_emulator(_module_batch_emulator, monkeypatch):
+    """The module's emulator speaking the Batch API; boto3 pointed at it by ``AWS_ENDPOINT_URL_BATCH``."""
+    emu = _module_batch_emulator
     monkeypatch.setenv("AWS_ENDPOINT_URL_BATCH", emu.url)
     monkeypatch.setenv("FNMAP_SECRET", emu.secret)
     for key, value in emu.aws_environment.items():  # fnmap's own Batch client signs with them
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(batch_backend.BatchBackend, "status_interval", 0.2)
-    import boto3
-
-    emu.batch = boto3.client(
-        "batch",
-        endpoint_url=emu.url,
-        region_name="us-east-1",
-        aws_access_key_id=emu.aws_environment["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=emu.aws_environment["AWS_SECRET_ACCESS_KEY"],
-    )
+    # The jobs of the module's earlier tests, in any status: _jobs leaves them out.
+    emu.earlier = {j["jobId"] for status in _STATUSES
+                   for j in emu.batch.list_jobs(jobQueue="fnmap", jobStatus=status)["jobSummaryList"]}
     yield emu
-    # Close the keep-alive connections to it, so that the emulator stops at once.
-    emu.batch.close()
     get_client(resolve(backend="batch")).close()
 
 
-def _jobs(batch, status: str, count: int) -> list[dict]:
-    """The queue's jobs in ``status``, once there are ``count`` of them (a child process may still
-    be exiting after the result it wrote came back)."""
+_STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
+
+
+def _jobs(emu, status: str, count: int) -> list[dict]:
+    """The queue's jobs in ``status`` submitted by this test, once there are ``count`` of them (a
+    child process may still be exiting after the result it wrote came back)."""
     deadline = time.monotonic() + 20
     while True:
-        jobs = batch.list_jobs(jobQueue="fnmap", jobStatus=status)["jobSummaryList"]
+        jobs = [j for j in emu.batch.list_jobs(jobQueue="fnmap", jobStatus=status)["jobSummaryList"]
+                if j["jobId"] not in emu.earlier]
         if len(jobs) >= count or time.monotonic() > deadline:
             return jobs
         time.sleep(0.1)
@@ -272,7 +290,7 @@ def test_gpu_map_runs_as_one_array_job_through_the_emulator(batch_emulator):
     assert sorted(int(index) for _, index, _ in results) == list(range(6))
     gpus = batch_jobs.detect_gpus()
     assert all(devices == ("" if not gpus else devices) for _, _, devices in results)
-    jobs = _jobs(batch_emulator.batch, "SUCCEEDED", 1)
+    jobs = _jobs(batch_emulator, "SUCCEEDED", 1)
     assert len(jobs) == 1 and jobs[0]["arrayProperties"]["size"] == 6  # one array job per fnmap job
     detail = batch_emulator.batch.describe_jobs(jobs=[jobs[0]["jobId"]])["jobs"][0]
     assert detail["arrayProperties"]["statusSummary"]["SUCCEEDED"] == 6
@@ -296,7 +314,7 @@ def test_failed_children_are_retried_then_reported(batch_emulator):
     assert out[0] == 0
     assert isinstance(out[1], fnmap.WorkerCrashed) and "exit code 137" in str(out[1])
     assert isinstance(out[2], KeyError)  # a user exception is a result, not a platform failure
-    failed = _jobs(batch_emulator.batch, "FAILED", 2)
+    failed = _jobs(batch_emulator, "FAILED", 2)
     # The array job, then one single job re-running call 1 (retries=1).
     assert sorted(j.get("arrayProperties", {}).get("size", 1) for j in failed) == [1, 3]
 
@@ -315,7 +333,7 @@ def test_an_abandoned_map_terminates_its_array_job(batch_emulator):
         job.results()
     assert job.wait(60)  # every call accounted for: the stopped ones failed, none left waiting
     b = batch_emulator.batch
-    array = _jobs(b, "FAILED", 1)[0]["jobId"]
+    array = _jobs(batch_emulator, "FAILED", 1)[0]["jobId"]
     children = [b.describe_jobs(jobs=[f"{array}:{i}"])["jobs"][0] for i in range(4)]
     # Child 0 wrote its error result; it may still have been exiting when the array was stopped.
     assert [c["status"] for c in children[1:]] == ["FAILED"] * 3
@@ -328,7 +346,7 @@ def test_executor_submits_in_a_loop_become_one_array_job(batch_emulator):
     with fnmap.Executor(backend="batch") as ex:
         futures = [ex.submit(_square, i) for i in range(12)]
         assert [f.result(timeout=120) for f in futures] == [i * i for i in range(12)]
-    jobs = _jobs(batch_emulator.batch, "SUCCEEDED", 1)
+    jobs = _jobs(batch_emulator, "SUCCEEDED", 1)
     assert len(jobs) == 1 and jobs[0]["arrayProperties"]["size"] == 12
 
 
@@ -341,7 +359,7 @@ def test_submits_that_keep_coming_slowly_are_still_one_array_job(batch_emulator)
             futures.append(ex.submit(_square, i))
             time.sleep(0.05)
         assert [f.result(timeout=120) for f in futures] == [i * i for i in range(8)]
-    jobs = _jobs(batch_emulator.batch, "SUCCEEDED", 1)
+    jobs = _jobs(batch_emulator, "SUCCEEDED", 1)
     assert len(jobs) == 1 and jobs[0]["arrayProperties"]["size"] == 8
 
 

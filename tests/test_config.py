@@ -107,3 +107,21 @@ def test_an_unknown_fnmap_variable_is_named_with_the_close_match(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         resolve()
+
+
+def test_each_backend_option_is_a_keyword_a_variable_and_identifies_the_deployment(monkeypatch):
+    """Declared once in fnmap.backend_table, an option of one backend is a keyword, an FNMAP_ variable,
+    parsed by its type, and part of the deployment key (a change starts another client)."""
+    from fnmap.backend_table import BACKEND_OPTIONS
+
+    declared = {o.name: o for options in BACKEND_OPTIONS.values() for o in options}
+    assert {"function_name", "lambda_fanout", "job_queue", "emulator_url", "http_url"} <= set(declared)
+    base = resolve()
+    for name, option in declared.items():
+        value = {"int": 7}.get(option.kind, "--seed 7" if name == "emulator_options" else "http://127.0.0.1:1/x")
+        assert getattr(resolve(**{name: value}), name) == value
+        assert resolve(**{name: value}).deployment_key() != base.deployment_key(), name
+        monkeypatch.setenv(option.variable, str(value))
+        got = resolve()
+        assert getattr(got, name) == value and got.source(name) == "the environment", name
+        monkeypatch.delenv(option.variable)

@@ -9,7 +9,7 @@ import sys
 import time
 
 import fnmap
-from fnmap.observe import records
+from fnmap.observe import gc, history, records
 from fnmap.runtime import keys
 from fnmap.storage import open_store
 
@@ -20,7 +20,7 @@ SMALL = 64 * 1024
 def gc_since(store, cutoff: float, **options) -> dict:
     """``fnmap gc`` of the jobs created before ``cutoff`` (a clock reading), whatever the delay until it runs."""
     now = time.time()
-    return records.collect_garbage(store, older_than=now - cutoff, now=now, **options)
+    return gc.collect_garbage(store, older_than=now - cutoff, now=now, **options)
 
 
 def first_byte(blob: bytes) -> int:
@@ -84,7 +84,7 @@ def test_gc_removes_shared_objects_no_kept_job_uses_and_reports_bytes(tmp_path):
     assert fnmap.job(new.id, storage=url).results() == [ord("s")]
 
     time.sleep(0.05)
-    assert records.collect_garbage(store, older_than=0)["deleted_shared"] == function  # no job left
+    assert gc.collect_garbage(store, older_than=0)["deleted_shared"] == function  # no job left
     # The same process maps the deleted function again: it is looked up per job and stored again.
     assert fnmap.map(first_byte, [big], storage=url, inline_limit=SMALL) == [big[0]]
 
@@ -100,7 +100,7 @@ def test_while_a_kept_job_runs_no_shared_object_is_removed(tmp_path):
     with fnmap.Executor(storage=url) as ex:
         assert ex.submit(len, b"abc").result() == 3
         # Listed from its first call on, not only once it is shut down: gc sees it running.
-        assert any(j["job_id"] == ex.job.id and j["status"] == "running" for j in records.list_jobs(store))
+        assert any(j["job_id"] == ex.job.id and j["status"] == "running" for j in history.list_jobs(store))
         report = gc_since(store, between)
         assert report["deleted_jobs"] == [old.id]
         assert report["kept_shared_because_running"] and report["deleted_shared"] == []
@@ -119,7 +119,8 @@ def test_gc_cli_reports_bytes_per_job_human_and_json(tmp_path):
     kept = json.loads(gc_cli(url, "--older-than", "1h", "--dry-run", "--json").stdout)
     assert kept["deleted_jobs"] == [] and kept["deleted_bytes"] == 0
     size = kept["kept_job_bytes"][job.id]
-    assert 300_000 < size < 320_000 and kept["kept_bytes"] == size
+    # kept_bytes is every byte the storage holds (the function and index entry too), as `du` counts them
+    assert 300_000 < size < 320_000 and kept["kept_bytes"] == disk_bytes(tmp_path / "store") > size
     shown = gc_cli(url, "--older-than", "1h", "--dry-run").stdout
     assert shown.split("largest jobs in storage:")[1].split() == [job.id[:12], f"{size / 1024:.1f}", "KB", "kept"]
 
@@ -135,6 +136,11 @@ def test_gc_cli_reports_bytes_per_job_human_and_json(tmp_path):
     assert done.startswith("deleted 1 job(s)") and f"{dry['deleted_bytes'] / 1024:.1f} KB;" in done, done
     assert "largest jobs" not in done
     assert store_keys(url, keys.job_prefix(job.id)) == [] and store_keys(url, "functions/") == []
+
+
+def disk_bytes(root) -> int:
+    """The bytes of every file under ``root``, as ``du --apparent-size`` counts them."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
 
 
 def store_keys(url: str, prefix: str) -> list[str]:
@@ -191,3 +197,73 @@ def test_a_gc_while_a_job_is_being_submitted_keeps_every_shared_object(tmp_path)
     assert reports[0]["deleted_shared"] == [] and reports[0]["kept_shared_because_running"]
     later = gc_since(store, between)
     assert sorted(later["deleted_shared"]) == sorted(old_shared)  # no job left uses them
+
+
+def slow_double(x: int) -> int:
+    time.sleep(0.3)
+    return 2 * x
+
+
+def test_gc_during_a_running_job_keeps_it_whole(tmp_path):
+    """A cutoff in the future makes every job old: the running one stays whole, function included,
+    and every result is readable afterwards; once it has ended, the same gc deletes it."""
+    from conftest import until
+
+    url = (tmp_path / "store").as_uri()
+    store = open_store(url)
+    job = fnmap.map(slow_double, range(8), storage=url, return_job=True, chunksize=1, workers=2)
+    until(lambda: store.list(keys.status_prefix(job.id)))  # mid-job: a call has reported
+    report = gc_since(store, time.time() + 3600)
+    assert report["deleted_jobs"] == [] and report["kept_running_jobs"] == [job.id]
+    assert report["deleted_shared"] == [] and report["kept_shared_because_running"]
+    assert job.results() == [2 * x for x in range(8)]
+    assert fnmap.job(job.id, storage=url).results() == [2 * x for x in range(8)]
+    after = gc_since(store, time.time() + 3600)
+    assert after["deleted_jobs"] == [job.id] and store.list(keys.job_prefix(job.id)) == []
+
+
+def test_gc_keeps_a_job_whose_lease_is_live(tmp_path):
+    """A live lease (a client redriving the job elsewhere) keeps even a finished job; an expired one does not."""
+    url = (tmp_path / "store").as_uri()
+    store = open_store(url)
+    job = fnmap.map(first_byte, [b"a"], storage=url, return_job=True)
+    job.results()
+
+    def lease(expires: float) -> None:
+        store.put(keys.lease_key(job.id), json.dumps(
+            {"holder": "another-host:123", "renewed": time.time(), "expires": expires}).encode())
+
+    lease(time.time() + 600)
+    report = gc_since(store, time.time() + 3600)
+    assert report["deleted_jobs"] == [] and report["kept_running_jobs"] == [job.id]
+    assert fnmap.job(job.id, storage=url).results() == [ord("a")]
+    lease(time.time() - 1)
+    report = gc_since(store, time.time() + 3600)
+    assert report["deleted_jobs"] == [job.id] and store.list(keys.job_prefix(job.id)) == []
+
+
+def test_gc_collects_temporary_files_of_killed_writers_and_counts_bytes_on_disk(tmp_path):
+    root = tmp_path / "store"
+    url = root.as_uri()
+    store = open_store(url)
+    job = fnmap.map(first_byte, [b"a"], storage=url, return_job=True)
+    job.results()
+    folder = root / "jobs" / job.id / "out"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a writer that has exited, as one killed mid-write
+    killed = folder / keys.temp_name(gone.pid, 1, 1)
+    killed.write_bytes(b"x" * 5000)
+    writing = folder / keys.temp_name(os.getpid(), 1, 2)  # this process's: a writer still at work
+    writing.write_bytes(b"y" * 3000)
+    minute_ago = time.time() - 60
+    for path in (killed, writing):
+        os.utime(path, (minute_ago, minute_ago))
+    on_disk = disk_bytes(root)
+    shown = gc_cli(url, "--older-than", "30s", "--dry-run").stdout
+    assert "would delete 1 temporary file(s) of killed writers, 4.9 KB" in shown, shown
+
+    report = gc_since(store, time.time() - 30)  # the job, created since, is kept
+    assert report["deleted_jobs"] == [] and report["deleted_temporary_bytes"] == 5000
+    assert report["deleted_temporary"] == [f"jobs/{job.id}/out/{killed.name}"]
+    assert not killed.exists() and writing.exists()
+    assert report["kept_bytes"] == disk_bytes(root) == on_disk - 5000

@@ -61,13 +61,15 @@ def test_deploy_is_idempotent_and_destroy_removes_it_all(moto_aws, capsys):
     assert function["Tags"][TAG] == name
     assert lam.get_function_concurrency(FunctionName=name)["ReservedConcurrentExecutions"] == 5
     assert lam.get_function_url_config(FunctionName=name)["AuthType"] == "AWS_IAM"
-    assert lam.get_function_event_invoke_config(FunctionName=name)["MaximumRetryAttempts"] == 0
+    events = lam.get_function_event_invoke_config(FunctionName=name)
+    assert (events["MaximumRetryAttempts"], events["MaximumEventAgeInSeconds"]) == (0, 300)  # lost after 300 + 120 s
 
     policy = iam.get_role_policy(RoleName=f"{name}-lambda", PolicyName="fnmap")["PolicyDocument"]
     policy = json.loads(policy) if isinstance(policy, str) else policy
     resources = {s["Sid"]: s["Resource"] for s in policy["Statement"]}
     assert resources["JobData"] == f"arn:aws:s3:::{bucket}/fnmap/*"
     assert resources["Logs"].endswith(f":log-group:/aws/lambda/{name}:*")
+    assert resources["FanOut"].endswith(f":function:{name}")  # spawners invoke the function itself
     assert all("*" != r for r in resources.values())  # nothing account-wide
 
     rules = s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]

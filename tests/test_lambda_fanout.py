@@ -33,7 +33,7 @@ def test_a_fanned_out_job_gives_every_result_once_under_faults(emulator_process,
     monkeypatch.setattr(AwsBackend, "fanout_slice", 8)
     items = range(40)
     # timeout=2: an invoked call that never ran is declared lost 12 s after it was accepted.
-    job = fnmap.map(square, items, timeout=2, retries=5, speculation=False, return_job=True)
+    job = fnmap.map(square, items, chunksize=1, timeout=2, retries=5, speculation=False, return_job=True)
     assert job.results() == [x * x for x in items]
     stats = lambda_stats(emu)
     assert stats["spawners"] == 5 and stats["spawned"] == len(items), stats  # 40 calls, 8 per spawner
@@ -45,7 +45,7 @@ def test_a_fanned_out_job_gives_every_result_once_under_faults(emulator_process,
 
 def test_a_small_job_is_not_fanned_out(emulator_process, aws_backend_on, monkeypatch):
     emu = aws_backend_on(emulator_process("--lambda-runtime", "pool", workers=2))
-    assert fnmap.map(square, range(5), speculation=False, lambda_fanout=10) == [x * x for x in range(5)]
+    assert fnmap.map(square, range(5), chunksize=1, speculation=False, lambda_fanout=10) == [x * x for x in range(5)]
     stats = lambda_stats(emu)
     assert stats.get("spawners", 0) == 0 and stats.get("RequestResponse", 0) + stats.get("Event", 0) == 5, stats
 
@@ -83,7 +83,8 @@ def test_spawners_under_awslambdaric_invoke_their_calls_back_through_the_lambda_
     emu = aws_backend_on(emulator_process("--lambda-runtime", "ric", workers=2))
     monkeypatch.setattr(AwsBackend, "fanout_slice", 4)
     items = range(12)
-    job = fnmap.map(square, items, lambda_fanout=10, speculation=False, timeout=30, return_job=True)
+    job = fnmap.map(square, items, chunksize=1, lambda_fanout=10, speculation=False, timeout=30,
+                    return_job=True)
     assert job.results() == [x * x for x in items]
     stats = lambda_stats(emu)
     # 3 spawners (RequestResponse), 12 Events sent by them; none fell back to the client.

@@ -36,8 +36,8 @@ def _committed(job) -> list[str]:
 
 def test_calls_beyond_the_scaling_rate_are_throttled_and_the_job_completes(scaled):
     items = range(8)
-    job = fnmap.map(nap_square, items, workers=8, lambda_invocation="RequestResponse", speculation=False,
-                    return_job=True)
+    job = fnmap.map(nap_square, items, workers=8, chunksize=1, lambda_invocation="RequestResponse",
+                    speculation=False, return_job=True)
     assert job.results() == [x * x for x in items]
     stats = lambda_stats(scaled)
     assert stats["throttled"] >= 1 and stats["scaling_throttled"] >= 1, stats
@@ -50,7 +50,8 @@ def test_calls_beyond_the_scaling_rate_are_throttled_and_the_job_completes(scale
 
 def test_events_beyond_the_scaling_rate_wait_in_the_queue(scaled):
     items = range(6)
-    job = fnmap.map(nap_square, items, workers=6, lambda_invocation="Event", speculation=False, return_job=True)
+    job = fnmap.map(nap_square, items, workers=6, chunksize=1, lambda_invocation="Event", speculation=False,
+                    return_job=True)
     assert job.results() == [x * x for x in items]
     stats = lambda_stats(scaled)
     assert stats["Event"] == len(items) and stats["scaling_waits"] >= 1, stats

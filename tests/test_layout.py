@@ -67,3 +67,48 @@ def test_the_rule_sees_relative_and_absolute_imports():
     names = [name for _, name in fnmap_imports(worker, probe)]
     assert names == ["fnmap.client", "fnmap.api.map", "fnmap.backends.aws", "fnmap.executor"]
     assert {name for _, name in fnmap_imports(ROOT / "handlers" / "aws_lambda.py")} >= {"fnmap.runtime.worker"}
+
+
+#: The lower layers of the client side and what of fnmap each may import: nothing above it.
+#: Configuration (config.py, the option declarations, the backend table and the emulator's option
+#: parser it checks ``emulator_options`` with) never imports the backends or the command line, and
+#: the deployment code (fnmap/deploy/) never the command line, the client or the emulator.
+LOWER_LAYERS = {
+    "configuration": (
+        ["fnmap/config.py", "fnmap/options.py", "fnmap/backend_table.py", "fnmap/emulator/options.py"],
+        ("fnmap.config", "fnmap.options", "fnmap.backend_table", "fnmap.errors", "fnmap.storage", "fnmap.runtime",
+         "fnmap.emulator.options", "fnmap.emulator.faults"),
+    ),
+    "deployment": (
+        sorted(str(p.relative_to(ROOT)) for p in (ROOT / "fnmap" / "deploy").glob("*.py")),
+        ("fnmap.deploy", "fnmap.errors", "fnmap.storage", "fnmap.runtime"),
+    ),
+}
+#: (runtime/, storage/ and errors.py: test_runtime_code_never_imports_the_client_side above.)
+
+
+def _upward(path: pathlib.Path, allowed: tuple, source: str | None = None) -> list[str]:
+    return [f"line {line}: {name}" for line, name in fnmap_imports(path, source)
+            if not any(name == a or name.startswith(a + ".") for a in allowed)]
+
+
+@pytest.mark.parametrize("layer, path", [(layer, path) for layer, (paths, _) in LOWER_LAYERS.items() for path in paths],
+                         ids=lambda v: str(v))
+def test_lower_layers_import_nothing_above_them(layer, path):
+    allowed = LOWER_LAYERS[layer][1]
+    bad = _upward(ROOT / path, allowed)
+    assert not bad, f"{path} ({layer}) imports from above its layer: {bad}; allowed: {', '.join(allowed)}"
+
+
+def test_the_layer_rule_sees_upward_imports():
+    """The checker over each lower layer: a backend, the command line or the client imported anywhere in
+    the file (lazily inside a function too) is found."""
+    config_paths, config_allowed = LOWER_LAYERS["configuration"]
+    deploy_paths, deploy_allowed = LOWER_LAYERS["deployment"]
+    assert "fnmap/config.py" in config_paths and "fnmap/deploy/batch.py" in deploy_paths
+    probe = "from .backends import BACKENDS\ndef f():\n    from .cli.emulator import check_options\n"
+    assert _upward(ROOT / "fnmap" / "config.py", config_allowed, probe) == [
+        "line 1: fnmap.backends.BACKENDS", "line 3: fnmap.cli.emulator.check_options"]
+    probe = "def main():\n    from ..cli import main\n    from ..emulator import lambda_manage\n"
+    assert _upward(ROOT / "fnmap" / "deploy" / "batch.py", deploy_allowed, probe) == [
+        "line 2: fnmap.cli.main", "line 3: fnmap.emulator.lambda_manage"]

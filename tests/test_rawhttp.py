@@ -194,7 +194,7 @@ def test_h11_fallback_is_selected_by_name(serve):
     server = serve((ok, False))
     conn = rawhttp.Connection("127.0.0.1", server.port, 5, "h11")
     try:
-        assert type(conn._wire).__name__ == "_H11ResponseReader"
+        assert type(conn._wire).__name__ == "H11ResponseReader"
         assert conn.post("/", b"x", {}, 10).body == b"ok"
     finally:
         conn.close()

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import fnmap
-from fnmap.observe import cost, records
+from fnmap.observe import cost, gc, history, records
 from fnmap.observe.progress import Progress
 from fnmap.runtime import keys
 from fnmap.storage import open_store
@@ -77,7 +77,7 @@ def test_success_record(emulator, store):
         )
         assert call["worker"] and isinstance(call["cold"], bool)
         assert call["bytes_in"] > 0 and call["bytes_out"] > 0 and call["peak_memory_kb"] > 0
-    assert [j["job_id"] for j in records.list_jobs(store)][0] == job.id
+    assert [j["job_id"] for j in history.list_jobs(store)][0] == job.id
     assert records.load(store, job.id[:10])["calls"] == record["calls"]
     assert job.record()["summary"]["calls"] == 6
 
@@ -182,7 +182,7 @@ def test_a_running_job_is_listed_and_shown(emulator, store):
     deadline = time.monotonic() + 30
     while not job.calls[0].done and time.monotonic() < deadline:
         time.sleep(0.05)
-    listed = [j for j in records.list_jobs(store) if j["job_id"] == job.id]
+    listed = [j for j in history.list_jobs(store) if j["job_id"] == job.id]
     assert [(j["status"], j["calls"]) for j in listed] == [("running", 2)]
     record = records.load(store, job.id)
     assert record["summary"]["status"] == "running" and record["summary"]["calls"] == 2
@@ -197,14 +197,14 @@ def test_gc_deletes_old_jobs_only(emulator, tmp_path):
     job = fnmap.map(lambda x: x, range(2), storage=url, return_job=True)
     job.results()
     assert store.list(keys.job_prefix(job.id))
-    kept = records.collect_garbage(store, older_than=3600)
+    kept = gc.collect_garbage(store, older_than=3600)
     assert kept["deleted_jobs"] == [] and kept["kept_jobs"] == 1
     later = time.time() + 7200
-    dry = records.collect_garbage(store, older_than=3600, now=later, dry_run=True)
+    dry = gc.collect_garbage(store, older_than=3600, now=later, dry_run=True)
     assert dry["deleted_jobs"] == [job.id] and store.list(keys.job_prefix(job.id))
-    report = records.collect_garbage(store, older_than=3600, now=later)
+    report = gc.collect_garbage(store, older_than=3600, now=later)
     assert report["deleted_jobs"] == [job.id] and report["deleted_keys"] > 4
-    assert store.list(keys.job_prefix(job.id)) == [] and records.list_jobs(store) == []
+    assert store.list(keys.job_prefix(job.id)) == [] and history.list_jobs(store) == []
     assert store.list("functions/") == []  # no job left uses it
     with pytest.raises(records.JobNotFound):
         records.load(store, job.id)
@@ -296,11 +296,11 @@ def test_cost_tables():
 
 
 def test_parse_age():
-    assert records.parse_age("90s") == 90 and records.parse_age("12h") == 43200
-    assert records.parse_age("7d") == 7 * 86400 and records.parse_age("1.5w") == 1.5 * 7 * 86400
+    assert gc.parse_age("90s") == 90 and gc.parse_age("12h") == 43200
+    assert gc.parse_age("7d") == 7 * 86400 and gc.parse_age("1.5w") == 1.5 * 7 * 86400
     for bad in ("", "7", "d", "-1d", "7y"):
         with pytest.raises(ValueError, match="is not an age"):
-            records.parse_age(bad)
+            gc.parse_age(bad)
 
 
 def _touch_200_mb(_x):

@@ -98,10 +98,24 @@ def test_ranged_gets_at_the_edges(store):
     assert store.get("r/empty") == b""
 
 
-def test_listing_past_one_page_of_1000_keys(store):
-    keys = [f"many/{i % 7}/{i:05d}" for i in range(1234)]
+def _write_many(store: S3Store, server: str, keys: list[str]) -> None:
+    if server == "moto":
+        # moto runs in this process: its store is written directly (a PUT through its HTTP front
+        # costs ~12 ms); the listing and deleting under test still go over HTTP.
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+
+        backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+        for key in keys:
+            backend.put_object(store.bucket, store.prefix + key, b"x")
+        return
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: store.put(k, b"x"), keys))
+
+
+def test_listing_past_one_page_of_1000_keys(store, s3_env):
+    keys = [f"many/{i % 7}/{i:05d}" for i in range(1003)]  # two pages, two DeleteObjects requests
+    _write_many(store, s3_env.server, keys)
     store.put("many-not/0", b"x")  # shares the string prefix "many", not the folder
     assert store.list("many/") == sorted(keys)
     assert store.list("many/3/") == sorted(k for k in keys if k.startswith("many/3/"))
@@ -113,9 +127,14 @@ def test_listing_past_one_page_of_1000_keys(store):
     assert store.list("many-not/") == ["many-not/0"]
 
 
-def test_object_over_100_mb_goes_up_in_parts(store, s3_env):
+def test_object_over_100_mb_goes_up_in_parts(store, s3_env, monkeypatch):
+    # By default a 100 MB object is over the threshold; the upload is tried with S3's smallest parts
+    # (5 MiB) so that it stays cheap: three parts, the last one short.
+    assert s3_storage.MULTIPART_THRESHOLD < 100 << 20
+    monkeypatch.setattr(s3_storage, "MULTIPART_THRESHOLD", 6 << 20)
+    monkeypatch.setattr(s3_storage, "PART_SIZE", 5 << 20)
     block = bytes(range(256)) * 4096  # 1 MiB with every offset distinguishable mod 256
-    data = block * 100 + b"+" * 12345
+    data = block * 10 + b"+" * 12345
     store.put("big/obj", data)
     head = s3_env.client.head_object(Bucket=store.bucket, Key=store.prefix + "big/obj")
     parts = -(-len(data) // s3_storage.PART_SIZE)

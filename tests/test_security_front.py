@@ -226,7 +226,7 @@ def test_lambda_runtime_api_refuses_other_hosts_and_web_pages():
     otherwise take the environment's next event (a signed request) or answer it."""
     import http.client
 
-    from fnmap.emulator.lambda_runtime import _RuntimeApiHandler, _RuntimeApiServer
+    from fnmap.emulator.lambda_environment import _RuntimeApiHandler, _RuntimeApiServer
 
     server = _RuntimeApiServer(("127.0.0.1", 0), _RuntimeApiHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

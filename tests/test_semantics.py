@@ -295,48 +295,71 @@ _SCRIPT = textwrap.dedent('''
     import sys
     import fnmap
 
-    BACKEND, KIND = sys.argv[1], sys.argv[2]
+    BACKEND = sys.argv[1]
 
-    def f(x):
-        if x == 1:
-            if KIND == "exit":
-                sys.exit(3)
-            if KIND == "interrupt":
-                raise KeyboardInterrupt
-            raise GeneratorExit("closed")
-        return x * 10
+    def failing(kind):
+        def f(x):
+            if x == 1:
+                if kind == "exit":
+                    sys.exit(3)
+                if kind == "interrupt":
+                    raise KeyboardInterrupt
+                raise GeneratorExit("closed")
+            return x * 10
+        return f
 
-    try:
-        fnmap.map(f, range(3), backend=BACKEND)
-        print("RAISED nothing")
-    except fnmap.RemoteExit as e:
-        print("RAISED", type(e).__name__, e.item, e.exit_code, type(e.__cause__).__name__, "|", e)
-    out = fnmap.map(f, range(3), backend=BACKEND, return_exceptions=True)
-    print("IN PLACE", out[0], type(out[1]).__name__, out[2])
-    job = fnmap.map(f, range(3), backend=BACKEND, return_exceptions=True, return_job=True)
-    job.results(return_exceptions=True)
-    print("ATTEMPTS", len(job.attempts_summary()[1]))
-    with fnmap.Executor(backend=BACKEND) as ex:
-        print("FUTURE", type(ex.submit(f, 1).exception()).__name__)
-    job = fnmap.map(f, range(3), backend=BACKEND, return_job=True, retries=1,
-                    retry_on=(SystemExit, KeyboardInterrupt, GeneratorExit))
-    job.results(return_exceptions=True)
-    print("RETRY_ON ATTEMPTS", len(job.attempts_summary()[1]))
-    print("DONE")
+    for KIND in sys.argv[2:]:  # one process (and emulator) for every kind: the setup is paid once
+        f = failing(KIND)
+        try:
+            fnmap.map(f, range(3), backend=BACKEND)
+            print(KIND, "RAISED nothing")
+        except fnmap.RemoteExit as e:
+            print(KIND, "RAISED", type(e).__name__, e.item, e.exit_code, type(e.__cause__).__name__, "|", e)
+        out = fnmap.map(f, range(3), backend=BACKEND, return_exceptions=True)
+        print(KIND, "IN PLACE", out[0], type(out[1]).__name__, out[2])
+        job = fnmap.map(f, range(3), backend=BACKEND, return_exceptions=True, return_job=True)
+        job.results(return_exceptions=True)
+        print(KIND, "ATTEMPTS", len(job.attempts_summary()[1]))
+        with fnmap.Executor(backend=BACKEND) as ex:
+            print(KIND, "FUTURE", type(ex.submit(f, 1).exception()).__name__)
+        job = fnmap.map(f, range(3), backend=BACKEND, return_job=True, retries=1,
+                        retry_on=(SystemExit, KeyboardInterrupt, GeneratorExit))
+        job.results(return_exceptions=True)
+        print(KIND, "RETRY_ON ATTEMPTS", len(job.attempts_summary()[1]))
+        print(KIND, "DONE")
 ''')
 
 _EXPECTED_CAUSE = {"exit": "SystemExit", "interrupt": "KeyboardInterrupt", "generator_exit": "GeneratorExit"}
 
 
+@pytest.fixture(scope="module")
+def remote_exit_runs(tmp_path_factory):
+    """``runs(backend)``: the script's lines for every kind, by kind; one script run per backend."""
+    done = {}
+
+    def runs(backend: str) -> dict[str, dict[str, str]]:
+        if backend not in done:
+            folder = tmp_path_factory.mktemp(f"remote-exit-{backend}")
+            script = folder / "remote_exit.py"
+            script.write_text(_SCRIPT)
+            done[backend] = subprocess.run([sys.executable, str(script), backend, *_EXPECTED_CAUSE],
+                                           capture_output=True, text=True, timeout=300, env=dict(os.environ),
+                                           cwd=folder)
+        proc = done[backend]
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        by_kind: dict[str, dict[str, str]] = {}
+        for line in proc.stdout.splitlines():
+            kind, rest = line.split(" ", 1)
+            by_kind.setdefault(kind, {})[rest.split(" ", 1)[0]] = rest
+        return by_kind
+
+    return runs
+
+
 @pytest.mark.parametrize("kind", ["exit", "interrupt", "generator_exit"])
 @pytest.mark.parametrize("backend", ["local", "emulator"])
-def test_a_remote_exit_is_the_items_failure_not_the_callers(backend, kind, tmp_path):
-    script = tmp_path / "remote_exit.py"
-    script.write_text(_SCRIPT)
-    done = subprocess.run([sys.executable, str(script), backend, kind], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = {line.split(" ", 1)[0]: line for line in done.stdout.splitlines()}
+def test_a_remote_exit_is_the_items_failure_not_the_callers(backend, kind, remote_exit_runs):
+    lines = remote_exit_runs(backend)[kind]
     raised = lines["RAISED"].split(" | ")[0].split()
     assert raised[1:3] == ["RemoteExit", "1"]
     assert raised[3] == ("3" if kind == "exit" else "None")

@@ -49,13 +49,12 @@ from ..runtime.serialization import runtime_info, runtime_mismatch
 from ..storage import open_store
 from .base import ACCEPTED, Answer, BaseBackend, Failure, Invocation
 from .http import fault_from_status
+from .lambda_deployment import concurrency, event_bounds, lost_after
+from .lambda_fanout import EventSpawner
 from .lambda_invoke import InvokeError, LambdaInvoker
 from .lambda_memory import function_for, steps_problem
 
 INVOCATION_TYPES = ("auto", "Event", "RequestResponse")
-#: Seconds an asynchronous call may sit in Lambda's queue and run before the client calls it lost,
-#: on top of the function's own timeout (events wait in the queue while concurrency is used up).
-ASYNC_GRACE_SECONDS = 120.0
 _CONNECT_TIMEOUT = 10
 #: Seconds a call ``invoke_many`` could not deliver is held before ``poll_failures`` reports it.
 _REPORT_AFTER = 1.0
@@ -104,7 +103,11 @@ class AwsBackend(BaseBackend):
                 "(the deploy printed it), or AWS_REGION"
             ) from None
         self.function = self._describe()
-        self.lost_after = float(self.function.get("Timeout", 900)) + ASYNC_GRACE_SECONDS
+        #: An Event call with no result this long after its acceptance never ran and never will
+        #: (the function's event invoke config bounds it, see :mod:`.lambda_deployment`).
+        self.lost_after = lost_after(self.function, event_bounds(self._client, self.function_name))
+        #: Calls the platform runs at once (None: it does not say); automatic chunking's first wave.
+        self.platform_concurrency = concurrency(self._client, self.function_name)
         self._invoker = LambdaInvoker(self._session, self._client, self.function_name, self.max_workers,
                                       _CONNECT_TIMEOUT, _READ_TIMEOUT)
         #: Invokers of the functions of higher memory steps, by name (see :mod:`.lambda_memory`).
@@ -116,6 +119,8 @@ class AwsBackend(BaseBackend):
         self.batches_calls = self.fanout_threshold is not None
         self._failures: list[tuple[float, Failure]] = []
         self._senders = None
+        #: Event calls go out through spawners by default (:mod:`.lambda_fanout`); lambda_fanout=0: never.
+        self._spawner = EventSpawner(self) if config.lambda_fanout != 0 else None
 
     # -- checks before anything is sent ----------------------------------------
 
@@ -162,6 +167,9 @@ class AwsBackend(BaseBackend):
         name = function_for(self.function_name, config.memory_steps if config else (), invocation.memory)
         try:
             payload = self._payload(invocation, kind)
+            if kind == "Event" and name == self.function_name and self._spawner and self._spawner.enabled:
+                self._spawner.add(invocation, payload)  # sent with others by one spawner
+                return ACCEPTED
             answer = self._call(kind, payload, name)
         finally:
             if kind == "RequestResponse" and self.invocation == "auto":
@@ -174,16 +182,10 @@ class AwsBackend(BaseBackend):
         in parallel.  A call that could not be delivered is answered ACCEPTED and its fault reported
         by :meth:`poll_failures` (the scheduler then retries it), so one throttled call does not fail
         the rest."""
-        if self._senders is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with self._lock:
-                if self._senders is None:
-                    self._senders = ThreadPoolExecutor(self.max_workers, thread_name_prefix="fnmap-aws-send")
         stepped = any(i.config is not None and function_for(self.function_name, i.config.memory_steps, i.memory)
                       != self.function_name for i in invocations)  # spawners invoke the function itself
         if len(invocations) < (self.fanout_threshold or 0) or self.fanout_threshold is None or stepped:
-            return list(self._senders.map(self._invoke_or_report, invocations))
+            return list(self.senders().map(self._invoke_or_report, invocations))
         slices, current, size = [], [], 0
         for invocation in invocations:
             try:
@@ -198,8 +200,25 @@ class AwsBackend(BaseBackend):
             size += len(payload) + 2
         if current:
             slices.append(current)
-        list(self._senders.map(self._spawn, slices))
+        list(self.senders().map(self.spawn, slices))
         return [ACCEPTED] * len(invocations)
+
+    def senders(self):
+        """The threads that send calls handed over together, and spawners."""
+        if self._senders is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with self._lock:
+                if self._senders is None:
+                    self._senders = ThreadPoolExecutor(self.max_workers, thread_name_prefix="fnmap-aws-send")
+        return self._senders
+
+    def send_event(self, invocation: Invocation, payload: bytes) -> None:
+        """One buffered call sent directly as an Event; a fault is reported (``poll_failures``)."""
+        try:
+            self._call("Event", payload)
+        except PlatformFault as fault:
+            self._report(invocation, fault)
 
     def _invoke_or_report(self, invocation: Invocation) -> Answer:
         try:
@@ -208,8 +227,11 @@ class AwsBackend(BaseBackend):
             self._report(invocation, fault)
             return ACCEPTED
 
-    def _spawn(self, calls: list) -> None:
-        """One spawner: it invokes ``calls`` from inside the platform; report those it did not."""
+    def spawn(self, calls: list, give_back: bool = False) -> list:
+        """One spawner: it invokes ``calls`` (``(invocation, payload)``) from inside the platform;
+        report those it did not.  With ``give_back``, a spawner that could invoke none of its calls
+        (and not for throttling: the function may not invoke itself, or cannot reach the Lambda API)
+        reports nothing and returns them as ``(invocation, payload, message)``."""
         try:
             first = calls[0][0].request
             event = encode_spawn_event([payload for _, payload in calls], [i.signature for i, _ in calls],
@@ -220,18 +242,21 @@ class AwsBackend(BaseBackend):
         except PlatformFault as fault:
             for invocation, _ in calls:
                 self._report(invocation, fault)
-            return
+            return []
         except ValueError as e:
             fault = PlatformFault("server", f"a spawner's answer is not a list of failed calls: {e}")
             for invocation, _ in calls:
                 self._report(invocation, fault)
-            return
+            return []
+        if give_back and failed and len(failed) == len(calls) and all(kind != "throttled" for _, kind, _ in failed):
+            return [(*calls[index], str(message)) for index, _kind, message in failed]
         for index, kind, message in failed:
             try:
                 fault = PlatformFault(kind, f"a spawner could not invoke the call: {message}")
             except ValueError:
                 fault = PlatformFault("server", f"a spawner could not invoke the call ({kind}): {message}")
             self._report(calls[index][0], fault)
+        return []
 
     def _report(self, invocation: Invocation, fault: PlatformFault) -> None:
         req = invocation.request
@@ -354,6 +379,8 @@ class AwsBackend(BaseBackend):
         raise fault_from_status(status, {}, out.decode(errors="replace"), target)
 
     def close(self) -> None:
+        if self._spawner is not None:
+            self._spawner.close()
         if self._senders is not None:
             self._senders.shutdown(wait=False)
         self._invoker.close()

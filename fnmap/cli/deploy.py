@@ -15,5 +15,5 @@ def register(sub) -> None:
     )
     targets = p.add_subparsers(dest="target", metavar="TARGET")
     targets.required = True
-    for name in TARGETS:
-        importlib.import_module(f"fnmap.deploy.{name}").register(targets)
+    for module in TARGETS.values():
+        importlib.import_module(f"fnmap.deploy.{module}").register(targets)

@@ -1,6 +1,7 @@
 """``fnmap jobs``, ``fnmap job ID``, ``fnmap logs ID``, ``fnmap gc``: look at jobs after the fact.
 
-They read the records jobs leave in storage (:mod:`fnmap.observe.records`), so they
+They read the records jobs leave in storage (:mod:`fnmap.observe.records`, the index of
+:mod:`fnmap.observe.history`), so they
 work from any machine that can reach the storage: ``--storage URL``, else the
 configured storage (``FNMAP_STORAGE``, ``fnmap.toml``, the default folder).
 A job id may be shortened to any unique prefix, as with git.
@@ -54,6 +55,10 @@ def register(sub) -> None:
     )
     p.set_defaults(run=_storage_errors(run_job))
 
+    _register_cancel_logs_gc(sub)
+
+
+def _register_cancel_logs_gc(sub) -> None:
     p = sub.add_parser(
         "cancel",
         help="stop a running job from any process or machine that reaches its storage",
@@ -133,19 +138,19 @@ def _store(args):
 
 
 def run_jobs(args) -> int:
-    from ..observe import records
+    from ..observe import history
 
     if args.limit < 0:
         raise SystemExit(f"fnmap jobs: --limit={args.limit} must be 0 (all) or more")
     store = _store(args)
-    jobs = records.list_jobs(store, args.limit or None)
+    jobs = history.list_jobs(store, args.limit or None)
     if args.json:
         print(json.dumps(jobs, indent=2))
         return 0
     if not jobs:
         print(f"no jobs in {store.url}", file=sys.stderr)
         return 0
-    rows = [("JOB", "CREATED", "FUNCTION", "KIND", "BACKEND", "STATUS", "CALLS", "FAILED", "RETRIES", "WALL")]
+    rows = [("JOB", "CREATED", "FUNCTION", "KIND", "BACKEND", "STATUS", "CALLS", "RETRIES", "WALL")]
     for s in jobs:
         rows.append(
             (
@@ -155,8 +160,7 @@ def run_jobs(args) -> int:
                 s.get("kind") or "-",
                 s.get("backend") or "-",
                 s["status"],
-                f"{s['calls_done']}/{s['calls']}",
-                str(s["calls_failed"]),
+                states_text(s),
                 str(s["retries"]),
                 _seconds(s.get("wall_seconds")),
             )
@@ -199,15 +203,15 @@ def run_job(args) -> int:
 def watch(store, job_id: str, period: float = 1.0) -> int:
     """``fnmap job ID --watch``: a progress line per ``period`` until the job ends, then its summary."""
     from ..attach import FINAL
-    from ..observe import records
+    from ..observe import history, records
 
-    job_id = records.resolve_id(store, job_id)
+    job_id = history.resolve_id(store, job_id)
     while True:
         record = records.load(store, job_id)
         s = record["summary"]
         rate = s["throughput"]["calls_per_second"]
         print(f"{_time(time.time())}  {s['status']:<10} {s['calls_done']}/{s['calls']} calls done  "
-              f"failed {s['calls_failed']}  retries {s['retries']}"
+              f"({states_text(s)})  retries {s['retries']}"
               + (f"  {rate:.1f} calls/s" if rate else ""), flush=True)
         if s["status"] in FINAL:
             print(format_summary(record))
@@ -217,15 +221,16 @@ def watch(store, job_id: str, period: float = 1.0) -> int:
 
 def run_cancel(args) -> int:
     from ..attach import FINAL, AttachedJob
-    from ..observe import records
+    from ..observe import history, records
+    from ..runtime.cancel import request_cancel
 
     store = _store(args)
-    job_id = records.resolve_id(store, args.job_id)
+    job_id = history.resolve_id(store, args.job_id)
     status = records.load(store, job_id)["summary"]["status"]
     if status in FINAL:
         print(f"job {job_id} has ended already ({status}): nothing to cancel")
         return 0
-    records.request_cancel(store, job_id)
+    request_cancel(store, job_id)
     print(f"asked the client running job {job_id} to cancel it")
     if args.wait:
         job = AttachedJob(store, job_id)
@@ -256,9 +261,8 @@ def format_summary(record: dict) -> str:
         f"function {s.get('function') or '-'}   from {s.get('origin') or '-'}",
         f"storage  {s.get('storage')}",
         f"created  {_time(s['created'])}   wall {_seconds(s['wall_seconds'])}",
-        f"calls    {s['calls']} ({s['items']} items)   done {s['calls_done']}   "
-        f"failed {s['calls_failed']} "
-        f"({s['failed_items']} items)   retried {s['calls_retried']} ({s['retries']} retries)",
+        f"calls    {s['calls']} ({s['items']} items)   {_states_line(s)}   "
+        f"retried {s['calls_retried']} ({s['retries']} retries)",
         f"workers  {s['workers']}   cold starts {s['cold_starts']}",
         f"duration p50 {_seconds(d['p50'])}   p95 {_seconds(d['p95'])}   max {_seconds(d['max'])}"
         "   (run time on the worker)",
@@ -277,6 +281,9 @@ def format_summary(record: dict) -> str:
     if s["status"] == "abandoned":
         lines.append("note     the client that started this job is gone (killed or crashed) before it finished"
                      + (f": {s['abandoned']}" if s.get("abandoned") else "") + "; `fnmap redrive ID` runs the rest")
+    if s.get("items_unreported"):
+        lines.append(f"no result {s['items_unreported']} items: their calls never ran or never reported "
+                     "(fnmap.job(ID).results() has an exception in their place)")
     if record.get("rebuilt"):
         lines.append(f"note     {record['rebuilt']}")
     failed = [
@@ -308,6 +315,7 @@ def format_summary(record: dict) -> str:
 
 def run_logs(args) -> int:
     from ..observe import records
+    from ..observe.logs import read_logs
 
     store = _store(args)
     record = records.load(store, args.job_id)
@@ -317,7 +325,7 @@ def run_logs(args) -> int:
         raise SystemExit(
             f"fnmap logs: job {job_id} has no call {args.call}; its calls are 0..{len(calls) - 1}"
         )
-    found = records.read_logs(store, job_id, args.call)
+    found = read_logs(store, job_id, args.call)
     tracebacks = {
         c["call"]: c["traceback"] for c in record["calls"]
         if c.get("traceback") and (args.call is None or c["call"] == args.call)
@@ -340,14 +348,14 @@ def run_logs(args) -> int:
 
 
 def run_gc(args) -> int:
-    from ..observe import records
+    from ..observe import gc
 
     try:
-        age = records.parse_age(args.older_than)
+        age = gc.parse_age(args.older_than)
     except ValueError as e:
         raise SystemExit(f"fnmap gc: --older-than: {e}") from None
     store = _store(args)
-    report = records.collect_garbage(store, age, dry_run=args.dry_run)
+    report = gc.collect_garbage(store, age, dry_run=args.dry_run)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -365,6 +373,12 @@ def run_gc(args) -> int:
         for job_id, size in largest:
             fate = "would delete" if job_id in report["deleted_job_bytes"] else "kept"
             print(f"  {job_id[:12]}  {_bytes(size):>9}  {fate}")
+    if report["kept_running_jobs"]:
+        print(f"kept {len(report['kept_running_jobs'])} old job(s) that may still run (a live lease, or "
+              "no final record and a client not known to be gone): " + ", ".join(report["kept_running_jobs"][:5]))
+    if report["deleted_temporary"]:
+        print(f"{verb} {len(report['deleted_temporary'])} temporary file(s) of killed writers, "
+              f"{_bytes(report['deleted_temporary_bytes'])}")
     if report["kept_shared_because_running"]:
         print("kept every shared function and input: a kept job is still running")
     if report["undated_jobs"]:
@@ -376,6 +390,26 @@ def run_gc(args) -> int:
 
 
 # -- formatting ------------------------------------------------------------------
+
+#: The order call states are shown in.
+STATES = ("succeeded", "done", "failed", "cancelled", "abandoned", "running")
+
+
+def states_text(summary: dict) -> str:
+    """Calls per state, e.g. ``20 succeeded, 80 cancelled``; ``done/calls`` for a summary written
+    before states were counted."""
+    states = summary.get("states")
+    if not states:
+        return f"{summary['calls_done']}/{summary['calls']} done"
+    return ", ".join(f"{states[name]} {name}" for name in STATES if states.get(name)) or "no calls"
+
+
+def _states_line(s: dict) -> str:
+    """``fnmap job``'s calls per state, every state shown, failed with its items."""
+    states = s.get("states") or {"done": s["calls_done"], "failed": s["calls_failed"]}
+    shown = [name for name in STATES if name in states or name != "done"]
+    return "   ".join(f"{name} {states.get(name, 0)}" + (f" ({s['failed_items']} items)" if name == "failed" else "")
+                       for name in shown)
 
 
 def _short(text: str, width: int) -> str:

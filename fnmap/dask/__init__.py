@@ -236,8 +236,8 @@ class _Run:
     # -- dispatch ------------------------------------------------------------
 
     def _start_job(self) -> None:
-        self.job = self.client.new_job(self.config, kind="dask")
-        self.job.speculate_open = True  # the graph's frontier is what waits on a straggler (issue 4)
+        # Copies before the job is sealed: the graph's frontier is what waits on a straggler (issue 4).
+        self.job = self.client.new_job(self.config, kind="dask", speculate_open=True)
         self.func_key = self.client.upload_function(run_batch, self.job)
         self.prefix = _keys.blob_key(self.job.id, "dask/")
         self.progress = make_progress(self.config.progress, self.plan.n_tasks, "fnmap dask")

@@ -101,6 +101,30 @@ def make_plan(dsk: Any, wanted: list, cache: Mapping | None = None) -> Plan:
     return plan
 
 
+def _chains(plan: Plan, tasks: dict, wanted: set) -> dict:
+    """Which task each task absorbs, ``{user: task}``: a task (not wanted, not blocking fusion) whose
+    only user is a task with no other computed dependency (and not blocking fusion) is fused into it."""
+    dependents: dict = defaultdict(list)
+    for key, node in plan.graph.items():
+        if key not in plan.data:
+            for dep in node.dependencies:
+                dependents[dep].append(key)
+    computed = tasks.keys() | plan.aliases.keys()
+    fused_from = {}
+    for key, node in tasks.items():
+        users = dependents.get(key, ())
+        if key in wanted or len(users) != 1 or getattr(node, "block_fusion", False):
+            continue
+        (user,) = users
+        target = tasks.get(user)
+        if target is None or getattr(target, "block_fusion", False):
+            continue
+        if sum(1 for d in target.dependencies if d in computed) != 1:
+            continue
+        fused_from[user] = key
+    return fused_from
+
+
 def _cull(graph: dict, wanted: list) -> dict:
     """The part of ``graph`` that ``wanted`` depends on."""
     out, todo = {}, list(wanted)
@@ -114,26 +138,8 @@ def _cull(graph: dict, wanted: list) -> dict:
 
 
 def _fuse(plan: Plan, tasks: dict, wanted: set) -> None:
-    dependents: dict = defaultdict(list)
-    for key, node in plan.graph.items():
-        if key not in plan.data:
-            for dep in node.dependencies:
-                dependents[dep].append(key)
-    computed = tasks.keys() | plan.aliases.keys()
-    fused_from = {}  # dependent -> the task fused into it
-    fused = set()
-    for key, node in tasks.items():
-        users = dependents.get(key, ())
-        if key in wanted or len(users) != 1 or getattr(node, "block_fusion", False):
-            continue
-        (user,) = users
-        target = tasks.get(user)
-        if target is None or getattr(target, "block_fusion", False):
-            continue
-        if sum(1 for d in target.dependencies if d in computed) != 1:
-            continue
-        fused_from[user] = key
-        fused.add(key)
+    fused_from = _chains(plan, tasks, wanted)  # dependent -> the task fused into it
+    fused = set(fused_from.values())
     priorities = order(plan.graph) if tasks else {}
     for uid, tail in enumerate(k for k in tasks if k not in fused):
         chain = [tail]

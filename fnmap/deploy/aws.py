@@ -12,8 +12,8 @@
    versions, so pickles load), plus a dependency layer built from
    ``--requirements`` (reused while unchanged); or from a container image (``--image``, built from
    ``infra/lambda.Dockerfile``);
-5. reserved concurrency, asynchronous retries off (the client retries), and a
-   function URL with ``AWS_IAM`` auth.
+5. reserved concurrency, asynchronous retries off (the client retries) and events dropped after
+   ``--max-event-age``, and a function URL with ``AWS_IAM`` auth.
 
 It prints the settings a client needs.  Every resource is tagged
 ``fnmap:deployment=<name>``; ``destroy`` removes exactly those (a bucket only
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError, FnmapError
 from ..runtime.serialization import runtime_info
 from ..runtime.signing import new_secret
+from .aws_policies import role_policy, trust_policy
 from .package import UNZIPPED_LIMIT, build_zip, code_sha256, unzipped_size
 
 TAG = "fnmap:deployment"
@@ -62,27 +63,7 @@ class Settings:
     expire_days: int = 7
     log_retention_days: int = 14
     rotate_secret: bool = False
-
-
-# -- policies --------------------------------------------------------------------
-
-
-def trust_policy() -> dict:
-    return {"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole",
-    }]}
-
-
-def role_policy(bucket: str, prefix: str, region: str, account: str, name: str) -> dict:
-    """Least privilege: the objects under the bucket prefix, and the function's own log group."""
-    return {"Version": "2012-10-17", "Statement": [
-        {"Sid": "JobData", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
-         "Resource": f"arn:aws:s3:::{bucket}/{prefix}/*"},
-        {"Sid": "ListJobData", "Effect": "Allow", "Action": "s3:ListBucket",
-         "Resource": f"arn:aws:s3:::{bucket}", "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/*"]}}},
-        {"Sid": "Logs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
-         "Resource": f"arn:aws:logs:{region}:{account}:log-group:/aws/lambda/{name}:*"},
-    ]}
+    max_event_age: int = 300  # Lambda's MaximumEventAgeInSeconds (retries off): backends/lambda_deployment.py
 
 
 # -- deploy ------------------------------------------------------------------------
@@ -127,9 +108,7 @@ class Deployment:
         self._function_code_and_config(existing, role_arn, secret, layers)
         self._concurrency()
         self.lam.put_function_event_invoke_config(
-            FunctionName=self.s.name, MaximumRetryAttempts=0,
-            MaximumEventAgeInSeconds=min(21600, max(60, self.s.timeout + 120)),
-        )
+            FunctionName=self.s.name, MaximumRetryAttempts=0, MaximumEventAgeInSeconds=self.s.max_event_age)
         url = self._url()
         result = {
             "FNMAP_BACKEND": "aws", "FNMAP_FUNCTION_NAME": self.s.name, "FNMAP_REGION": self.region,
@@ -405,6 +384,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"seconds per call, at most 900 (default {d.timeout})")
     p.add_argument("--concurrency", type=int, default=d.concurrency,
                    help=f"reserved concurrency; 0 for none (default {d.concurrency})")
+    p.add_argument("--max-event-age", type=int, default=d.max_event_age,
+                   help="seconds Lambda may queue an Event call before dropping it, 60-21600; the client "
+                        f"declares a call lost after this + --timeout (default {d.max_event_age})")
     p.add_argument("--architecture", choices=["x86_64", "arm64"], default=None,
                    help=f"the function's architecture (default: deploy {d.architecture}; env: the function's)")
     p.add_argument("--image", default=None, help="container image URI (built from infra/lambda.Dockerfile) "
@@ -423,7 +405,9 @@ def settings_from(args) -> Settings:
                  memory=args.memory, timeout=args.timeout, concurrency=args.concurrency,
                  architecture=args.architecture or d.architecture, image=args.image, requirements=args.requirements,
                  expire_days=args.expire_days, log_retention_days=args.log_retention_days,
-                 rotate_secret=args.rotate_secret)
+                 rotate_secret=args.rotate_secret, max_event_age=args.max_event_age)
+    if not 60 <= s.max_event_age <= 21600:
+        raise ConfigError(f"--max-event-age {s.max_event_age} must be between 60 and 21600 seconds (Lambda's limits)")
     if not 1 <= s.timeout <= 900:
         raise ConfigError(f"--timeout {s.timeout} must be between 1 and 900 seconds (Lambda's limit)")
     if not 128 <= s.memory <= 10240:

@@ -32,7 +32,7 @@ import tempfile
 import zipfile
 
 from ..errors import ConfigError, FnmapError
-from .package import UNZIPPED_LIMIT, build_layer, unzipped_size
+from .package import UNZIPPED_LIMIT, build_layer, host_architecture, unzipped_size
 
 #: Changes when the way a layer is built changes, so layers built the old way are not reused.
 _FORMAT = "1"
@@ -160,8 +160,6 @@ def build(source: Source, runtime: str, architecture: str, path: str) -> str:
 
 def copy_current(names: list[str], runtime: str, architecture: str, path: str) -> str:
     """Zip the installed files of ``names`` and their dependencies into a layer (``python/``)."""
-    from ..emulator.lambda_manage import host_architecture
-
     here = f"python{sys.version_info.major}.{sys.version_info.minor}"
     if not sys.platform.startswith("linux") or host_architecture() != architecture or here != runtime:
         raise ConfigError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -21,13 +22,18 @@ from ..errors import ConfigError, FnmapError
 UNZIPPED_LIMIT = 250 * 1024 * 1024
 
 
+def host_architecture() -> str:
+    """Lambda's name for this machine's architecture (what a ``--current`` layer and the emulator's
+    execution environments run on)."""
+    return "arm64" if platform.machine().lower() in ("aarch64", "arm64") else "x86_64"
+
+
 def build_zip(path: str) -> str:
     """Write the function's zip (fnmap, handlers, cloudpickle) to ``path``; reproducible byte for byte."""
     import cloudpickle
 
-    import fnmap
-
-    roots = [os.path.dirname(fnmap.__file__), _handlers_dir(), os.path.dirname(cloudpickle.__file__)]
+    fnmap_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # fnmap/, this file's grandparent
+    roots = [fnmap_dir, _handlers_dir(), os.path.dirname(cloudpickle.__file__)]
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for root in roots:
             base = os.path.dirname(root)

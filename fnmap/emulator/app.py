@@ -25,6 +25,7 @@ from ..runtime.signing import REFUSED, ROUTE_CALL, ROUTE_CANCEL, SECRET_ENV, SIG
 from ..runtime.wire import ERROR_KIND_HEADER, decode_header
 from .faults import FaultPlan, RequestKeys
 from .pool import Stopper, WorkerPool
+from .routes import add_routes
 
 RECENT_CALLS = 1000
 #: Seconds past a call's timeout that a dropped call (``--drop-rate``) is held without an answer:
@@ -34,6 +35,44 @@ DROP_HOLD_SECONDS = 8.0
 EXTENSIONS: list[str] = ["fnmap.emulator.lambda_api", "fnmap.emulator.batch_api"]
 #: Attempts stopped before their request arrived, remembered so that they do not run when it does.
 STOPPED_EARLY_KEPT = 1000
+
+
+def _read_header(body: bytes) -> tuple[dict, float | None, int | None]:
+    """The request's JSON header, its timeout and memory; only the header is read here (nothing is
+    unpickled in the emulator itself)."""
+    try:
+        header, _ = decode_header(body)
+        timeout = header.get("timeout")
+        timeout = float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else None
+        memory = header.get("memory")
+        memory = memory if isinstance(memory, int) and memory > 0 else None
+    except (ValueError, TypeError):
+        return {}, None, None
+    return header, timeout, memory
+
+
+#: What the client gets for each way a call ends other than answered: status, message, error kind.
+_ENDINGS = {
+    "crashed": (502, lambda info, timeout: f"worker process {info['pid']} died while running the call "
+                f"({info.get('exit')})", "crashed"),
+    "out_of_memory": (502, lambda info, timeout: f"{info['memory']} (worker process {info['pid']})",
+                      "out_of_memory"),
+    "timeout": (504, lambda info, timeout: f"the call ran past its timeout of {timeout} s plus a grace period; "
+                f"its worker process {info['pid']} was killed", "timeout"),
+    "stopped": (409, lambda info, timeout: "the call was stopped on the client's request (POST /cancel): another "
+                "attempt of it decided its outcome" + (f"; its worker process {info['pid']} was killed"
+                                                       if info.get("pid") else ""), "cancelled"),
+    "failed": (500, lambda info, timeout: "injected platform fault (--fail-rate): the call was not run", None),
+    "dropped": (504, lambda info, timeout: "injected lost call (--drop-rate): the call was not run", None),
+}
+
+
+def _answer(outcome: str, status: int, out: bytes, info: dict, timeout: float | None) -> tuple[int, bytes, dict]:
+    ending = _ENDINGS.get(outcome)
+    if ending is None:
+        return status, out, {}
+    status, message, kind = ending
+    return status, message(info, timeout).encode(), ({ERROR_KIND_HEADER: kind} if kind else {})
 
 
 class Emulator:
@@ -65,14 +104,7 @@ class Emulator:
         self.stopping = threading.Event()
 
     def execute(self, body: bytes, signature: str | None) -> tuple[int, bytes, dict]:
-        try:  # only the JSON header is read here; nothing is unpickled in the emulator itself
-            header, _ = decode_header(body)
-            timeout = header.get("timeout")
-            timeout = float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else None
-            memory = header.get("memory")
-            memory = memory if isinstance(memory, int) and memory > 0 else None
-        except (ValueError, TypeError):
-            header, timeout, memory = {}, None, None
+        header, timeout, memory = _read_header(body)
         # Authenticated before any fault is injected or any worker touched (issue 26); the worker
         # checks again (it is the boundary of deployed handlers).
         if self.secret and not verify_request(self.secret, ROUTE_CALL, header.get("job_id", ""),
@@ -86,65 +118,50 @@ class Emulator:
             "attempt": header.get("attempt"),
             "received": time.time(),
         }
-        plan = self.faults
-        fate = plan.fate(*self._keys.key(header)) if plan.active else None
+        fate = self.faults.fate(*self._keys.key(header)) if self.faults.active else None
         key = (record["job_id"], record["call_id"], record["attempt"])
         if not all(isinstance(part, int) for part in key[1:]):  # unreadable: nothing can stop it
             key = None
         stopper = Stopper()
+        if not self._admit(key, stopper):
+            record.update(outcome="throttled", status=429, duration=0.0)
+            self.recent.append(record)
+            return 429, (
+                f"too many calls at once: the emulator runs at most {self.faults.max_concurrency} "
+                "(--max-concurrency); slow down and retry"
+            ).encode(), {}
         outcome = "error"
-        with self._lock:
-            if plan.max_concurrency is not None and self.in_flight >= plan.max_concurrency:
-                self.injected["throttled"] += 1
-                record.update(outcome="throttled", status=429, duration=0.0)
-                self.recent.append(record)
-                return 429, (
-                    f"too many calls at once: the emulator runs at most {plan.max_concurrency} "
-                    "(--max-concurrency); slow down and retry"
-                ).encode(), {}
-            self.in_flight += 1
-            if key is not None:
-                self._running[key] = stopper
-                if key in self._stopped_early:
-                    stopper.stop()
         try:
             if fate is not None and fate.labels:
                 self.injected.update(fate.labels)
                 record["faults"] = fate.labels
             outcome, status, out, info = self._run(body, signature, timeout, fate, stopper, memory)
         finally:
-            with self._lock:
-                self.in_flight -= 1
-                self.served += 1
-                self.stopped += outcome == "stopped"
-                if key is not None and self._running.get(key) is stopper:
-                    del self._running[key]
+            self._done(key, stopper, outcome)
         record.update(info, outcome=outcome, status=status, duration=time.time() - record["received"])
         self.recent.append(record)
-        if outcome == "crashed":
-            return 502, (
-                f"worker process {info['pid']} died while running the call ({info.get('exit')})"
-            ).encode(), {ERROR_KIND_HEADER: "crashed"}
-        if outcome == "out_of_memory":
-            return 502, (
-                f"{info['memory']} (worker process {info['pid']})"
-            ).encode(), {ERROR_KIND_HEADER: "out_of_memory"}
-        if outcome == "timeout":
-            return 504, (
-                f"the call ran past its timeout of {timeout} s plus a grace period; its worker "
-                f"process {info['pid']} was killed"
-            ).encode(), {ERROR_KIND_HEADER: "timeout"}
-        if outcome == "stopped":
-            return 409, (
-                "the call was stopped on the client's request (POST /cancel): another attempt of "
-                "it decided its outcome" + (f"; its worker process {info['pid']} was killed"
-                                            if info.get("pid") else "")
-            ).encode(), {ERROR_KIND_HEADER: "cancelled"}
-        if outcome == "failed":
-            return 500, b"injected platform fault (--fail-rate): the call was not run", {}
-        if outcome == "dropped":
-            return 504, b"injected lost call (--drop-rate): the call was not run", {}
-        return status, out, {}
+        return _answer(outcome, status, out, info, timeout)
+
+    def _admit(self, key, stopper: Stopper) -> bool:
+        """Count the request in flight (False: --max-concurrency throttles it)."""
+        with self._lock:
+            if self.faults.max_concurrency is not None and self.in_flight >= self.faults.max_concurrency:
+                self.injected["throttled"] += 1
+                return False
+            self.in_flight += 1
+            if key is not None:
+                self._running[key] = stopper
+                if key in self._stopped_early:
+                    stopper.stop()
+        return True
+
+    def _done(self, key, stopper: Stopper, outcome: str) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.served += 1
+            self.stopped += outcome == "stopped"
+            if key is not None and self._running.get(key) is stopper:
+                del self._running[key]
 
     def _run(self, body: bytes, signature: str | None, timeout: float | None, fate, stopper: Stopper,
              memory: int | None = None):
@@ -233,17 +250,30 @@ class Emulator:
         }
 
 
+def health(emulator: Emulator):
+    return jsonify(emulator.health())
+
+
+def calls(emulator: Emulator):
+    return jsonify(emulator.calls())
+
+
+def cancel(emulator: Emulator):
+    status, answer = emulator.stop_attempts(request.get_data(cache=False), request.headers.get(SIGNATURE_HEADER))
+    return Response(json.dumps(answer), status=status, mimetype="application/json")
+
+
+#: The emulator's own routes, besides ``POST /invoke`` (and ``/``) of the shared invocation app.
+ROUTES = [
+    ("GET", "/health", health),
+    ("GET", "/calls", calls),
+    ("POST", "/cancel", cancel),
+]
+
+
 def create_emulator_app(emulator: Emulator):
     app = create_app(emulator.execute, name="fnmap-emulator")
-    app.add_url_rule("/health", "health", lambda: jsonify(emulator.health()))
-    app.add_url_rule("/calls", "calls", lambda: jsonify(emulator.calls()))
-
-    def cancel():
-        status, answer = emulator.stop_attempts(request.get_data(cache=False),
-                                                request.headers.get(SIGNATURE_HEADER))
-        return Response(json.dumps(answer), status=status, mimetype="application/json")
-
-    app.add_url_rule("/cancel", "cancel", cancel, methods=["POST"])
+    add_routes(app, ROUTES, emulator)
     for name in EXTENSIONS:
         importlib.import_module(name).register(app, emulator)
     return app

@@ -32,6 +32,7 @@ from .batch_jobs import (
     command_for,
     detect_gpus,
 )
+from .routes import add_routes
 
 CONCURRENCY_ENV = "FNMAP_BATCH_CONCURRENCY"
 #: Every Batch API path: each request to one must carry a valid SigV4 signature.
@@ -111,6 +112,22 @@ def _summary(detail: dict) -> dict:
     return out
 
 
+class _Batch:
+    """The :class:`BatchEmulator`, started on the first Batch request: other uses pay nothing."""
+
+    def __init__(self, emulator, concurrency: int):
+        self._emulator, self._concurrency = emulator, concurrency
+        self._started: BatchEmulator | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> BatchEmulator:
+        with self._lock:
+            if self._started is None:
+                env = dict(getattr(self._emulator.pool, "env", None) or os.environ)
+                self._started = BatchEmulator(env, self._concurrency, detect_gpus(env))
+            return self._started
+
+
 def register(app, emulator) -> None:
     """Add the Batch routes to the emulator's app."""
     raw = os.environ.get(CONCURRENCY_ENV) or str(os.cpu_count() or 2)
@@ -118,98 +135,101 @@ def register(app, emulator) -> None:
         raise ValueError(
             f"{CONCURRENCY_ENV}={raw!r} (from the environment) must be a whole number >= 1"
         )
-    started: list[BatchEmulator] = []
-    lock = threading.Lock()
     sigv4.require_signatures(app, sigv4.known_credentials(app, emulator), API_PATH, "batch")
+    add_routes(app, ROUTES, _Batch(emulator, int(raw)))
 
-    def get() -> BatchEmulator:  # started on the first Batch request: other uses pay nothing
-        with lock:
-            if not started:
-                env = dict(getattr(emulator.pool, "env", None) or os.environ)
-                started.append(BatchEmulator(env, int(raw), detect_gpus(env)))
-            return started[0]
 
-    def route(name, handler):
-        def view():
-            try:
-                return jsonify(handler(get(), request.get_json(force=True, silent=True) or {}))
-            except BatchRequestError as e:
-                response = jsonify({"message": str(e)})
-                response.status_code = 400
-                response.headers["x-amzn-ErrorType"] = "ClientException"
-                return response
+def _operation(handler):
+    """A route answering ``handler(batch, request body)`` as JSON, a BatchRequestError as Batch's 400."""
 
-        app.add_url_rule(f"/v1/{name}", f"batch_{name}", view, methods=["POST"])
+    def view(state: _Batch):
+        try:
+            return jsonify(handler(state.get(), request.get_json(force=True, silent=True) or {}))
+        except BatchRequestError as e:
+            response = jsonify({"message": str(e)})
+            response.status_code = 400
+            response.headers["x-amzn-ErrorType"] = "ClientException"
+            return response
 
-    def submit(batch, body):
-        job = batch.submit(body)
-        return {"jobArn": f"{ARN}:job/{job.id}", "jobName": job.name, "jobId": job.id}
+    view.__name__ = f"batch_{handler.__name__}"
+    return view
 
-    def describe(batch, body):
-        ids = body.get("jobs") or []
-        if len(ids) > 100:
-            raise BatchRequestError("at most 100 jobs can be described at once")
-        return {"jobs": [job_detail(*found) for found in map(batch.find, ids) if found is not None]}
 
-    def list_jobs(batch, body):
-        if body.get("arrayJobId"):
-            found = batch.find(body["arrayJobId"])
-            if found is None or not found[0].array:
-                raise BatchRequestError(f"{body['arrayJobId']} is not an array job")
-            rows = [job_detail(found[0], c) for c in found[0].children]
-        elif body.get("jobQueue"):
-            rows = [
-                job_detail(j, None if j.array else j.children[0])
-                for j in list(batch.jobs.values())
-                if j.queue == body["jobQueue"]
-            ]
-        else:
-            raise BatchRequestError("jobQueue or arrayJobId must be provided")
-        status = body.get("jobStatus") or "RUNNING"
-        rows = [_summary(r) for r in rows if r["status"] == status]
-        start, size = int(body.get("nextToken") or 0), int(body.get("maxResults") or 100)
-        page = {"jobSummaryList": rows[start : start + size]}
-        if start + size < len(rows):
-            page["nextToken"] = str(start + size)
-        return page
+def submit_job(batch, body):
+    job = batch.submit(body)
+    return {"jobArn": f"{ARN}:job/{job.id}", "jobName": job.name, "jobId": job.id}
 
-    def stop(running_too):
-        def handler(batch, body):
-            if not body.get("jobId") or not body.get("reason"):
-                raise BatchRequestError("jobId and reason must be provided")
-            batch.terminate(body["jobId"], body["reason"], running_too)
-            return {}
 
-        return handler
+def describe_jobs(batch, body):
+    ids = body.get("jobs") or []
+    if len(ids) > 100:
+        raise BatchRequestError("at most 100 jobs can be described at once")
+    return {"jobs": [job_detail(*found) for found in map(batch.find, ids) if found is not None]}
 
-    def definitions(batch, body):
-        found = [d for revisions in batch.definitions.values() for d in revisions]
-        if body.get("jobDefinitionName"):
-            found = [d for d in found if d["jobDefinitionName"] == body["jobDefinitionName"]]
-        if body.get("jobDefinitions"):
-            wanted = set(body["jobDefinitions"])
-            found = [
-                d
-                for d in found
-                if d["jobDefinitionArn"] in wanted
-                or f"{d['jobDefinitionName']}:{d['revision']}" in wanted
-            ]
-        if body.get("status"):
-            found = [d for d in found if d["status"] == body["status"]]
-        return {"jobDefinitions": found}
 
-    def register_definition(batch, body):
-        d = batch.register_definition(body)
-        return {
-            "jobDefinitionName": d["jobDefinitionName"],
-            "jobDefinitionArn": d["jobDefinitionArn"],
-            "revision": d["revision"],
-        }
+def _listed(batch, body) -> list[dict]:
+    if body.get("arrayJobId"):
+        found = batch.find(body["arrayJobId"])
+        if found is None or not found[0].array:
+            raise BatchRequestError(f"{body['arrayJobId']} is not an array job")
+        return [job_detail(found[0], c) for c in found[0].children]
+    if body.get("jobQueue"):
+        return [job_detail(j, None if j.array else j.children[0])
+                for j in list(batch.jobs.values()) if j.queue == body["jobQueue"]]
+    raise BatchRequestError("jobQueue or arrayJobId must be provided")
 
-    route("submitjob", submit)
-    route("describejobs", describe)
-    route("listjobs", list_jobs)
-    route("terminatejob", stop(running_too=True))
-    route("canceljob", stop(running_too=False))
-    route("registerjobdefinition", register_definition)
-    route("describejobdefinitions", definitions)
+
+def list_jobs(batch, body):
+    status = body.get("jobStatus") or "RUNNING"
+    rows = [_summary(r) for r in _listed(batch, body) if r["status"] == status]
+    start, size = int(body.get("nextToken") or 0), int(body.get("maxResults") or 100)
+    page = {"jobSummaryList": rows[start : start + size]}
+    if start + size < len(rows):
+        page["nextToken"] = str(start + size)
+    return page
+
+
+def _stop(batch, body, running_too: bool):
+    if not body.get("jobId") or not body.get("reason"):
+        raise BatchRequestError("jobId and reason must be provided")
+    batch.terminate(body["jobId"], body["reason"], running_too)
+    return {}
+
+
+def terminate_job(batch, body):
+    return _stop(batch, body, running_too=True)
+
+
+def cancel_job(batch, body):
+    return _stop(batch, body, running_too=False)
+
+
+def describe_job_definitions(batch, body):
+    found = [d for revisions in batch.definitions.values() for d in revisions]
+    if body.get("jobDefinitionName"):
+        found = [d for d in found if d["jobDefinitionName"] == body["jobDefinitionName"]]
+    if body.get("jobDefinitions"):
+        wanted = set(body["jobDefinitions"])
+        found = [d for d in found
+                 if d["jobDefinitionArn"] in wanted or f"{d['jobDefinitionName']}:{d['revision']}" in wanted]
+    if body.get("status"):
+        found = [d for d in found if d["status"] == body["status"]]
+    return {"jobDefinitions": found}
+
+
+def register_job_definition(batch, body):
+    d = batch.register_definition(body)
+    return {"jobDefinitionName": d["jobDefinitionName"], "jobDefinitionArn": d["jobDefinitionArn"],
+            "revision": d["revision"]}
+
+
+#: The Batch API's routes (botocore's paths: every operation a POST with a JSON body).
+ROUTES = [
+    ("POST", "/v1/submitjob", _operation(submit_job)),
+    ("POST", "/v1/describejobs", _operation(describe_jobs)),
+    ("POST", "/v1/listjobs", _operation(list_jobs)),
+    ("POST", "/v1/terminatejob", _operation(terminate_job)),
+    ("POST", "/v1/canceljob", _operation(cancel_job)),
+    ("POST", "/v1/registerjobdefinition", _operation(register_job_definition)),
+    ("POST", "/v1/describejobdefinitions", _operation(describe_job_definitions)),
+]

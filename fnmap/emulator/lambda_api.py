@@ -16,9 +16,10 @@ with 403 before any route sees it.  Routes, with botocore's paths:
   ``Event``), ``Function.ResponseSizeTooLarge`` for a response over 6 MiB.
 * ``GET /2015-03-31/functions/<name>/configuration`` (GetFunctionConfiguration).
 * With ``ric`` only, function management and layers (:mod:`.lambda_manage`): CreateFunction,
-  GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration, DeleteFunction,
-  Put/GetFunctionEventInvokeConfig, PublishLayerVersion, GetLayerVersion, ListLayerVersions and
-  DeleteLayerVersion.
+  GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration, DeleteFunction, PublishLayerVersion,
+  GetLayerVersion, ListLayerVersions and DeleteLayerVersion.
+* Put/Update/Get/DeleteFunctionEventInvokeConfig (honoured: an event past its age is dropped; the
+  fault plan's ``--drop-rate`` loses events silently) and GetAccountSettings (:mod:`.lambda_events`).
 * ``PUT``/``DELETE /2017-10-31/...`` and ``GET /2019-09-30/functions/<name>/concurrency``
   (reserved concurrency): a synchronous invocation beyond it answers 429
   ``TooManyRequestsException`` as Lambda does; queued events wait for a slot.
@@ -65,25 +66,21 @@ import time
 from flask import Response, jsonify, request
 
 from ..runtime.lambda_event import SPAWN_PREFIX, Refused, decode_event, encode_result, is_spawn_event, spawn
-from ..runtime.serialization import runtime_info
 from ..runtime.signing import REFUSED
 from ..runtime.wire import ERROR_KIND_HEADER
-from . import sigv4
+from . import lambda_events, lambda_manage, sigv4
+from .lambda_common import ACCOUNT, API_VERSION, HANDLER, REGION, TIMEOUT_SECONDS, configuration, error, lambda_error
+from .lambda_common import function_name as _function_name
+from .lambda_events import EventQueueRules
+from .routes import add_routes
 
-ACCOUNT = "000000000000"
-#: The date prefix of Lambda's REST paths (2015-03-31, 2017-10-31, ...).
-_API_VERSION = re.compile(r"20\d\d-\d\d-\d\d")
+__all__ = ["ACCOUNT", "HANDLER", "REGION", "TIMEOUT_SECONDS", "LambdaApi", "lambda_error", "register", "runtime_mode"]
 #: Every Lambda API path: each request to one must carry a valid SigV4 signature (:mod:`.sigv4`).
 API_PATH = re.compile(r"/20\d\d-\d\d-\d\d/")
 #: The one route an execution role's credentials may use (a spawner's Invoke).
 _INVOKE_PATH = re.compile(r"/2015-03-31/functions/[^/]+/invocations")
 #: The access key id in a SigV4 ``Authorization`` header.
 _ACCESS_KEY = re.compile(r"Credential=([^/,\s]+)/")
-REGION = "us-east-1"
-#: The handler every function runs (what ``fnmap deploy aws`` configures).
-HANDLER = "handlers.aws_lambda.handler"
-#: What GetFunctionConfiguration reports as the function's timeout (Lambda's maximum).
-TIMEOUT_SECONDS = 900
 #: Lambda scales a function by ``--scaling-rate`` new execution environments per this many seconds.
 SCALING_PERIOD_SECONDS = 10.0
 #: Lambda's payload limits, enforced as Lambda does: requests (synchronous, asynchronous) answer
@@ -116,6 +113,10 @@ class LambdaApi:
         self._runners: list[threading.Thread] = []
         #: This emulator's URL as its first Lambda client reached it; execution environments call it back.
         self.own_url: str | None = None
+        #: Whether events run under awslambdaric (``--lambda-runtime ric``), not in the pool.
+        self.ric = make_runtime is not None
+        #: The event invoke configs and lost events (:mod:`.lambda_events`).
+        self.events = EventQueueRules(self)
 
     def _acquire(self, name: str, wait: bool) -> bool:
         with self._cond:
@@ -221,19 +222,23 @@ class LambdaApi:
         return spawn(event, invoke, self.emulator.secret, threads=1)
 
     def enqueue(self, name: str, payload: bytes) -> None:
+        if self.events.dropped(payload):
+            return  # lost as Lambda may lose an event (--drop-rate): accepted, never run
         with self._cond:
             if len(self._runners) < self.emulator.pool.size:  # Lambda's async queue, drained by daemons
                 runner = threading.Thread(target=self._drain, name="fnmap-lambda-event", daemon=True)
                 self._runners.append(runner)
                 runner.start()
-        self._events.put((name, payload))
+        self._events.put((name, payload, time.monotonic()))
 
     def _drain(self) -> None:
         while True:
-            name, payload = self._events.get()
+            name, payload, queued = self._events.get()
             self._acquire(name, wait=True)
             try:
-                if self.runtime is not None:
+                if self.events.expired(name, queued):
+                    pass  # older than the function's MaximumEventAgeInSeconds: dropped, as on Lambda
+                elif self.runtime is not None:
                     if self.run(name, payload)[1]:  # the answer of an event is dropped, as on Lambda
                         self.stats["event_function_errors"] += 1
                 else:
@@ -260,11 +265,6 @@ def _platform_environment(base_env: dict, own_url: str | None, role: dict) -> di
     return env
 
 
-def lambda_error(error_type: str, message: str) -> bytes:
-    """Lambda's error payload (what an Invoke with ``X-Amz-Function-Error: Unhandled`` carries)."""
-    return json.dumps({"errorType": error_type, "errorMessage": message}).encode()
-
-
 def _client_context(header: str | None) -> str | None:
     """The Invoke's ``X-Amz-Client-Context`` (base64 JSON) as the runtime receives it (the JSON)."""
     if not header:
@@ -281,18 +281,6 @@ def _json_object(data: bytes) -> dict | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _function_name(name: str) -> str:
-    """``my-fn``, ``arn:aws:lambda:...:function:my-fn[:qualifier]`` or ``123:function:my-fn`` -> ``my-fn``."""
-    if ":function:" in name:
-        name = name.split(":function:", 1)[1]
-    return name.split(":", 1)[0]
-
-
-def _error(status: int, code: str, message: str, **extra) -> Response:
-    body = json.dumps({"Type": "User", "message": message, **extra})
-    return Response(body, status=status, mimetype="application/json", headers={"x-amzn-ErrorType": code})
 
 
 def _ric_installed() -> bool:
@@ -312,8 +300,9 @@ def runtime_mode(asked: str | None) -> str:
 
 
 def register(app, emulator) -> None:
-    make_runtime = None
     ric = runtime_mode(getattr(emulator, "lambda_runtime", None)) == "ric"
+    known = sigv4.known_credentials(app, emulator)
+    make_runtime = None
     if ric:
         def make_runtime():
             from .lambda_runtime import LambdaRuntime
@@ -323,7 +312,6 @@ def register(app, emulator) -> None:
 
     api = LambdaApi(emulator, make_runtime, getattr(emulator, "lambda_scaling_rate", None))
     app.extensions["fnmap_lambda"] = api
-    known = sigv4.known_credentials(app, emulator)
     # One check for every Lambda API path, before any route (those added later included) is reached.
     sigv4.require_signatures(app, known, API_PATH, "lambda",
                              role_may=lambda method, path: method == "POST" and bool(_INVOKE_PATH.fullmatch(path)))
@@ -336,128 +324,112 @@ def register(app, emulator) -> None:
         if api.own_url is None and API_PATH.match(request.path):
             api.own_url = request.host_url.rstrip("/")
 
-    @app.post("/2015-03-31/functions/<name>/invocations")
-    def lambda_invoke(name):
-        name = _function_name(name)
-        kind = request.headers.get("X-Amz-Invocation-Type", "RequestResponse")
-        payload = request.get_data(cache=False)
-        signed_by = _ACCESS_KEY.search(request.headers.get("Authorization", ""))
-        if signed_by:
-            api.access_keys.setdefault(signed_by.group(1), None)
-        if kind == "DryRun":
-            return Response(status=204)
-        limit = ASYNC_PAYLOAD_LIMIT if kind == "Event" else SYNC_PAYLOAD_LIMIT
-        if len(payload) > limit:
-            return _error(413, "RequestTooLargeException",
-                          f"Request must be smaller than {limit} bytes for the {kind} invocation type")
-        if kind == "Event":
-            api.stats["Event"] += 1
-            api.enqueue(name, payload)
-            return Response(status=202)
-        if kind != "RequestResponse":
-            return _error(400, "InvalidParameterValueException",
-                          f"X-Amz-Invocation-Type {kind!r} is not one of Event, RequestResponse, DryRun")
-        try:
-            client_context = _client_context(request.headers.get("X-Amz-Client-Context"))
-        except ValueError as e:
-            return _error(400, "InvalidRequestContentException", str(e))
-        if not api._acquire(name, wait=False):
-            api.stats["throttled"] += 1
-            reason = ("ReservedFunctionConcurrentInvocationLimitExceeded" if name in api.reserved
-                      else "ConcurrentInvocationLimitExceeded")
-            return _error(429, "TooManyRequestsException", "Rate Exceeded.", Reason=reason)
-        api.stats["RequestResponse"] += 1
-        try:
-            body, function_error = api.run(name, payload, client_context)
-        finally:
-            api._release(name)
-        headers = {"X-Amz-Executed-Version": "$LATEST"}
-        if not function_error and len(body) > SYNC_PAYLOAD_LIMIT:
-            function_error, body = True, lambda_error("Function.ResponseSizeTooLarge", (
-                f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload size "
-                f"({SYNC_PAYLOAD_LIMIT} bytes)."))
-        if function_error and b"Function.ResponseSizeTooLarge" in body[:200]:
-            api.stats["response_too_large"] += 1
-        if function_error:
-            headers["X-Amz-Function-Error"] = "Unhandled"
-        return Response(body, status=200, mimetype="application/json", headers=headers)
+    add_routes(app, [*ROUTES[:2], *lambda_events.ROUTES, *(lambda_manage.ROUTES if ric else ()), *ROUTES[2:]], api)
 
-    @app.get("/2015-03-31/functions/<name>/configuration")
-    def lambda_configuration(name):
-        return jsonify(_configuration(api, _function_name(name)))
 
-    from .lambda_manage import register_management, unsupported
+def lambda_invoke(api: LambdaApi, name):
+    name = _function_name(name)
+    kind = request.headers.get("X-Amz-Invocation-Type", "RequestResponse")
+    payload = request.get_data(cache=False)
+    signed_by = _ACCESS_KEY.search(request.headers.get("Authorization", ""))
+    if signed_by:
+        api.access_keys.setdefault(signed_by.group(1), None)
+    if kind == "DryRun":
+        return Response(status=204)
+    limit = ASYNC_PAYLOAD_LIMIT if kind == "Event" else SYNC_PAYLOAD_LIMIT
+    if len(payload) > limit:
+        return error(413, "RequestTooLargeException",
+                     f"Request must be smaller than {limit} bytes for the {kind} invocation type")
+    if kind == "Event":
+        api.stats["Event"] += 1
+        api.enqueue(name, payload)
+        return Response(status=202)
+    if kind != "RequestResponse":
+        return error(400, "InvalidParameterValueException",
+                     f"X-Amz-Invocation-Type {kind!r} is not one of Event, RequestResponse, DryRun")
+    return _invoke_sync(api, name, payload)
 
-    register_management(app, api, ric)
 
-    @app.route("/2017-10-31/functions/<name>/concurrency", methods=["PUT", "DELETE"])
-    def lambda_put_concurrency(name):
-        name = _function_name(name)
-        if request.method == "DELETE":
-            with api._cond:
-                api.reserved.pop(name, None)
-                api._cond.notify_all()
-            return Response(status=204)
-        value = (request.get_json(force=True, silent=True) or {}).get("ReservedConcurrentExecutions")
-        if not isinstance(value, int) or value < 0:
-            return _error(400, "InvalidParameterValueException",
-                          f"ReservedConcurrentExecutions={value!r} must be an integer >= 0")
+def _invoke_sync(api: LambdaApi, name: str, payload: bytes):
+    """A ``RequestResponse`` Invoke: within the function's concurrency, or 429."""
+    try:
+        client_context = _client_context(request.headers.get("X-Amz-Client-Context"))
+    except ValueError as e:
+        return error(400, "InvalidRequestContentException", str(e))
+    if not api._acquire(name, wait=False):
+        api.stats["throttled"] += 1
+        reason = ("ReservedFunctionConcurrentInvocationLimitExceeded" if name in api.reserved
+                  else "ConcurrentInvocationLimitExceeded")
+        return error(429, "TooManyRequestsException", "Rate Exceeded.", Reason=reason)
+    api.stats["RequestResponse"] += 1
+    try:
+        body, function_error = api.run(name, payload, client_context)
+    finally:
+        api._release(name)
+    headers = {"X-Amz-Executed-Version": "$LATEST"}
+    if not function_error and len(body) > SYNC_PAYLOAD_LIMIT:
+        function_error, body = True, lambda_error("Function.ResponseSizeTooLarge", (
+            f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload size "
+            f"({SYNC_PAYLOAD_LIMIT} bytes)."))
+    if function_error and b"Function.ResponseSizeTooLarge" in body[:200]:
+        api.stats["response_too_large"] += 1
+    if function_error:
+        headers["X-Amz-Function-Error"] = "Unhandled"
+    return Response(body, status=200, mimetype="application/json", headers=headers)
+
+
+def lambda_configuration(api: LambdaApi, name):
+    return jsonify(configuration(api, _function_name(name)))
+
+
+def lambda_put_concurrency(api: LambdaApi, name):
+    name = _function_name(name)
+    if request.method == "DELETE":
         with api._cond:
-            api.reserved[name] = value
+            api.reserved.pop(name, None)
             api._cond.notify_all()
-        return jsonify({"ReservedConcurrentExecutions": value})
-
-    @app.get("/2019-09-30/functions/<name>/concurrency")
-    def lambda_get_concurrency(name):
-        name = _function_name(name)
-        value = api.reserved.get(name)
-        return jsonify({} if value is None else {"ReservedConcurrentExecutions": value})
-
-    @app.route("/<version>/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-    def lambda_unsupported(version, rest):
-        """Any other Lambda API operation: a clear error naming it, not an HTML 404."""
-        if not _API_VERSION.fullmatch(version):
-            return _error(404, "ResourceNotFoundException", f"no route {request.path}")
-        return unsupported(ric)
-
-    @app.get("/lambda/stats")
-    def lambda_stats():
-        stats = {**api.stats, "events_queued": api._events.qsize(), "running": dict(api.running),
-                 "lambda_runtime": "ric" if ric else "pool", "scaling_rate": api.scaling_rate,
-                 "access_keys": len(api.access_keys)}  # how many keys, not which: the route is unsigned
-        if api.scaling_rate:
-            stats["scaled_to"] = dict(api.environments)
-        if ric:
-            stats.update(api.runtime.stats, environments=api.runtime.environments())
-        return jsonify(stats)
+        return Response(status=204)
+    value = (request.get_json(force=True, silent=True) or {}).get("ReservedConcurrentExecutions")
+    if not isinstance(value, int) or value < 0:
+        return error(400, "InvalidParameterValueException",
+                     f"ReservedConcurrentExecutions={value!r} must be an integer >= 0")
+    with api._cond:
+        api.reserved[name] = value
+        api._cond.notify_all()
+    return jsonify({"ReservedConcurrentExecutions": value})
 
 
-def _configuration(api: LambdaApi, name: str) -> dict:
-    from .lambda_manage import host_architecture
+def lambda_get_concurrency(api: LambdaApi, name):
+    name = _function_name(name)
+    value = api.reserved.get(name)
+    return jsonify({} if value is None else {"ReservedConcurrentExecutions": value})
 
-    """GetFunctionConfiguration's answer; the pool serves every name alike."""
-    info = runtime_info()
-    variables = {"FNMAP_RUNTIME": json.dumps(info)}
-    timeout, memory, layers = TIMEOUT_SECONDS, 1024, []
-    runtime = api.runtime
-    extra = {}
-    if runtime is not None:
-        function = runtime.function(name)
-        timeout, memory, layers = function.timeout, function.memory, [arn for arn, _ in function.layers]
-        variables.update(function.variables)
-        extra = {k: v for k, v in runtime.created.get(name, {}).items() if k != "Tags"}
-    return {
-        "FunctionName": name,
-        "FunctionArn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}",
-        "Runtime": f"python{info['python']}",
-        "Handler": HANDLER,
-        "Timeout": timeout,
-        "MemorySize": memory,
-        "PackageType": "Zip",
-        "State": "Active",
-        "LastUpdateStatus": "Successful",
-        "Environment": {"Variables": variables},
-        "Layers": [{"Arn": arn} for arn in layers],
-        "Architectures": [host_architecture()],
-        **extra,
-    }
+
+def lambda_unsupported(api: LambdaApi, version, rest):
+    """Any other Lambda API operation: a clear error naming it, not an HTML 404."""
+    if not API_VERSION.fullmatch(version):
+        return error(404, "ResourceNotFoundException", f"no route {request.path}")
+    return lambda_manage.unsupported(api.ric)
+
+
+def lambda_stats(api: LambdaApi):
+    stats = {**api.stats, "events_queued": api._events.qsize(), "running": dict(api.running),
+             "lambda_runtime": "ric" if api.ric else "pool", "scaling_rate": api.scaling_rate,
+             "access_keys": len(api.access_keys)}  # how many keys, not which: the route is unsigned
+    if api.scaling_rate:
+        stats["scaled_to"] = dict(api.environments)
+    if api.ric and api._runtime is not None:  # not made here: made before a signed request, its
+        stats.update(api.runtime.stats, environments=api.runtime.environments())  # spawners lack own_url
+    return jsonify(stats)
+
+
+#: The Lambda API's routes (botocore's paths); with ``ric``, :data:`.lambda_manage.ROUTES` after the
+#: first two.
+ROUTES = [
+    ("POST", "/2015-03-31/functions/<name>/invocations", lambda_invoke),
+    ("GET", "/2015-03-31/functions/<name>/configuration", lambda_configuration),
+    ("PUT,DELETE", "/2017-10-31/functions/<name>/concurrency", lambda_put_concurrency),
+    ("GET", "/2019-09-30/functions/<name>/concurrency", lambda_get_concurrency),
+    ("GET,POST,PUT,DELETE,PATCH", "/<version>/<path:rest>", lambda_unsupported),
+    ("GET", "/lambda/stats", lambda_stats),
+]

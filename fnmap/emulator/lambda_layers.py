@@ -1,7 +1,7 @@
 """The emulator's Lambda layers: published versions, each unpacked in a folder of its own.
 
 A function naming a version in its ``Layers`` gets that folder's ``python/`` on its path
-(:class:`.lambda_runtime.Environment`), as Lambda extracts layers into ``/opt``.  A deleted
+(:class:`.lambda_environment.Environment`), as Lambda extracts layers into ``/opt``.  A deleted
 version stays in the functions already using it, as on Lambda.
 """
 
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..deploy.package import code_sha256
-from .lambda_api import ACCOUNT, REGION
+from .lambda_common import ACCOUNT, REGION
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
 What ``fnmap deploy aws deploy|env|destroy`` calls, with botocore's paths: CreateFunction,
 GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration (``Timeout``, ``MemorySize``,
-``Environment``, ``Layers``), DeleteFunction, Put/Update/GetFunctionEventInvokeConfig,
+``Environment``, ``Layers``), DeleteFunction,
 PublishLayerVersion, GetLayerVersion, ListLayerVersions and DeleteLayerVersion.  A layer's
 ``python/`` goes on the path of the functions naming it, as Lambda's ``/opt/python``
-(:class:`.lambda_runtime.Environment`).  Every other operation is refused by
+(:class:`.lambda_environment.Environment`).  Every other operation is refused by
 :func:`unsupported`, naming the operation (from botocore's model of the Lambda API) and saying
 that the emulator does not support it.
 """
@@ -14,23 +14,18 @@ from __future__ import annotations
 
 import base64
 import functools
-import platform
 import re
 
 from flask import Response, jsonify, request
 
-from .lambda_api import HANDLER, _configuration, _error, _function_name
+from .lambda_common import HANDLER, configuration, error, function_name, host_architecture
 
 #: What the emulator serves, for the refusal of everything else.
-SERVED = ("Invoke, GetFunctionConfiguration, Put/Get/DeleteFunctionConcurrency and, with --lambda-runtime ric, "
+SERVED = ("Invoke, GetFunctionConfiguration, Put/Get/DeleteFunctionConcurrency, "
+          "Put/Update/Get/DeleteFunctionEventInvokeConfig, GetAccountSettings and, with --lambda-runtime ric, "
           "CreateFunction, GetFunction, UpdateFunctionCode, UpdateFunctionConfiguration, DeleteFunction, "
-          "Put/GetFunctionEventInvokeConfig, PublishLayerVersion, GetLayerVersion, ListLayerVersions, "
+          "PublishLayerVersion, GetLayerVersion, ListLayerVersions, "
           "DeleteLayerVersion")
-
-
-def host_architecture() -> str:
-    """Lambda's name for this machine's architecture (what the emulator's environments run on)."""
-    return "arm64" if platform.machine().lower() in ("aarch64", "arm64") else "x86_64"
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,7 +56,7 @@ def unsupported(ric: bool) -> Response:
     operation = operation_name(request.method, request.path)
     hint = ("" if ric else " (function management and layers need --lambda-runtime ric, "
             "with awslambdaric installed)")
-    return _error(501, "NotImplemented",
+    return error(501, "NotImplemented",
                   f"the fnmap emulator does not support the Lambda operation {operation} "
                   f"({request.method} {request.path}){hint}; it serves {SERVED}. Use AWS itself for the rest")
 
@@ -73,14 +68,6 @@ def _layer_answer(layer) -> dict:
             "Content": {"CodeSha256": layer.sha256, "CodeSize": layer.size, "Location": ""}}
 
 
-def register_management(app, api, ric: bool) -> None:
-    """Add the function-management and layer routes to ``app`` (nothing without ``ric``)."""
-    if not ric:
-        return
-    _register_functions(app, api)
-    _register_layers(app, api)
-
-
 def _configure(api, name: str, spec: dict, zip_file: str | None):
     from ..deploy.package import code_sha256
 
@@ -90,113 +77,115 @@ def _configure(api, name: str, spec: dict, zip_file: str | None):
         api.runtime.configure(name, zip_file=code, timeout=spec.get("Timeout"), memory=spec.get("MemorySize"),
                               variables=variables, layers=spec.get("Layers"))
     except ValueError as e:
-        return _error(400, "InvalidParameterValueException", str(e))
+        return error(400, "InvalidParameterValueException", str(e))
     if name in api.runtime.created:
         extra = api.runtime.created[name]
         if code is not None:
             extra.update(CodeSha256=code_sha256(code), CodeSize=len(code))
         if "Description" in spec:
             extra["Description"] = str(spec["Description"])
-    return jsonify(_configuration(api, name))
+    return jsonify(configuration(api, name))
 
 
-def _register_functions(app, api) -> None:
-    @app.post("/2015-03-31/functions")
-    def lambda_create_function():
-        spec = request.get_json(force=True, silent=True) or {}
-        name = spec.get("FunctionName")
-        if not isinstance(name, str) or not name:
-            return _error(400, "InvalidParameterValueException", f"FunctionName={name!r} must be a name")
-        name = _function_name(name)
-        handler = spec.get("Handler", HANDLER)
-        if handler != HANDLER:
-            return _error(400, "InvalidParameterValueException",
-                          f"Handler={handler!r}: the emulator runs fnmap's handler, {HANDLER}")
-        if spec.get("PackageType", "Zip") != "Zip":
-            return _error(400, "InvalidParameterValueException",
-                          f"PackageType={spec['PackageType']!r}: the emulator runs zip packages only, not images")
-        architectures = spec.get("Architectures") or [host_architecture()]
-        if architectures != [host_architecture()]:
-            return _error(400, "InvalidParameterValueException",
-                          f"Architectures={architectures!r}: the emulator runs on this machine's "
-                          f"{host_architecture()} only")
-        zip_file = (spec.get("Code") or {}).get("ZipFile")
-        if zip_file is None:
-            return _error(400, "InvalidParameterValueException", "Code.ZipFile is required (the package's zip)")
-        if name in api.runtime.created:
-            return _error(409, "ResourceConflictException", f"Function already exist: {name}")
-        api.runtime.created[name] = {"Tags": dict(spec.get("Tags") or {}), "Description": spec.get("Description", "")}
-        answer = _configure(api, name, spec, zip_file)
-        if answer.status_code >= 400:
-            api.runtime.created.pop(name, None)
-        return answer
+def _create_problem(spec: dict):
+    """The error answer a CreateFunction request deserves, or None when the emulator can create it."""
+    name = spec.get("FunctionName")
+    if not isinstance(name, str) or not name:
+        return error(400, "InvalidParameterValueException", f"FunctionName={name!r} must be a name")
+    handler = spec.get("Handler", HANDLER)
+    if handler != HANDLER:
+        return error(400, "InvalidParameterValueException",
+                     f"Handler={handler!r}: the emulator runs fnmap's handler, {HANDLER}")
+    if spec.get("PackageType", "Zip") != "Zip":
+        return error(400, "InvalidParameterValueException",
+                     f"PackageType={spec['PackageType']!r}: the emulator runs zip packages only, not images")
+    architectures = spec.get("Architectures") or [host_architecture()]
+    if architectures != [host_architecture()]:
+        return error(400, "InvalidParameterValueException",
+                     f"Architectures={architectures!r}: the emulator runs on this machine's "
+                     f"{host_architecture()} only")
+    if (spec.get("Code") or {}).get("ZipFile") is None:
+        return error(400, "InvalidParameterValueException", "Code.ZipFile is required (the package's zip)")
+    return None
 
-    @app.get("/2015-03-31/functions/<name>")
-    def lambda_get_function(name):
-        name = _function_name(name)
-        if name not in api.runtime.created:
-            return _error(404, "ResourceNotFoundException", f"Function not found: {name} (not created on this "
-                          "emulator; every name still answers Invoke with fnmap's own package)")
-        return jsonify({"Configuration": _configuration(api, name), "Code": {"RepositoryType": "S3", "Location": ""},
-                        "Tags": api.runtime.created[name]["Tags"]})
 
-    @app.delete("/2015-03-31/functions/<name>")
-    def lambda_delete_function(name):
-        name = _function_name(name)
-        if not api.runtime.delete_function(name):
-            return _error(404, "ResourceNotFoundException", f"Function not found: {name}")
+def lambda_create_function(api):
+    spec = request.get_json(force=True, silent=True) or {}
+    problem = _create_problem(spec)
+    if problem is not None:
+        return problem
+    name = function_name(spec["FunctionName"])
+    if name in api.runtime.created:
+        return error(409, "ResourceConflictException", f"Function already exist: {name}")
+    api.runtime.created[name] = {"Tags": dict(spec.get("Tags") or {}), "Description": spec.get("Description", "")}
+    answer = _configure(api, name, spec, spec["Code"]["ZipFile"])
+    if answer.status_code >= 400:
+        api.runtime.created.pop(name, None)
+    return answer
+
+
+def lambda_get_function(api, name):
+    name = function_name(name)
+    if name not in api.runtime.created:
+        return error(404, "ResourceNotFoundException", f"Function not found: {name} (not created on this "
+                     "emulator; every name still answers Invoke with fnmap's own package)")
+    return jsonify({"Configuration": configuration(api, name), "Code": {"RepositoryType": "S3", "Location": ""},
+                    "Tags": api.runtime.created[name]["Tags"]})
+
+
+def lambda_delete_function(api, name):
+    name = function_name(name)
+    if not api.runtime.delete_function(name):
+        return error(404, "ResourceNotFoundException", f"Function not found: {name}")
+    return Response(status=204)
+
+
+def lambda_update_function_code(api, name):
+    zip_file = (request.get_json(force=True, silent=True) or {}).get("ZipFile")
+    if zip_file is None:
+        return error(400, "InvalidParameterValueException", "ZipFile is required (the package's zip)")
+    return _configure(api, function_name(name), {}, zip_file)
+
+
+def lambda_update_function_configuration(api, name):
+    return _configure(api, function_name(name), request.get_json(force=True, silent=True) or {}, None)
+
+
+def lambda_publish_layer_version(api, name):
+    spec = request.get_json(force=True, silent=True) or {}
+    zip_file = (spec.get("Content") or {}).get("ZipFile")
+    if zip_file is None:
+        return error(400, "InvalidParameterValueException",
+                     "Content.ZipFile is required: the emulator takes the layer's zip itself, not S3Bucket/S3Key")
+    try:
+        layer = api.runtime.layers.publish(name, base64.b64decode(zip_file, validate=True), spec)
+    except ValueError as e:
+        return error(400, "InvalidParameterValueException", f"Content.ZipFile: {e}")
+    return jsonify(_layer_answer(layer)), 201
+
+
+def lambda_list_layer_versions(api, name):
+    return jsonify({"LayerVersions": [_layer_answer(v) for v in api.runtime.layers.listed(name)]})
+
+
+def lambda_layer_version(api, name, version):
+    if request.method == "DELETE":
+        api.runtime.layers.delete(name, version)
         return Response(status=204)
-
-    @app.put("/2015-03-31/functions/<name>/code")
-    def lambda_update_function_code(name):
-        zip_file = (request.get_json(force=True, silent=True) or {}).get("ZipFile")
-        if zip_file is None:
-            return _error(400, "InvalidParameterValueException", "ZipFile is required (the package's zip)")
-        return _configure(api, _function_name(name), {}, zip_file)
-
-    @app.put("/2015-03-31/functions/<name>/configuration")
-    def lambda_update_function_configuration(name):
-        return _configure(api, _function_name(name), request.get_json(force=True, silent=True) or {}, None)
-
-    invoke_configs: dict[str, dict] = {}
-
-    @app.route("/2019-09-25/functions/<name>/event-invoke-config", methods=["PUT", "POST", "GET"])
-    def lambda_event_invoke_config(name):
-        """Kept and reported; the emulator's event queue never retries an event (the client does)."""
-        name = _function_name(name)
-        if request.method != "GET":
-            spec = request.get_json(force=True, silent=True) or {}
-            invoke_configs[name] = {k: spec[k] for k in ("MaximumRetryAttempts", "MaximumEventAgeInSeconds")
-                                    if k in spec}
-        if name not in invoke_configs:
-            return _error(404, "ResourceNotFoundException", f"The function {name} has no event invoke config")
-        return jsonify({"FunctionArn": _configuration(api, name)["FunctionArn"], **invoke_configs[name]})
+    layer = api.runtime.layers.get(name, version)
+    if layer is None:
+        return error(404, "ResourceNotFoundException", f"The layer version {name}:{version} does not exist")
+    return jsonify(_layer_answer(layer))
 
 
-def _register_layers(app, api) -> None:
-    @app.post("/2018-10-31/layers/<name>/versions")
-    def lambda_publish_layer_version(name):
-        spec = request.get_json(force=True, silent=True) or {}
-        zip_file = (spec.get("Content") or {}).get("ZipFile")
-        if zip_file is None:
-            return _error(400, "InvalidParameterValueException",
-                          "Content.ZipFile is required: the emulator takes the layer's zip itself, not S3Bucket/S3Key")
-        try:
-            layer = api.runtime.layers.publish(name, base64.b64decode(zip_file, validate=True), spec)
-        except ValueError as e:
-            return _error(400, "InvalidParameterValueException", f"Content.ZipFile: {e}")
-        return jsonify(_layer_answer(layer)), 201
-
-    @app.get("/2018-10-31/layers/<name>/versions")
-    def lambda_list_layer_versions(name):
-        return jsonify({"LayerVersions": [_layer_answer(v) for v in api.runtime.layers.listed(name)]})
-
-    @app.route("/2018-10-31/layers/<name>/versions/<int:version>", methods=["GET", "DELETE"])
-    def lambda_layer_version(name, version):
-        if request.method == "DELETE":
-            api.runtime.layers.delete(name, version)
-            return Response(status=204)
-        layer = api.runtime.layers.get(name, version)
-        if layer is None:
-            return _error(404, "ResourceNotFoundException", f"The layer version {name}:{version} does not exist")
-        return jsonify(_layer_answer(layer))
+#: Function management and layers, served with ``--lambda-runtime ric`` only (botocore's paths).
+ROUTES = [
+    ("POST", "/2015-03-31/functions", lambda_create_function),
+    ("GET", "/2015-03-31/functions/<name>", lambda_get_function),
+    ("DELETE", "/2015-03-31/functions/<name>", lambda_delete_function),
+    ("PUT", "/2015-03-31/functions/<name>/code", lambda_update_function_code),
+    ("PUT", "/2015-03-31/functions/<name>/configuration", lambda_update_function_configuration),
+    ("POST", "/2018-10-31/layers/<name>/versions", lambda_publish_layer_version),
+    ("GET", "/2018-10-31/layers/<name>/versions", lambda_list_layer_versions),
+    ("GET,DELETE", "/2018-10-31/layers/<name>/versions/<int:version>", lambda_layer_version),
+]

@@ -251,18 +251,7 @@ class WorkerPool:
                 worker.proc.join()
                 raise WorkerDied()
         except WorkerDied:
-            if stopper is not None and stopper.detach():
-                return self._stopped(worker, killer, info)
-            if watch is not None and watch.exceeded:
-                return self._out_of_memory(worker, watch, info)
-            self.crashes += 1
-            if killer is not None:
-                killer.join()
-                self.kills += 1
-            info["exit"] = worker.exit_description()
-            worker.kill()
-            self._replace(worker)
-            return "crashed", 0, b"", info
+            return self._died(worker, info, killer, stopper, watch)
         except WorkerHung:
             if killer is not None:
                 killer.cancel()
@@ -279,6 +268,22 @@ class WorkerPool:
         self.typical_seconds = 0.8 * self.typical_seconds + 0.2 * (time.monotonic() - started)
         self._idle.put(worker)
         return "ok", status, out, info
+
+    def _died(self, worker: WorkerProcess, info: dict, killer, stopper: Stopper | None,
+              watch: MemoryWatch | None) -> tuple[str, int, bytes, dict]:
+        """The worker died during the call: stopped on request, over its memory, or crashed."""
+        if stopper is not None and stopper.detach():
+            return self._stopped(worker, killer, info)
+        if watch is not None and watch.exceeded:
+            return self._out_of_memory(worker, watch, info)
+        self.crashes += 1
+        if killer is not None:
+            killer.join()
+            self.kills += 1
+        info["exit"] = worker.exit_description()
+        worker.kill()
+        self._replace(worker)
+        return "crashed", 0, b"", info
 
     def _out_of_memory(self, worker: WorkerProcess, watch: MemoryWatch, info: dict) -> tuple[str, int, bytes, dict]:
         """The call went over its memory: its worker is killed (if the watch has not) and replaced."""

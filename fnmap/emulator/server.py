@@ -37,19 +37,11 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     """
     workers = workers or default_workers()
     env = dict(os.environ)
-    if not env.get(SECRET_ENV):
-        env[SECRET_ENV] = new_secret()
-        print(f"{SECRET_ENV}={env[SECRET_ENV]}  (no secret was set; clients must use this one)", flush=True)
-    credentials = take_credentials(env)  # the Lambda and Batch APIs accept requests signed with them
-    if credentials.generated:
-        print(" ".join(f"{k}={v}" for k, v in credentials.environment().items())
-              + "  (AWS credentials of the emulator's Lambda and Batch APIs; boto3 clients must sign with them)",
-              flush=True)
+    credentials = _announce_secrets(env)
     _warn_if_exposed(host)
     limits = limits or TimeLimits()
     limit_blas_threads(env, workers)
     pool = _start_pool_while(workers, env, _import_app)
-    from ..runtime.http_app import MAX_BODY_BYTES
     from .app import Emulator, create_emulator_app
 
     emulator = Emulator(pool, faults)
@@ -57,13 +49,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     emulator.lambda_runtime = lambda_runtime
     emulator.lambda_scaling_rate = scaling_rate
     app = create_emulator_app(emulator)
-    # A thread per connection: calls beyond the workers are answered 429, and delayed calls
-    # (latency, stragglers, drops) wait, without stopping the pool from serving.
-    if wsgi_server == "waitress":
-        server = _Waitress(app, host, port, threads=2 * workers + 8, idle=limits.idle, limit=max_connections)
-    else:
-        server = WSGIServer(app, host=host, port=port, limits=limits, max_body=MAX_BODY_BYTES,
-                            max_connections=raise_file_limit(max_connections))
+    server = _server(app, wsgi_server, host, port, workers, limits, max_connections)
     actual_host, actual_port = server.host, server.port
     app.extensions["fnmap_front_door"].serve_at(str(actual_host), actual_port, allow_hosts)
     shown_host = f"[{actual_host}]" if ":" in str(actual_host) else actual_host
@@ -91,6 +77,30 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         # A log record, not a print: an embedded emulator stops with every script that used it, and
         # said so on that script's stderr (`fnmap emulator` in a terminal shows INFO records).
         log.info("fnmap emulator stopped")
+
+
+def _announce_secrets(env: dict):
+    """Make the secret and AWS credentials the emulator accepts, if none are set, and print them."""
+    if not env.get(SECRET_ENV):
+        env[SECRET_ENV] = new_secret()
+        print(f"{SECRET_ENV}={env[SECRET_ENV]}  (no secret was set; clients must use this one)", flush=True)
+    credentials = take_credentials(env)  # the Lambda and Batch APIs accept requests signed with them
+    if credentials.generated:
+        print(" ".join(f"{k}={v}" for k, v in credentials.environment().items())
+              + "  (AWS credentials of the emulator's Lambda and Batch APIs; boto3 clients must sign with them)",
+              flush=True)
+    return credentials
+
+
+def _server(app, wsgi_server: str, host: str, port: int, workers: int, limits: TimeLimits, max_connections: int):
+    """The HTTP server, bound.  A thread per connection: calls beyond the workers are answered 429, and
+    delayed calls (latency, stragglers, drops) wait, without stopping the pool from serving."""
+    from ..runtime.http_app import MAX_BODY_BYTES
+
+    if wsgi_server == "waitress":
+        return _Waitress(app, host, port, threads=2 * workers + 8, idle=limits.idle, limit=max_connections)
+    return WSGIServer(app, host=host, port=port, limits=limits, max_body=MAX_BODY_BYTES,
+                      max_connections=raise_file_limit(max_connections))
 
 
 def _import_app() -> None:

@@ -68,17 +68,26 @@ def plot_record(record: dict, path: str, title: str | None = None) -> str:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
-        from matplotlib.patches import Patch
     except ImportError as e:
         raise PlotError("job plots need matplotlib: pip install 'fnmap[plot]'") from e
     calls = record.get("calls", [])
     if not calls:
         raise PlotError(f"job {record.get('job_id')} has no calls to plot")
-    t0 = record["created"]
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     FigureCanvasAgg(fig)
     timeline, histogram = fig.subplots(2, 1, height_ratios=[3, 1])
+    _draw_timeline(timeline, calls, record["created"])
+    timeline.set_title(title or _title(record, record.get("summary", {})), fontsize="medium")
+    _draw_histogram(histogram, calls)
+    try:
+        fig.savefig(path, dpi=110)
+    except (OSError, ValueError) as e:
+        raise PlotError(f"cannot write the plot to {path}: {e}") from e
+    return os.fspath(path)
 
+
+def _timeline_bars(calls: list[dict], t0: float) -> tuple[dict, list, list]:
+    """The bars of every phase ``{phase: [(call, left, width)]}`` and the x, y of calls with failed items."""
     bars: dict[str, list[tuple[float, float, float]]] = {name: [] for name in PHASE_COLOURS}
     errors_x, errors_y = [], []
     for call in calls:
@@ -91,6 +100,13 @@ def plot_record(record: dict, path: str, title: str | None = None) -> str:
         if call.get("status") not in ("ok", "cancelled", "pending", "running") and spans:
             errors_x.append(spans[-1][2] - t0)
             errors_y.append(y)
+    return bars, errors_x, errors_y
+
+
+def _draw_timeline(timeline, calls: list[dict], t0: float) -> None:
+    from matplotlib.patches import Patch
+
+    bars, errors_x, errors_y = _timeline_bars(calls, t0)
     for name, segments in bars.items():
         if not segments:
             continue
@@ -108,9 +124,9 @@ def plot_record(record: dict, path: str, title: str | None = None) -> str:
     if errors_x:
         legend.append(Patch(color="#c44e52", label="items failed (x)", fill=False))
     timeline.legend(handles=legend, loc="upper right", fontsize="small", framealpha=0.9)
-    summary = record.get("summary", {})
-    timeline.set_title(title or _title(record, summary), fontsize="medium")
 
+
+def _draw_histogram(histogram, calls: list[dict]) -> None:
     durations = [d for d in (run_seconds(c) for c in calls) if d is not None]
     if durations:
         histogram.hist(
@@ -128,11 +144,6 @@ def plot_record(record: dict, path: str, title: str | None = None) -> str:
         histogram.legend(fontsize="small")
     histogram.set_xlabel("call duration on the worker (seconds)")
     histogram.set_ylabel("calls")
-    try:
-        fig.savefig(path, dpi=110)
-    except (OSError, ValueError) as e:
-        raise PlotError(f"cannot write the plot to {path}: {e}") from e
-    return os.fspath(path)
 
 
 def _title(record: dict, summary: dict) -> str:

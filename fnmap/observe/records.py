@@ -16,7 +16,16 @@ A job writes two objects, both JSON, both through the job's own store:
 Readers (:func:`load`) fill in what the client did not see, such as the
 worker's stats of calls whose results were gathered from storage, from the
 status record each worker writes per attempt; a job whose client died before
-writing its record is rebuilt from those status records alone.
+writing its record is rebuilt from those status records alone, each call at the
+items its status record names, the ranges no call reported listed as
+``unreported`` (so a re-attach never misaligns).
+
+The other topics of the job records live beside this one: the index, listing
+and id prefixes in :mod:`fnmap.observe.history`, the client's identity in
+:mod:`fnmap.observe.identity`, captured output in :mod:`fnmap.observe.logs`,
+``fnmap gc`` in :mod:`fnmap.observe.gc`; the cancel channel and a call's error,
+which the control path uses, in :mod:`fnmap.runtime.cancel` and
+:mod:`fnmap.runtime.call_error`.
 """
 
 from __future__ import annotations
@@ -24,12 +33,18 @@ from __future__ import annotations
 import json
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from .. import lease
 from ..errors import FnmapError
 from ..runtime import keys
-from . import cost
+from . import cost, identity
+from .history import JobNotFound, get_json_many, resolve_id, started_entry, write_index
+from .identity import ABANDONED, client_gone
+from .logs import logs_text
+
+#: What fnmap.jobs (and older callers) read from here; the index and logs are re-exported from their modules.
+__all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id", "started_summary",
+           "summarize", "write", "write_index"]
 
 FORMAT = 1
 #: Call statuses that mean the call has not finished.
@@ -47,13 +62,6 @@ _STATS_FIELDS = (
     "peak_memory_kb",
     "log_tail",
 )
-_TIMEOUT_ERROR = "fnmap.errors.TimeoutError"
-#: Status of a job whose client process is gone before the job finished (killed, crashed).
-ABANDONED = "abandoned"
-
-
-class JobNotFound(FnmapError, LookupError):
-    """No job with this id (or id prefix) has a record or status records in the store."""
 
 
 # -- writing -------------------------------------------------------------------
@@ -93,13 +101,14 @@ def build(job) -> dict:
 def _call_entry(state, error: tuple[str, str] | None) -> dict:
     stats = state.stats or {}
     attempts = [
-        {"attempt": a, "sent": s, "ended": e, "outcome": o, **({"memory": m} if m else {})}
-        for a, s, e, o, m in state.attempts
+        {"attempt": a.number, "sent": a.sent, "ended": a.ended, "outcome": a.outcome,
+         **({"memory": a.memory} if a.memory else {})}
+        for a in state.attempts
     ]
     if state.done:
         if error is not None:
             status = error[0]
-        elif not attempts:
+        elif not attempts or state.cancelled:
             status = "cancelled"
         else:
             status = "ok"
@@ -120,6 +129,8 @@ def _call_entry(state, error: tuple[str, str] | None) -> dict:
         "attempts": attempts,
         "failed_items": _failed_items(status, stats, state.n_items),
     }
+    if len(attempts) > 1:  # the attempts that were speculative copies (sent while another was out), not retries
+        entry["copies"] = [a.number for a in state.attempts if a.copy] or None
     for name in _STATS_FIELDS:
         entry[name] = stats.get(name)
     return entry
@@ -133,24 +144,6 @@ def _failed_items(status: str, stats: dict, n_items: int) -> int:
     return n_items
 
 
-def call_error(outcomes: list) -> tuple[str, str, str]:
-    """``(status, "Type: message", remote traceback)`` of the first failing item of a call's outcomes."""
-    from ..runtime.serialization import add_local_source_lines
-
-    for outcome in outcomes:
-        if outcome[0] != "ok":
-            names, tb = outcome[3], outcome[2]
-            lines = [line for line in tb.strip().splitlines() if line.strip()]
-            message = lines[-1] if lines else names[0]
-            return ("timeout" if _TIMEOUT_ERROR in names else "error"), message, add_local_source_lines(tb)
-    return "ok", "", ""
-
-
-def label(job, func) -> None:
-    """Name ``job`` after the function it runs, for ``fnmap jobs`` and the plot (issue 14)."""
-    job.function_name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or type(func).__name__
-
-
 def _identity(job) -> dict:
     """What tells one job from another later: its function, where it was started, by which process,
     and the error that stopped it before any call ran; and the shared objects (function pickles,
@@ -158,68 +151,12 @@ def _identity(job) -> dict:
     with job._lock:
         shared = {s.func_key for s in job.calls} | {s.items_key for s in job.calls if s.items_key}
     return {
-        "function": getattr(job, "function_name", None),
-        "origin": _origin(),
-        "client": _client_process(),
-        "error": getattr(job, "setup_error", None),
+        "function": job.function_name,
+        "origin": identity.origin(),
+        "client": identity.client_process(),
+        "error": job.setup_error,
         "shared": sorted(k for k in shared if k.startswith(keys.SHARED_PREFIXES)),
     }
-
-
-def _origin() -> str | None:
-    """The notebook or script this process runs: Jupyter's session name, else ``__main__``'s file."""
-    import os
-    import sys
-
-    if os.environ.get("JPY_SESSION_NAME"):
-        return os.environ["JPY_SESSION_NAME"]
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if main_file:
-        return os.path.abspath(main_file)
-    from .progress import in_kernel
-
-    return "notebook" if in_kernel() else "interactive"
-
-
-_CLIENT: dict | None = None
-
-
-def _client_process() -> dict:
-    """This client's host, pid and process start time: a reader on the same host can tell whether
-    the client that started a job is still alive (:func:`client_gone`)."""
-    global _CLIENT
-    import os
-    import socket
-
-    if _CLIENT is None or _CLIENT["pid"] != os.getpid():  # recomputed in a forked child
-        _CLIENT = {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid())}
-    return _CLIENT
-
-
-def _process_start(pid: int) -> str | None:
-    """The start time of process ``pid`` in clock ticks since boot (Linux), so a reused pid is not
-    mistaken for the client; None where /proc does not say."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
-
-
-def client_gone(client: dict | None) -> bool:
-    """True when ``client`` (from a record) ran on this host and that process no longer exists."""
-    import os
-    import socket
-
-    if not client or client.get("host") != socket.gethostname() or not client.get("pid"):
-        return False  # another machine's client: nothing to check it against
-    try:
-        os.kill(client["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # alive, another user's
-    return client.get("start") is not None and _process_start(client["pid"]) != client["start"]
 
 
 def write(store, record: dict) -> None:
@@ -287,6 +224,9 @@ def started_summary(job) -> dict:
     cfg = job.config
     with job._lock:
         calls, items = len(job.calls), sum(s.n_items for s in job.calls)
+    feed = getattr(job, "feed", None)
+    if feed is not None:  # automatic chunking: calls are made as others end, but every item is known
+        items = max(items, feed.total)
     record = {
         "job_id": job.id,
         "kind": job.kind,
@@ -300,13 +240,8 @@ def started_summary(job) -> dict:
     }
     summary = summarize(record)
     summary.update(status="running", calls=calls, items=items)
+    summary["states"]["running"] = calls
     return summary
-
-
-def write_index(store, summary: dict) -> None:
-    store.put(
-        keys.job_index_key(summary["job_id"], summary["created"]), json.dumps(summary).encode()
-    )
 
 
 # -- summary -------------------------------------------------------------------
@@ -331,11 +266,28 @@ def _spread(values: list[float]) -> dict:
     }
 
 
+def _retries(call: dict) -> int:
+    """Attempts of a call after its first that were retries (speculative copies are not)."""
+    n = len(call["attempts"])
+    return 0 if n < 2 else max(0, n - 1 - len(call.get("copies") or ()))
+
+
 def run_seconds(call: dict) -> float | None:
     """How long the worker ran the call (load, items), or None when it never reported."""
     if call.get("started") is None or call.get("finished") is None:
         return None
     return call["finished"] - call["started"]
+
+
+def _job_status(record: dict, n_done: int, failed: list) -> str:
+    calls = record["calls"]
+    if record.get("error"):  # stopped before any call ran, e.g. an item that does not pickle
+        return "failed"
+    if n_done < len(calls):
+        return "running" if record.get("finished") is None else "incomplete"
+    if any(c["status"] == "cancelled" for c in calls):
+        return "cancelled"
+    return "failed" if failed else "succeeded"
 
 
 def summarize(record: dict) -> dict:
@@ -344,24 +296,15 @@ def summarize(record: dict) -> dict:
     done = [c for c in calls if c["status"] not in UNFINISHED]
     failed = [c for c in done if c["status"] not in ("ok", "cancelled")]
     durations = [d for d in (run_seconds(c) for c in done) if d is not None]
-    latencies = [
-        c["ended"] - c["submitted"]
-        for c in done
-        if c.get("ended") is not None and c.get("submitted") is not None
-    ]
+    latencies = [c["ended"] - c["submitted"] for c in done
+                 if c.get("ended") is not None and c.get("submitted") is not None]
     end = record.get("finished") or max((c["ended"] for c in done if c.get("ended")), default=None)
     wall = end - record["created"] if end else None
     items = sum(c["items"] for c in calls)
     items_done = sum(c["items"] for c in done)
-    if record.get("error"):  # stopped before any call ran, e.g. an item that does not pickle
-        status = "failed"
-    elif len(done) < len(calls):
-        status = "running" if record.get("finished") is None else "incomplete"
-    elif any(c["status"] == "cancelled" for c in calls):
-        status = "cancelled"
-    else:
-        status = "failed" if failed else "succeeded"
+    status = _job_status(record, len(done), failed)
     peaks = [c["peak_memory_kb"] for c in done if c.get("peak_memory_kb")]
+    cancelled = sum(1 for c in done if c["status"] == "cancelled")
     summary = {
         "job_id": record["job_id"],
         "kind": record.get("kind"),
@@ -379,10 +322,13 @@ def summarize(record: dict) -> dict:
         "calls": len(calls),
         "calls_done": len(done),
         "calls_failed": len(failed),
+        # calls per state: what `fnmap jobs`, `fnmap job` and summary() show (done = all but running)
+        "states": {"succeeded": len(done) - len(failed) - cancelled, "failed": len(failed),
+                   "cancelled": cancelled, ABANDONED: 0, "running": len(calls) - len(done)},
         "items": items,
         "failed_items": sum(c["failed_items"] for c in done),
-        "retries": sum(max(0, len(c["attempts"]) - 1) for c in calls),
-        "calls_retried": sum(1 for c in calls if len(c["attempts"]) > 1),
+        "retries": sum(_retries(c) for c in calls),
+        "calls_retried": sum(1 for c in calls if _retries(c)),
         "cold_starts": sum(1 for c in done if c.get("cold")),
         "workers": len({c["worker"] for c in done if c.get("worker")}),
         "duration_seconds": _spread(durations),
@@ -402,67 +348,6 @@ def summarize(record: dict) -> dict:
 # -- reading -------------------------------------------------------------------
 
 
-def list_jobs(store, limit: int | None = 20) -> list[dict]:
-    """Summaries of the most recent jobs, newest first."""
-    entries = store.list(keys.job_index_prefix())
-    entries.reverse()  # keys sort by creation time
-    if limit is not None:
-        entries = entries[:limit]
-    out = []
-    for key in entries:
-        try:
-            summary = json.loads(store.get(key))
-        except (
-            FnmapError,
-            ValueError,
-        ):  # deleted meanwhile (gc) or a partial object from a dead writer
-            continue
-        if summary.get("status") == "running":
-            _refresh_running(store, summary)
-        out.append(lease.judge(store, summary))  # issue 23: abandoned if its client's lease expired
-    return out
-
-
-def _refresh_running(store, summary: dict) -> None:
-    """A running job's index entry says what it was at the start: count its calls done from the
-    workers' status records (as ``fnmap job`` does), and call it abandoned if its client is gone."""
-    done = {_status_call(k)[0] for k in store.list(keys.status_prefix(summary["job_id"]))}
-    summary["calls_done"] = max(summary.get("calls_done") or 0, len(done))
-    if client_gone(summary.get("client")):
-        summary["status"] = ABANDONED
-
-
-def resolve_id(store, job_id: str) -> str:
-    """The full id of a job given its id or a unique prefix of it."""
-    job_id = job_id.strip().lower()
-    if not job_id or any(ch not in "0123456789abcdef" for ch in job_id):
-        raise JobNotFound(f"{job_id!r} is not a job id: ids are hexadecimal (see `fnmap jobs`)")
-    if len(job_id) == 32:
-        return job_id
-    matches = sorted(
-        {
-            _index_job_id(k)
-            for k in store.list(keys.job_index_prefix())
-            if _index_job_id(k).startswith(job_id)
-        }
-    )
-    if not matches:
-        raise JobNotFound(f"no job id starts with {job_id!r} in {store.url} (see `fnmap jobs`)")
-    if len(matches) > 1:
-        raise JobNotFound(
-            f"job id prefix {job_id!r} is ambiguous: {', '.join(matches[:5])}; give more digits"
-        )
-    return matches[0]
-
-
-def _index_job_id(key: str) -> str:
-    return key.rsplit("/", 1)[1].split("-", 1)[1].removesuffix(".json")
-
-
-def _index_created(key: str) -> float:
-    return float(key.rsplit("/", 1)[1].split("-", 1)[0]) / 1000  # see keys.job_index_key
-
-
 def load(store, job_id: str) -> dict:
     """A job's record (``job_id`` may be a unique prefix), completed from status records."""
     job_id = resolve_id(store, job_id)
@@ -472,9 +357,11 @@ def load(store, job_id: str) -> dict:
         record = None
     if record is not None:
         expand_calls(record["calls"])
+        if "states" not in record["summary"]:  # written before calls were counted per state
+            record["summary"] = summarize(record)
     status_keys = store.list(keys.status_prefix(job_id))
     if record is None:
-        started = _started_entry(store, job_id)
+        started = started_entry(store, job_id)
         if not status_keys and started is None:
             raise JobNotFound(f"job {job_id} has no record and no status records in {store.url}")
         return lease.judge(store, _rebuild(store, job_id, status_keys, started))  # issue 23: abandoned
@@ -483,10 +370,10 @@ def load(store, job_id: str) -> dict:
         for c in record["calls"]
         if c["status"] not in UNFINISHED and c.get("started") is None
     }
-    wanted = [k for k in status_keys if _status_call(k)[0] in missing]
+    wanted = [k for k in status_keys if keys.call_attempt_of(k)[0] in missing]
     if wanted:
         by_call = {}
-        for stats in _get_json_many(store, wanted):
+        for stats in get_json_many(store, wanted):
             by_call.setdefault(stats["call_id"], []).append(stats)
         for call in record["calls"]:
             found = by_call.get(call["call"])
@@ -494,12 +381,6 @@ def load(store, job_id: str) -> dict:
                 _apply_stats(call, max(found, key=lambda s: s["attempt"]))
         record["summary"] = summarize(record)
     return lease.judge(store, record)  # issue 23: abandoned if its client's lease expired
-
-
-def _status_call(key: str) -> tuple[int, int]:
-    name = key.rsplit("/", 1)[1]  # "<call>.<attempt>.json"
-    call, attempt, _ = name.split(".")
-    return int(call), int(attempt)
 
 
 def _apply_stats(call: dict, stats: dict) -> None:
@@ -510,65 +391,18 @@ def _apply_stats(call: dict, stats: dict) -> None:
         call["failed_items"] = stats["failed_items"]
 
 
-def _get_json_many(store, keys_: list[str]) -> list[dict]:
-    def get(key):
-        try:
-            return json.loads(store.get(key))
-        except (FnmapError, ValueError):
-            return None
-
-    if not keys_:
-        return []
-    with ThreadPoolExecutor(min(16, len(keys_))) as pool:
-        return [s for s in pool.map(get, keys_) if s is not None]
-
-
-def _started_entry(store, job_id: str) -> dict | None:
-    """The index entry a job wrote when it started, if any."""
-    for key in store.list(keys.job_index_prefix()):
-        if _index_job_id(key) == job_id:
-            try:
-                return json.loads(store.get(key))
-            except (FnmapError, ValueError):
-                return None
-    return None
-
-
 def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -> dict:
-    """A record from the workers' status records (the client has not written one, or never will)."""
+    """A record from the workers' status records (the client has not written one, or never will).
+
+    Each reported call stands where its items are (``first_item`` from its status record); the item
+    ranges no call reported are listed in ``unreported``, so a re-attach keeps every item in place."""
     by_call: dict[int, list[dict]] = {}
-    for stats in _get_json_many(store, status_keys):
+    for stats in get_json_many(store, status_keys):
         by_call.setdefault(stats["call_id"], []).append(stats)
-    calls = []
-    for call_id in sorted(by_call):
-        attempts = sorted(by_call[call_id], key=lambda s: s["attempt"])
-        last = attempts[-1]
-        failed = last.get("failed_items") or 0
-        call = {
-            "call": call_id,
-            "first_item": None,
-            "items": last.get("items", 0),
-            "status": "error" if failed else "ok",
-            "error": None,
-            "submitted": None,
-            "ended": last.get("written"),
-            "attempts": [
-                {
-                    "attempt": s["attempt"],
-                    "sent": s.get("started"),
-                    "ended": s.get("written"),
-                    "outcome": "error" if s.get("failed_items") else "ok",
-                }
-                for s in attempts
-            ],
-            "failed_items": failed,
-        }
-        _apply_stats(call, last)
-        calls.append(call)
+    calls = [_rebuilt_call(call_id, by_call[call_id]) for call_id in sorted(by_call)]
     started = started or {}
-    created = started.get("created") or min(
-        (c["started"] for c in calls if c.get("started")), default=time.time()
-    )
+    _place_calls(calls, started.get("calls") or 0, started.get("items") or 0)
+    created = started.get("created") or min((c["started"] for c in calls if c.get("started")), default=time.time())
     record = {
         "format": FORMAT,
         "job_id": job_id,
@@ -580,7 +414,7 @@ def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -
         "options": {},
         "calls": calls,
         "rebuilt": "the job wrote no record (still running, or its client stopped): rebuilt from "
-        "the workers' status records; calls that never reported are missing",
+        "the workers' status records; the items of calls that never reported have no result",
     }
     for field in ("function", "origin", "client"):
         record[field] = started.get(field)
@@ -589,149 +423,60 @@ def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -
     summary["status"] = (ABANDONED if client_gone(started.get("client")) else "running") if started else "unknown"
     summary["calls"] = max(summary["calls"], started.get("calls") or 0)
     summary["items"] = max(summary["items"], started.get("items") or 0)
+    record["unreported"] = gaps = _unreported(calls, summary["items"])
+    summary["items_unreported"] = sum(n for _, n in gaps or [])
+    # each range of items no call reported is one call at least (calls not yet made are not counted)
+    unfinished = max(summary["calls"] - summary["calls_done"], len(gaps or []))
+    summary["states"]["running"] = 0 if summary["status"] == ABANDONED else unfinished
+    summary["states"][ABANDONED] = unfinished if summary["status"] == ABANDONED else 0
     return record
 
 
-def request_cancel(store, job_id: str, reason: str = "fnmap cancel") -> None:
-    """Ask the client running ``job_id`` (in any process, on any machine) to cancel it."""
-    store.put(keys.cancel_key(job_id), json.dumps({"reason": reason, "at": time.time()}).encode())
-
-
-def cancel_requested(store, job_id: str) -> str | None:
-    """Why ``job_id`` was asked to stop (see :func:`request_cancel`), or None."""
-    try:
-        return json.loads(store.get(keys.cancel_key(job_id))).get("reason") or "fnmap cancel"
-    except (FnmapError, ValueError):  # KeyNotFound: nobody asked; a partial object: ask again later
-        return None
-
-
-def logs_text(store, job_id: str, call: int | None = None) -> str:
-    """Every call's (or call ``call``'s) captured output, by attempt, under a header each."""
-    return "".join(f"--- call {c} attempt {a} ---\n{text}" + ("" if text.endswith("\n") else "\n")
-                   for c, a, text in read_logs(store, job_id, call))
-
-
-def read_logs(store, job_id: str, call: int | None = None) -> list[tuple[int, int, str]]:
-    """Captured output as ``(call, attempt, text)``, by call then attempt."""
-    prefix = keys.call_logs_prefix(job_id, call) if call is not None else keys.logs_prefix(job_id)
-    found = []
-    for key in store.list(prefix):
-        call_id, attempt, _ = key.rsplit("/", 1)[1].split(".")
-        found.append((int(call_id), int(attempt), key))
-    found.sort()
-    return [(c, a, store.get(k).decode("utf-8", errors="replace")) for c, a, k in found]
-
-
-# -- cleaning ------------------------------------------------------------------
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_age(text: str) -> float:
-    """Seconds in an age like ``90s``, ``30m``, ``12h``, ``7d`` or ``2w``."""
-    text = text.strip().lower()
-    unit = _UNITS.get(text[-1:]) if text else None
-    try:
-        value = float(text[:-1]) if unit else None
-    except ValueError:
-        value = None
-    if unit is None or value is None or value < 0:
-        raise ValueError(
-            f"{text!r} is not an age: use a number and a unit s, m, h, d or w, e.g. 12h or 7d"
-        )
-    return value * unit
-
-
-def collect_garbage(
-    store, older_than: float, dry_run: bool = False, now: float | None = None
-) -> dict:
-    """Delete every object of the jobs created over ``older_than`` seconds ago (and their index
-    entries), then the shared objects (function pickles, content-addressed inputs) that no job
-    left in storage uses; report what went, in objects and bytes.
-
-    Jobs with no index entry (their client died) are dated by their newest status record; a job
-    with neither is left alone and reported.  A shared object is kept if a kept job's record or
-    index entry names it, if it was written after the cutoff (a job being submitted right now), or
-    while a kept job has no final record yet (it runs, and may use any of them).
-    """
-    now = time.time() if now is None else now
-    cutoff = now - older_than
-    index = {_index_job_id(k): k for k in store.list(keys.job_index_prefix())}
-    objects = store.list_details("jobs/")
-    by_job: dict[str, list[tuple[str, int]]] = {}
-    for key, size, _modified in objects:
-        if key.count("/") >= 2:
-            by_job.setdefault(key.split("/", 2)[1], []).append((key, size))
-    old, kept, undated = [], [], []
-    for job_id in sorted(set(by_job) | set(index)):
-        if job_id in index:
-            created = _index_created(index[job_id])
-        else:
-            stats = _get_json_many(store, store.list(keys.status_prefix(job_id))[-64:] or [])
-            created = max((s.get("written") or 0 for s in stats), default=None)
-        if created is None:
-            undated.append(job_id)
-        elif created < cutoff:
-            old.append(job_id)
-        else:
-            kept.append(job_id)
-    deleted_keys = deleted_bytes = 0
-    sizes = {}
-    for job_id in old:
-        doomed = [key for key, _ in by_job.get(job_id, [])]
-        size = sum(size for _, size in by_job.get(job_id, []))
-        if job_id in index:
-            doomed.append(index[job_id])
-        sizes[job_id] = size
-        deleted_keys += len(doomed)
-        deleted_bytes += size
-        if not dry_run:
-            store.delete(doomed)
-    in_use, running = _shared_in_use(store, kept + undated, index)
-    shared_doomed = []
-    for prefix in keys.SHARED_PREFIXES:
-        for key, size, modified in store.list_details(prefix):
-            if key not in in_use and modified < cutoff and not running:
-                shared_doomed.append((key, size))
-    if shared_doomed and not dry_run:
-        store.delete([key for key, _ in shared_doomed])
-    return {
-        "deleted_jobs": old,
-        "deleted_job_bytes": sizes,
-        "deleted_keys": deleted_keys + len(shared_doomed),
-        "deleted_bytes": deleted_bytes + sum(size for _, size in shared_doomed),
-        "deleted_shared": [key for key, _ in shared_doomed],
-        "deleted_shared_bytes": sum(size for _, size in shared_doomed),
-        "kept_jobs": len(kept),
-        "kept_bytes": sum(size for job_id in kept for _, size in by_job.get(job_id, [])),
-        # what each job left in storage takes (results stay until gc: fnmap.job(ID) reads them again)
-        "kept_job_bytes": {job_id: sum(size for _, size in by_job.get(job_id, [])) for job_id in kept},
-        "kept_shared_because_running": running,
-        "undated_jobs": undated,
-        "dry_run": dry_run,
-        "older_than_seconds": older_than,
+def _rebuilt_call(call_id: int, reports: list[dict]) -> dict:
+    """A call's entry from its attempts' status records (a duplicate's ``already_final`` report aside)."""
+    attempts = sorted(reports, key=lambda s: s["attempt"])
+    ran = [s for s in attempts if not s.get("already_final")] or attempts
+    last = ran[-1]
+    failed = last.get("failed_items") or 0
+    call = {
+        "call": call_id,
+        "first_item": last.get("first_item"),
+        "items": last.get("items", 0),
+        "status": "error" if failed else "ok",
+        "error": None,
+        "submitted": None,
+        "ended": last.get("written"),
+        "attempts": [{"attempt": s["attempt"], "sent": s.get("started"), "ended": s.get("written"),
+                      "outcome": "error" if s.get("failed_items") else "ok"} for s in attempts],
+        "failed_items": failed,
     }
+    _apply_stats(call, last)
+    return call
 
 
-def _shared_in_use(store, job_ids: list[str], index: dict[str, str]) -> tuple[set[str], bool]:
-    """The shared objects the given jobs name, and whether one of them has no final record yet."""
-    in_use: set[str] = set()
-    running = False
-    for job_id in job_ids:
-        try:
-            record = json.loads(store.get(keys.job_record_key(job_id)))
-        except (FnmapError, ValueError):
-            record = None
-        if record is None:
-            started = None
-            if job_id in index:
-                try:
-                    started = json.loads(store.get(index[job_id]))
-                except (FnmapError, ValueError):
-                    started = None
-            if started is None or not client_gone(started.get("client")):
-                running = True  # it may still submit calls that use any shared object
-            in_use.update((started or {}).get("shared") or [])
-            continue
-        in_use.update(record.get("shared") or [])
-    return in_use, running
+def _place_calls(calls: list[dict], n_calls: int, n_items: int) -> None:
+    """Fill in the ``first_item`` of calls whose status records predate it, where the calls can only
+    have been made with one fixed chunksize (every call but the last of the same size)."""
+    if all(c["first_item"] is not None for c in calls) or not calls:
+        return
+    size = max(c["items"] for c in calls)
+    last = n_calls - 1 if n_calls else None
+    uniform = all(c["items"] == size for c in calls if c["call"] != last)
+    if size and uniform and (not n_calls or n_items <= n_calls * size):
+        for c in calls:
+            c["first_item"] = c["call"] * size if c["first_item"] is None else c["first_item"]
+
+
+def _unreported(calls: list[dict], n_items: int) -> list[list[int]] | None:
+    """``[[first_item, items], ...]``: the item ranges of ``0..n_items`` that no call in ``calls``
+    reported; None when a call's place is unknown (its items cannot be aligned)."""
+    if any(c["first_item"] is None for c in calls):
+        return None
+    gaps, at = [], 0
+    for c in sorted(calls, key=lambda c: c["first_item"]):
+        if c["first_item"] > at:
+            gaps.append([at, c["first_item"] - at])
+        at = max(at, c["first_item"] + c["items"])
+    if n_items > at:
+        gaps.append([at, n_items - at])
+    return gaps

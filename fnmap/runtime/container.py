@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .keys import spread
+from .keys import batch_request_prefix, spread
 from .wire import decode_header, decode_response, encode
 
 #: Environment variables that carry a child's index, in the order they are looked up.
@@ -40,7 +40,7 @@ EXIT_REJECTED = 77
 
 
 def request_prefix(job_id: str, array_id: str) -> str:
-    return f"jobs/{job_id}/requests/{array_id}/"
+    return batch_request_prefix(job_id, array_id)
 
 
 def request_key(prefix: str, index: int) -> str:

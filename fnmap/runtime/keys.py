@@ -16,8 +16,40 @@ def new_job_id() -> str:
     return secrets.token_hex(16)
 
 
+#: Where every job's own objects live (``jobs/<job_id>/...``).
+JOBS_PREFIX = "jobs/"
+#: How the file store names a file being written, renamed into place once complete: what a
+#: writer killed meanwhile leaves behind (``fnmap gc`` collects them).
+TEMP_PREFIX = ".tmp-"
+
+
 def job_prefix(job_id: str) -> str:
     return f"jobs/{job_id}/"
+
+
+def job_of(key: str) -> str | None:
+    """The job id of a key under ``jobs/<job_id>/`` (inverse of every per-job key), else None."""
+    parts = key.split("/", 2)
+    if len(parts) < 3 or parts[0] + "/" != JOBS_PREFIX or not parts[1]:
+        return None
+    return parts[1]
+
+
+def is_temporary(key: str) -> bool:
+    """Whether ``key`` (or a file path) names a file store's unfinished write (:data:`TEMP_PREFIX`)."""
+    return key.rsplit("/", 1)[-1].startswith(TEMP_PREFIX)
+
+
+def temp_name(pid: int, thread: int, serial: int) -> str:
+    """The name of a file store's file being written by process ``pid`` (renamed into place when complete)."""
+    return f"{TEMP_PREFIX}{pid}-{thread}-{serial}"
+
+
+def temp_writer(key: str) -> int | None:
+    """The pid of the process that wrote a temporary file (inverse of :func:`temp_name`), or None."""
+    name = key.rsplit("/", 1)[-1]
+    pid = name.removeprefix(TEMP_PREFIX).split("-", 1)[0]
+    return int(pid) if name.startswith(TEMP_PREFIX) and pid.isdigit() else None
 
 
 def spread(index: int) -> str:
@@ -50,6 +82,12 @@ def status_prefix(job_id: str) -> str:
     return f"jobs/{job_id}/status/"
 
 
+def call_attempt_of(key: str) -> tuple[int, int]:
+    """``(call_id, attempt)`` of a status or log key (inverse of :func:`status_key`, :func:`log_key`)."""
+    call, attempt, _ext = key.rsplit("/", 1)[1].split(".")
+    return int(call), int(attempt)
+
+
 def call_id_from_key(key: str) -> int:
     """Inverse of :func:`result_key` (the last path segment)."""
     return int(key.rsplit("/", 1)[1])
@@ -61,6 +99,22 @@ def shared_input_key(digest: str) -> str:
     return f"inputs/{digest[:2]}/{digest}"
 
 
+def content_digest(key: str) -> str | None:
+    """The SHA-256 hex digest (or, for a function, its first 32 digits) a content-addressed key
+    names (inverse of :func:`function_key` and :func:`shared_input_key`); None for any other key."""
+    name = key.rsplit("/", 1)[-1]
+    if key.startswith("functions/") and name.endswith(".pkl") and len(name) == 36:
+        return name[:32]
+    if (key.startswith("inputs/") or key == joblib_argument_key(job_of(key) or "", name)) and len(name) == 64:
+        return name
+    return None
+
+
+def joblib_argument_key(job_id: str, digest: str) -> str:
+    """A large argument of a joblib job, stored once for the job by its SHA-256 (``fnmap.joblib``)."""
+    return f"jobs/{job_id}/joblib/{digest}"
+
+
 #: Prefixes of objects shared by jobs (functions, inputs), kept while a job refers to them.
 SHARED_PREFIXES = ("functions/", "inputs/")
 
@@ -68,6 +122,11 @@ SHARED_PREFIXES = ("functions/", "inputs/")
 def blob_key(job_id: str, name: str) -> str:
     """Large arguments or values stored by reference (10 MB and more)."""
     return f"jobs/{job_id}/blobs/{name}"
+
+
+def batch_request_prefix(job_id: str, array_id: str) -> str:
+    """Where a Batch array job's signed requests are stored, one per child (``fnmap.runtime.container``)."""
+    return f"jobs/{job_id}/requests/{array_id}/"
 
 
 def job_record_key(job_id: str) -> str:
@@ -106,6 +165,17 @@ def job_index_key(job_id: str, created: float) -> str:
 
 def job_index_prefix() -> str:
     return "index/jobs/"
+
+
+def job_index_entry(key: str) -> tuple[float, str]:
+    """``(created, job_id)`` of an index key (inverse of :func:`job_index_key`; created in seconds)."""
+    millis, _, rest = key.rsplit("/", 1)[1].partition("-")
+    return int(millis) / 1000, rest.removesuffix(".json")
+
+
+def is_job_index_key(value: str, job_id: str) -> bool:
+    """Whether ``value`` is a key :func:`job_index_key` makes for ``job_id`` (whatever its time)."""
+    return value.startswith(job_index_prefix()) and value.endswith(f"-{job_id}.json")
 
 
 def call_inputs_key(job_id: str, first_call: int) -> str:

@@ -150,20 +150,10 @@ def owned_blocks(
     # The unread data is buf[off:], which starts at object offset pos.
     pos, buf, off = start, b"", 0
     if start > 0:  # skip the partial first line: start after the first b"\n" at start - 1 or later
-        pos = start - 1
-        while True:
-            if pos >= size:
-                return
-            buf = fetch(pos, min(size, pos + _want(pos, end, block, lookahead)))
-            if not buf:
-                return
-            i = buf.find(b"\n")
-            if i >= 0:
-                pos, off = pos + i + 1, i + 1
-                break
-            pos += len(buf)
-        if pos >= end:  # the first whole line starts in the next partition
+        first = _first_line(fetch, size, start, end, block, lookahead)
+        if first is None:
             return
+        pos, buf, off = first
     while True:
         if off >= len(buf):
             if pos >= size:
@@ -178,6 +168,26 @@ def owned_blocks(
             return
         yield _view(buf, off, len(buf))  # nothing at or past end - 1 here, or our last line goes on
         pos, off = pos + n, len(buf)
+
+
+def _first_line(fetch, size: int, start: int, end: int, block: int, lookahead: int):
+    """Where our first whole line starts, the first b"\n" at ``start - 1`` or later: (its offset,
+    the block holding it, its place in the block), or None when no line of ours starts before ``end``."""
+    pos = start - 1
+    while True:
+        if pos >= size:
+            return None
+        buf = fetch(pos, min(size, pos + _want(pos, end, block, lookahead)))
+        if not buf:
+            return None
+        i = buf.find(b"\n")
+        if i >= 0:
+            pos, off = pos + i + 1, i + 1
+            break
+        pos += len(buf)
+    if pos >= end:  # the first whole line starts in the next partition
+        return None
+    return pos, buf, off
 
 
 def _view(buf: bytes, a: int, b: int) -> bytes | memoryview:

@@ -283,20 +283,25 @@ def _children(obj: Any, path: str):
         for i, v in enumerate(obj):
             yield f"{path}[{i}]", v
     elif callable(obj) and hasattr(obj, "__code__"):
-        code = obj.__code__
-        for name, cell in zip(code.co_freevars, obj.__closure__ or (), strict=False):
-            try:
-                yield f"{path} (closure variable {name!r})", cell.cell_contents
-            except ValueError:
-                pass
-        for name in code.co_names:
-            if name in getattr(obj, "__globals__", {}):
-                yield f"{path} (global {name!r})", obj.__globals__[name]
-        for i, default in enumerate(obj.__defaults__ or ()):
-            yield f"{path} (default #{i})", default
+        yield from _function_parts(obj, path)
     elif hasattr(obj, "__dict__") and not isinstance(obj, type):
         for k, v in vars(obj).items():
             yield f"{path}.{k}", v
+
+
+def _function_parts(fn: Any, path: str):
+    """What a function's pickle holds by value: its closure cells, the globals it names, its defaults."""
+    code = fn.__code__
+    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
+        try:
+            yield f"{path} (closure variable {name!r})", cell.cell_contents
+        except ValueError:
+            pass
+    for name in code.co_names:
+        if name in getattr(fn, "__globals__", {}):
+            yield f"{path} (global {name!r})", fn.__globals__[name]
+    for i, default in enumerate(fn.__defaults__ or ()):
+        yield f"{path} (default #{i})", default
 
 
 _local_seen: set[str] = set()

@@ -31,6 +31,8 @@ import secrets
 import threading
 import time
 
+from . import keys
+
 SIGNATURE_HEADER = "X-Fnmap-Signature"
 SECRET_ENV = "FNMAP_SECRET"
 #: Seconds a signature is valid for by default, and the clock skew allowed ("issued" in the future).
@@ -160,12 +162,8 @@ def unseal(secret: bytes | None, key: str, sealed: bytes | memoryview) -> memory
 def content_digest_ok(key: str, data) -> bool:
     """Whether ``data`` has the SHA-256 a content-addressed ``key`` names: ``functions/<first 32
     hex digits>.pkl`` or ``inputs/xx/<64 hex digits>``.  Any other key is refused."""
-    name = key.rsplit("/", 1)[-1]
-    if key.startswith("functions/") and name.endswith(".pkl") and len(name) == 36:
-        expected = name[:32]
-    elif key.startswith("inputs/") and len(name) == 64:
-        expected = name
-    else:
+    expected = keys.content_digest(key)
+    if expected is None:
         return False
     return hmac.compare_digest(hashlib.sha256(data).hexdigest()[: len(expected)], expected)
 

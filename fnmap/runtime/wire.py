@@ -13,6 +13,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import keys
+
 _LEN = struct.Struct(">I")
 
 
@@ -140,7 +142,7 @@ def _check_request(req: CallRequest) -> None:
         if not wrong and name == "job_id":  # a job id is one path segment: no reaching into other jobs
             wrong = not _JOB_ID.fullmatch(value)
         if not wrong and name == "job_record" and value is not None:
-            wrong = not (value.startswith("index/jobs/") and value.endswith(f"-{req.job_id}.json"))
+            wrong = not keys.is_job_index_key(value, req.job_id)
         if not wrong and name in ("call_id", "attempt", "first_index"):
             wrong = value < 0
         if not wrong and name == "retry_on":

@@ -21,16 +21,15 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
 from typing import Any
 
-from ..errors import STORAGE_REFUSED_ERRNOS, SerializationError, storage_fix
+from ..errors import STORAGE_REFUSED_ERRNOS, storage_fix
 from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
 from . import compression, keys, setup, signing
-from .missing import add_missing_module_note
+from .outcome import OK, dump_all, failure, from_exception, retry_outcome, succeeded
 from .peakmem import PeakMemory
-from .serialization import dumps, load_stream, loads, pack_exception, runtime_mismatch
+from .serialization import load_stream, loads, runtime_mismatch
 from .wire import CallRequest, CallResponse, decode_header, decode_request, encode
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
@@ -103,50 +102,64 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
         store = open_store(req.store_url)
     except Exception as e:
         return _platform_error(resp, "rejected", f"cannot open storage {req.store_url!r}: {e}"), b""
+    loaded = _load_call(store, req, resp, payload)
+    if isinstance(loaded, CallResponse):  # refused as final, or a platform error
+        return loaded, b""
+    func, items, mode, error, loaded_at = loaded
+    logs = io.StringIO() if req.capture_logs else None
+    with _call_environment(req.extra_env), _captured(logs, echo=req.echo_output):
+        if error is None:
+            func, error = _set_up(func, req)  # the initializer, once per worker process
+        outcomes = _run_items(func, items, mode, req) if error is None else \
+            [from_exception(error)] * max(1, len(items or ()))
+    # Large results compressed (issue 7); sealed with the secret, so the reader checks before unpickling.
+    data = signing.seal(secret, keys.result_key(req.job_id, req.call_id), compression.pack(dump_all(outcomes)))
+    observed = (req, started, time.time(), cold, len(payload), loaded_at, logs, outcomes)
+    if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline
+        resp.error_kind, resp.committed, resp.inline = "retry_on", False, True
+        resp.stats = _all_stats(observed, len(data))
+        _add_output(resp.stats, req, logs)
+        return resp, data
+    return _commit(store, resp, data, observed)
+
+
+def _load_call(store, req: CallRequest, resp: CallResponse, payload):
+    """``(func, items, mode, None, when loaded)``, or ``(None, None, None, the error, when)`` when the
+    user's function or chunk failed to load (every item fails with it), or the response to give."""
     try:
         if _refused_as_final(store, req, resp):  # a replay, a late copy, or a job removed by gc
-            return resp, b""
-        func, items, mode = _load(store, req, payload)
-        loaded = None
-        loaded_at = time.time()
+            return resp
+        return (*_load(store, req, payload), None, time.time())
     # An unpicklable/unimportable function or chunk fails every item alike; a sys.exit or
     # KeyboardInterrupt while it loads (module code, __setstate__) is the user's code too.
     except BaseException as e:  # noqa: B036
         if is_unreachable(e):  # botocore has retried already; more attempts only wait longer
-            return _platform_error(resp, "storage", _unreachable_message(req.store_url, e)), b""
+            return _platform_error(resp, "storage", _unreachable_message(req.store_url, e))
         if isinstance(e, signing.UnauthenticatedObject):
-            return _platform_error(resp, "rejected", str(e)), b""
+            return _platform_error(resp, "rejected", str(e))
         if _is_storage_error(e):
-            return _platform_error(resp, "server", f"storage read failed: {e!r}"), b""
-        func = items = mode = None
-        loaded = e
-        loaded_at = time.time()
-    logs = io.StringIO() if req.capture_logs else None
-    with _call_environment(req.extra_env), _captured(logs, echo=req.echo_output):
-        if loaded is None:
-            func, loaded = _set_up(func, req)  # the initializer, once per worker process
-        if loaded is None:
-            outcomes = _run_items(func, items, mode, req)
-        else:
-            outcomes = [_error_outcome(loaded)] * max(1, len(items or ()))
+            return _platform_error(resp, "server", f"storage read failed: {e!r}")
+        return None, None, None, e, time.time()
+
+
+def _all_stats(observed: tuple, bytes_out: int) -> dict:
+    req, started, finished, cold, bytes_in, loaded_at, logs, outcomes = observed
+    stats = _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes)
+    stats.update(_observed(loaded_at, logs, outcomes))
+    return stats
+
+
+def _commit(store, resp: CallResponse, data: bytes, observed: tuple) -> tuple[CallResponse, bytes]:
+    """Commit the outcomes (first writer wins), the output and the status record; answer."""
+    req, logs = observed[0], observed[6]
     result_key = keys.result_key(req.job_id, req.call_id)
-    # Large results compressed (issue 7); sealed with the secret, so the reader checks before unpickling.
-    data = signing.seal(secret, result_key, compression.pack(_dump_outcomes(outcomes)))
-    finished = time.time()
-    if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline
-        resp.error_kind, resp.committed, resp.inline = "retry_on", False, True
-        resp.stats = _stats(req, started, finished, cold, len(payload), len(data), outcomes)
-        resp.stats.update(_observed(loaded_at, logs, outcomes))
-        _add_output(resp.stats, req, logs)
-        return resp, data
     try:
         committed = store.put_if_absent(result_key, data)
         if not committed:  # an earlier attempt or a speculative copy won: its result is the result
             data = store.get(result_key)
         if logs is not None and logs.tell():
             store.put(keys.log_key(req.job_id, req.call_id, req.attempt), logs.getvalue().encode())
-        resp.stats = _stats(req, started, finished, cold, len(payload), len(data), outcomes)
-        resp.stats.update(_observed(loaded_at, logs, outcomes))
+        resp.stats = _all_stats(observed, len(data))
         store.put(keys.status_key(req.job_id, req.call_id, req.attempt), json.dumps(resp.stats).encode())
         _add_output(resp.stats, req, logs)  # not in the stored status: the log object has it all
     except Exception as e:
@@ -267,7 +280,7 @@ class _HashingReader:
             if not rest:
                 break
             self._hash.update(rest)
-        if not key.startswith("inputs/") or self._hash.hexdigest() != key.rsplit("/", 1)[-1]:
+        if key != keys.shared_input_key(self._hash.hexdigest()):  # inputs/xx/<its SHA-256>
             raise signing.UnauthenticatedObject(
                 f"input object {key!r} does not have the SHA-256 its key names: it was planted or "
                 "altered; refused, not unpickled")
@@ -279,19 +292,19 @@ def _run_items(func, items: list, mode: str, req: CallRequest) -> list[tuple]:
         for offset, item in enumerate(items):
             index = req.first_index + offset
             if deadline.expired():
-                outcomes.append(_error_outcome(_timeout_error(req, index, started=False)))
+                outcomes.append(from_exception(_timeout_error(req, index, started=False)))
                 continue
             try:
                 deadline.armed = True
                 value = func(item) if mode == MODE_ONE else func(*item[0], **item[1])
                 deadline.armed = False
-                outcomes.append(("ok", value))
+                outcomes.append((OK, value))  # outcome.ok(value), without a call per item
             except _Expired:
                 deadline.armed = False
-                outcomes.append(_error_outcome(_timeout_error(req, index, started=True)))
+                outcomes.append(from_exception(_timeout_error(req, index, started=True)))
             except BaseException as e:  # noqa: B036 - SystemExit etc. in user code are outcomes too
                 deadline.armed = False
-                outcomes.append(_error_outcome(e))
+                outcomes.append(from_exception(e))
     return outcomes
 
 
@@ -346,38 +359,13 @@ class _Deadline:
         return False
 
 
-def _error_outcome(exc: BaseException) -> tuple:
-    add_missing_module_note(exc)
-    data, tb = pack_exception(exc)
-    names = [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__]
-    return ("err", data, tb, names)
-
-
 def _wants_retry(req: CallRequest, outcomes: list[tuple]) -> bool:
     """Whether an item raised a ``retry_on`` type with attempts left (then nothing is committed)."""
     retries_left_after = req.max_attempts - 1  # attempt n may be re-run while n <= max_attempts - 1
     return any(
-        o[0] == "err" and retry_outcome(o[3], req.retry_on, req.attempt, retries_left_after)
+        not succeeded(o) and retry_outcome(failure(o).names, req.retry_on, req.attempt, retries_left_after)
         for o in outcomes
     )
-
-
-def _dump_outcomes(outcomes: list[tuple]) -> bytes:
-    try:
-        return dumps(outcomes)
-    except Exception:
-        pass
-    fixed = []
-    for i, outcome in enumerate(outcomes):  # find the results that do not pickle, keep the rest
-        try:
-            dumps(outcome)
-            fixed.append(outcome)
-        except Exception as e:
-            err = SerializationError(
-                f"the result of item {i} of the call ({type(outcome[1]).__name__}) cannot be pickled: {e}"
-            )
-            fixed.append(_error_outcome(err))
-    return dumps(fixed)
 
 
 @contextlib.contextmanager
@@ -453,10 +441,11 @@ def _captured(buffer: io.StringIO | None, echo: bool = True):
 
 def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
     peak_kb = _peak_memory.peak_kb()
-    failed = sum(1 for o in outcomes if o[0] != "ok")
+    failed = sum(1 for o in outcomes if not succeeded(o))
     return {
         "job_id": req.job_id,
         "call_id": req.call_id,
+        "first_item": req.first_index,  # where the call's items stand: a re-attach aligns on it
         "attempt": req.attempt,
         "worker": WORKER_ID,
         "cold": cold,
@@ -492,12 +481,6 @@ def _add_output(stats: dict, req: CallRequest, logs: io.StringIO | None) -> None
 def _observed(loaded_at: float, logs: io.StringIO | None, outcomes: list[tuple]) -> dict:
     """Stats for job records (issue 8): when loading ended, and the output tail of a failing call."""
     extra: dict = {"loaded": loaded_at}
-    if logs is not None and logs.tell() and any(o[0] != "ok" for o in outcomes):
+    if logs is not None and logs.tell() and any(not succeeded(o) for o in outcomes):
         extra["log_tail"] = logs.getvalue()[-LOG_TAIL_CHARS:]
     return extra
-
-
-def retry_outcome(exc_types: Iterable[str], retry_on: Iterable[str], attempts_made: int, retries: int) -> bool:
-    """Whether a user exception (its class and bases, as qualified names) is in ``retry_on`` with attempts left."""
-    wanted = set(retry_on)
-    return bool(wanted) and attempts_made <= retries and any(t in wanted for t in exc_types)

@@ -8,6 +8,7 @@ import threading
 from urllib.parse import unquote, urlparse
 
 from ..errors import UnknownStorage, storage_fix
+from ..runtime import keys as key_layout
 from . import _check_key, _not_found, storage_failure
 
 _counter = itertools.count()
@@ -50,7 +51,7 @@ class FileStore:
         # open says it is missing: tempfile.mkstemp's random names and makedirs' stats were
         # half of a worker's time on a noop call (issue 9).
         directory = os.path.dirname(path)
-        tmp = os.path.join(directory, f".tmp-{os.getpid()}-{threading.get_ident()}-{next(_counter)}")
+        tmp = os.path.join(directory, key_layout.temp_name(os.getpid(), threading.get_ident(), next(_counter)))
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
         try:
             fd = os.open(tmp, flags, 0o600)
@@ -119,7 +120,7 @@ class FileStore:
             rel = os.path.relpath(dirpath, self.root)
             rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
             for name in filenames:
-                if name.startswith(".tmp-"):
+                if key_layout.is_temporary(name):
                     continue
                 key = rel + name
                 if key.startswith(prefix):
@@ -136,6 +137,22 @@ class FileStore:
                 continue
             found.append((key, st.st_size, st.st_mtime))
         return found
+
+    def list_temporary(self) -> list[tuple[str, int, float]]:
+        """``(key, size, modified)`` of every file being written, or left by a writer killed while
+        writing it (:func:`fnmap.runtime.keys.temp_name`): what ``fnmap gc`` collects once stale."""
+        found = []
+        for dirpath, _dirnames, filenames in os.walk(self.root):
+            rel = os.path.relpath(dirpath, self.root)
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            for name in filenames:
+                if key_layout.is_temporary(name):
+                    try:
+                        st = os.stat(os.path.join(dirpath, name))
+                    except FileNotFoundError:  # renamed into place meanwhile
+                        continue
+                    found.append((rel + name, st.st_size, st.st_mtime))
+        return sorted(found)
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:

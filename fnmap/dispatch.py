@@ -1,0 +1,241 @@
+"""Sending calls: the scheduler's dispatch threads, the batching of calls sent one by one, the
+signed request of an attempt, and the throttle (a part of :class:`fnmap.scheduler.Scheduler`).
+
+A dispatch thread takes a call from the queue, asks the scheduler's ``_begin`` for the number of
+its next attempt, signs the request, waits for room under the throttle and hands the invocation
+to the backend; the answer goes to ``_decide``.  It never decides anything itself.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+from . import policy
+from .backends.base import Answer, Invocation
+from .errors import FaultKind, PlatformFault
+from .runtime import compression, keys, signing
+from .runtime.serialization import loads, runtime_info
+from .runtime.wire import CallRequest, decode_response, encode
+
+_RUNTIME = runtime_info()
+#: Backends whose workers write to this process's terminal: their captured output is not echoed
+#: there unless output="live" (issue 14); cloud workers echo it into the platform's log.
+_BACKENDS_ON_THIS_TERMINAL = ("emulator", "local")
+#: How long calls submitted one by one wait for the next before being sent together where the
+#: backend batches calls, and the longest the first of them waits.
+COALESCE_SECONDS = 0.25
+COALESCE_MAX_SECONDS = 2.0
+#: The event of an attempt the platform accepted to run asynchronously.
+ACCEPTED = "accepted"
+
+
+@dataclass(slots=True)
+class Outcomes:
+    """A call's answer: one outcome per item (:mod:`fnmap.runtime.outcome`), and the worker's stats."""
+
+    outcomes: list
+    stats: dict | None
+
+
+class Dispatch:
+    """The sending half of the scheduler (mixed into :class:`fnmap.scheduler.Scheduler`)."""
+
+    def _start_dispatch(self) -> None:
+        # A fixed set of daemon threads over one queue of sends; lighter than a ThreadPoolExecutor,
+        # which allocates a Future per step (100,000 queued calls carried 100,000 of them).
+        self._sends: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._dispatch_loop, name=f"fnmap-dispatch_{i}", daemon=True)
+                         for i in range(self.max_workers)]
+        for thread in self._threads:
+            thread.start()
+        self._throttle = policy.Throttle(self.max_workers)
+        self._room = threading.Condition()
+        #: One entry per send in flight (see ``_acquire_slot``).
+        self._in_flight: list[None] = []
+        #: Calls waiting to be sent together to a backend that batches calls (see ``_coalesce``).
+        self._pending: dict = {}
+        self._pending_lock = threading.Lock()
+
+    def _queue(self, send, job, target) -> None:
+        if self.closed:  # no thread would take it: fail the call(s) rather than leave them pending
+            fault = PlatformFault("cancelled", "the fnmap client was closed before this call was sent")
+            for state in target if isinstance(target, list) else [target]:
+                self._decide(job, state, 0, fault, final=True)
+            return
+        self._sends.put((send, job, target))
+
+    def _dispatch_loop(self) -> None:
+        """Body of each dispatch thread.  An unexpected error in fnmap's own code fails the
+        call(s) with that error rather than vanishing and leaving their futures pending forever."""
+        while True:
+            item = self._sends.get()
+            if item is None:
+                return
+            send, job, target = item
+            try:
+                send(job, target)
+            except BaseException as e:  # noqa: B036 - nothing may leave a call unresolved
+                detail = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+                fault = PlatformFault("client", f"internal error in the fnmap client: {e!r}\n{detail}")
+                for state in target if isinstance(target, list) else [target]:
+                    self._decide(job, state, 0, fault, charge=True, final=True)
+
+    def _send(self, job, state) -> None:
+        """One attempt of one call: begin it, deliver it, decide on its answer."""
+        attempt = self._begin(job, state)
+        if attempt is None:
+            return
+        invocation = self._invocation(job, state, attempt)
+        if invocation is None:  # finished by another copy meanwhile
+            return
+        ticket, at_floor = self._acquire_slot()
+        try:
+            answer = self.backend.invoke(invocation)
+        except PlatformFault as fault:
+            self._release_slot(fault.kind == FaultKind.THROTTLED, ticket)
+            self._decide(job, state, attempt, fault, charge=policy.charges_retry(fault.kind, at_floor))
+            return
+        except Exception as e:  # a backend bug or an unexpected client error: a server-side fault
+            self._release_slot(False, ticket)
+            self._decide(job, state, attempt, PlatformFault("server", f"{type(e).__name__}: {e}"))
+            return
+        self._release_slot(False, ticket)
+        self._decide(job, state, attempt, self._read(answer))
+
+    def _send_many(self, job, states: list) -> None:
+        """One platform request for many calls (an array job); each answer is decided as in ``_send``."""
+        ready = []
+        for state in states:
+            attempt = self._begin(job, state)
+            if attempt is not None and (invocation := self._invocation(job, state, attempt)) is not None:
+                ready.append((state, attempt, invocation))
+        if not ready:
+            return
+        ticket, _at_floor = self._acquire_slot()
+        try:
+            answers = self.backend.invoke_many([invocation for _, _, invocation in ready])
+        except Exception as e:
+            fault = e if isinstance(e, PlatformFault) else PlatformFault("server", f"{type(e).__name__}: {e}")
+            self._release_slot(fault.kind == FaultKind.THROTTLED, ticket)
+            for state, attempt, _ in ready:
+                self._decide(job, state, attempt, fault)
+            return
+        self._release_slot(False, ticket)
+        for (state, attempt, _), answer in zip(ready, answers, strict=True):
+            self._decide(job, state, attempt, self._read(answer))
+
+    def _coalesce(self, job, states: list) -> None:
+        """Hold calls submitted one at a time until none has come for ``COALESCE_SECONDS`` (at most
+        ``COALESCE_MAX_SECONDS`` after the first), then send them together: a loop of submits is one
+        array job however slowly each submit pickles its arguments."""
+        now = time.monotonic()
+        with self._pending_lock:
+            pending = self._pending.get(job)
+            first = pending is None
+            if first:
+                pending = self._pending[job] = [[], now, now]  # calls, first came, last came
+            pending[0].extend(states)
+            pending[2] = now
+        if first:
+            self._after(COALESCE_SECONDS, self._flush_pending, job, None)
+
+    def _flush_pending(self, job, _states) -> None:
+        now = time.monotonic()
+        with self._pending_lock:
+            states, since, last = self._pending.get(job, ([], now, 0.0))
+            wait = COALESCE_SECONDS - (now - last)
+            if states and wait > 0 and now - since < COALESCE_MAX_SECONDS:
+                states = None  # still coming: look again when this one has waited its turn
+            else:
+                self._pending.pop(job, None)
+        if states is None:
+            self._after(wait, self._flush_pending, job, None)
+        elif states:
+            self._queue(self._send_many, job, states)
+
+    def _invocation(self, job, state, attempt: int) -> Invocation | None:
+        """The signed request of one attempt (None once the call needs it no more)."""
+        cfg = job.config
+        payload = state.payload
+        if payload is None:  # decided meanwhile
+            return None
+        memory = state.attempt_memory(attempt)
+        req = CallRequest(
+            job_id=job.id, call_id=state.call_id, func_key=state.func_key, store_url=self.store.url,
+            attempt=attempt, timeout=cfg.timeout, items_key=state.items_key,
+            inline_result_limit=cfg.inline_limit, extra_env=cfg.extra_env, runtime=_RUNTIME,
+            first_index=state.first_index, retry_on=job.retry_on_names,
+            # retry_on re-runs share the retries left (speculative copies and 429s use none).
+            max_attempts=attempt + max(0, cfg.retries - state.charged), output=cfg.output,
+            echo_output=cfg.output == "live" or cfg.backend not in _BACKENDS_ON_THIS_TERMINAL,
+            memory=memory,
+            job_record=keys.job_index_key(job.id, job.created),
+        )
+        body = encode(req, payload)
+        lifetime = getattr(self.backend, "signature_lifetime", None)
+        signature = signing.sign_request(self.secret, signing.ROUTE_CALL, job.id, state.call_id, attempt, body,
+                                         lifetime=lifetime)
+        return Invocation(req, body, signature, cfg, memory)
+
+    def _read(self, answer: Answer):
+        """Turn the platform's answer into an event for :meth:`_decide` (outside any lock: this
+        decodes and may read the result from storage)."""
+        if answer.accepted:
+            return ACCEPTED
+        try:
+            resp, payload = decode_response(answer.body)
+        except (ValueError, TypeError) as e:
+            return PlatformFault("server", f"malformed answer: {e}")
+        if not resp.ok:
+            return PlatformFault(resp.error_kind or "server", resp.error or "")
+        try:
+            key = keys.result_key(resp.job_id, resp.call_id)
+            data = payload if resp.inline else self.store.get(key)
+            outcomes = loads(compression.unpack(signing.unseal(self.secret, key, data)))
+        except signing.UnauthenticatedObject as e:  # planted or altered: no retry reads it better
+            return PlatformFault("rejected", f"cannot read the result: {e}")
+        except Exception as e:
+            return PlatformFault("server", f"cannot read the result: {e!r}")
+        if resp.error_kind == FaultKind.RETRY_ON:  # a user exception the caller asked to retry
+            return PlatformFault("retry_on", "the item raised an exception listed in retry_on")
+        return Outcomes(outcomes, resp.stats)
+
+
+    # -- the throttle ----------------------------------------------------------------
+
+    def _acquire_slot(self) -> tuple[int, bool]:
+        """Wait for room under the throttle; return the send's ticket and whether the limit is at
+        its floor.
+
+        Every send is one entry in ``_in_flight`` (``list.append``/``pop`` are atomic), so the count
+        in flight is always exact.  While no 429 has lowered the limit, the dispatch threads
+        themselves bound the calls in flight (one each, ``max_workers`` of them) and a send takes
+        no lock: a lock shared by every dispatch thread on every call made them queue behind each
+        other and tripled the client's CPU per call (issue 9).
+        """
+        throttle = self._throttle
+        if throttle.limit < throttle.ceiling:
+            with self._room:
+                while len(self._in_flight) >= throttle.allowed():
+                    self._room.wait(0.1)
+                self._in_flight.append(None)
+                return throttle.ticket(), throttle.at_floor
+        self._in_flight.append(None)
+        return throttle.ticket(), throttle.at_floor
+
+    def _release_slot(self, throttled: bool, ticket: int | None = None) -> None:
+        self._in_flight.pop()
+        throttle = self._throttle
+        if not throttled and throttle.limit >= throttle.ceiling:
+            return  # unthrottled: nothing to update, nobody is waiting for room
+        with self._room:
+            if throttled:
+                throttle.on_throttled(ticket)
+            else:
+                throttle.on_success()
+            self._room.notify_all()
+

@@ -1,0 +1,93 @@
+"""The job index: one small summary per job under ``index/jobs/`` (:func:`fnmap.runtime.keys.job_index_key`),
+written when a job starts and again when it ends, so ``fnmap jobs`` lists recent jobs with one
+LIST and a few small GETs, and a job id can be given as any unique prefix of it."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+from .. import lease
+from ..errors import FnmapError
+from ..runtime import keys
+from .identity import ABANDONED, client_gone
+
+
+class JobNotFound(FnmapError, LookupError):
+    """No job with this id (or id prefix) has a record or status records in the store."""
+
+
+def write_index(store, summary: dict) -> None:
+    store.put(keys.job_index_key(summary["job_id"], summary["created"]), json.dumps(summary).encode())
+
+
+def index_keys(store) -> dict[str, str]:
+    """Every job's index key, by job id."""
+    return {keys.job_index_entry(key)[1]: key for key in store.list(keys.job_index_prefix())}
+
+
+def get_json(store, key: str) -> dict | None:
+    """A stored JSON object, or None when it is gone (gc) or partial (a dead writer's)."""
+    try:
+        return json.loads(store.get(key))
+    except (FnmapError, ValueError):
+        return None
+
+
+def get_json_many(store, keys_: list[str]) -> list[dict]:
+    """The JSON objects at ``keys_`` that could be read, fetched 16 at a time."""
+    if not keys_:
+        return []
+    with ThreadPoolExecutor(min(16, len(keys_))) as pool:
+        return [s for s in pool.map(lambda key: get_json(store, key), keys_) if s is not None]
+
+
+def list_jobs(store, limit: int | None = 20) -> list[dict]:
+    """Summaries of the most recent jobs, newest first."""
+    entries = store.list(keys.job_index_prefix())
+    entries.reverse()  # keys sort by creation time
+    if limit is not None:
+        entries = entries[:limit]
+    out = []
+    for key in entries:
+        summary = get_json(store, key)
+        if summary is None:  # deleted meanwhile (gc) or a partial object from a dead writer
+            continue
+        if summary.get("status") == "running":
+            _refresh_running(store, summary)
+        out.append(lease.judge(store, summary))  # issue 23: abandoned if its client's lease expired
+    return out
+
+
+def _refresh_running(store, summary: dict) -> None:
+    """A running job's index entry says what it was at the start: count its calls done from the
+    workers' status records (as ``fnmap job`` does), and call it abandoned if its client is gone."""
+    done = {keys.call_attempt_of(k)[0] for k in store.list(keys.status_prefix(summary["job_id"]))}
+    summary["calls_done"] = max(summary.get("calls_done") or 0, len(done))
+    gone = client_gone(summary.get("client"))
+    if gone:
+        summary["status"] = ABANDONED
+    # whether a reported call succeeded is in its status record: this listing reads none of them
+    unfinished = max(0, (summary.get("calls") or 0) - summary["calls_done"])
+    summary["states"] = {"done": summary["calls_done"], ABANDONED if gone else "running": unfinished}
+
+
+def resolve_id(store, job_id: str) -> str:
+    """The full id of a job given its id or a unique prefix of it."""
+    job_id = job_id.strip().lower()
+    if not job_id or any(ch not in "0123456789abcdef" for ch in job_id):
+        raise JobNotFound(f"{job_id!r} is not a job id: ids are hexadecimal (see `fnmap jobs`)")
+    if len(job_id) == 32:
+        return job_id
+    matches = sorted(found for found in index_keys(store) if found.startswith(job_id))
+    if not matches:
+        raise JobNotFound(f"no job id starts with {job_id!r} in {store.url} (see `fnmap jobs`)")
+    if len(matches) > 1:
+        raise JobNotFound(f"job id prefix {job_id!r} is ambiguous: {', '.join(matches[:5])}; give more digits")
+    return matches[0]
+
+
+def started_entry(store, job_id: str) -> dict | None:
+    """The index entry a job wrote when it started (or its final one), if any."""
+    key = index_keys(store).get(job_id)
+    return get_json(store, key) if key else None

@@ -1,0 +1,58 @@
+"""Who started a job, from where: the notebook or script, and the client process (host, pid, start
+time), so that a reader on the same host can tell whether that client is still alive."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+_CLIENT: dict | None = None
+
+
+def origin() -> str | None:
+    """The notebook or script this process runs: Jupyter's session name, else ``__main__``'s file."""
+    if os.environ.get("JPY_SESSION_NAME"):
+        return os.environ["JPY_SESSION_NAME"]
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file:
+        return os.path.abspath(main_file)
+    from .progress import in_kernel
+
+    return "notebook" if in_kernel() else "interactive"
+
+
+def client_process() -> dict:
+    """This client's host, pid and process start time: a reader on the same host can tell whether
+    the client that started a job is still alive (:func:`client_gone`)."""
+    global _CLIENT
+    if _CLIENT is None or _CLIENT["pid"] != os.getpid():  # recomputed in a forked child
+        _CLIENT = {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid())}
+    return _CLIENT
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux), so a reused pid is not
+    mistaken for the client; None where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def client_gone(client: dict | None) -> bool:
+    """True when ``client`` (from a record) ran on this host and that process no longer exists."""
+    if not client or client.get("host") != socket.gethostname() or not client.get("pid"):
+        return False  # another machine's client: nothing to check it against
+    try:
+        os.kill(client["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    return client.get("start") is not None and _process_start(client["pid"]) != client["start"]
+
+
+#: Status of a job whose client process is gone before the job finished (killed, crashed).
+ABANDONED = "abandoned"

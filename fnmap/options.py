@@ -1,0 +1,97 @@
+"""What an option is: one declaration says its name, type, default, variable, help and checks.
+
+:mod:`fnmap.config` declares the options every job has; :mod:`fnmap.backend_table` the ones each
+backend reads.  ``config`` assembles :class:`fnmap.config.Config` from both, so an option is
+written once: the keyword, the ``FNMAP_<NAME>`` variable, the config-file key, the parsing of the
+variable, the check of the value and whether it identifies a deployment all come from here.
+
+A leaf module: it imports nothing of fnmap but the errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+#: How an option's variable is parsed, and what the error says it should have been.
+_KINDS = {"int": (int, "an integer"), "float": (float, "a number")}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: a keyword of ``fnmap.map`` and friends, a field of ``Config``."""
+
+    name: str
+    default: Any = None
+    #: The text shown in ``Config``'s documentation.
+    help: str = ""
+    #: "str", "int", "float", "bool" or "object" (never read from the environment).
+    kind: str = "str"
+    #: Whether the value identifies a deployment (two jobs that differ in it need another client);
+    #: a string names the attribute that does (``storage`` -> ``storage_url``, default resolved).
+    identifies: bool | str = False
+    #: ``check(config, option)`` raises ConfigError naming the value and the fix.
+    check: Callable[[Any, Option], None] | None = None
+    #: Parses the environment variable's text, for kinds with special spellings (``auto``, lists).
+    parse: Callable[[str], Any] | None = None
+    #: ``int`` options checked by :func:`check_int`: the least value and how to fix a bad one.
+    minimum: int = 0
+    fix: str = ""
+    #: A fresh default per Config (``dict`` for ``extra_env``).
+    factory: Callable[[], Any] | None = None
+
+    def __post_init__(self):
+        #: The environment variable that sets it, or None for options only a keyword can set.
+        object.__setattr__(self, "variable", None if self.kind == "object" else f"FNMAP_{self.name.upper()}")
+
+    def from_environment(self, raw: str) -> Any:
+        """The value ``raw`` (the variable's text) stands for; ConfigError naming it when it is bad."""
+        try:
+            if self.parse is not None:
+                return self.parse(raw)
+            if self.kind in _KINDS:
+                return _KINDS[self.kind][0](raw)
+            if self.kind == "bool":
+                return parse_bool(raw)
+        except ValueError:
+            expected = "true or false" if self.kind == "bool" else _KINDS[self.kind][1]
+            raise ConfigError(f"{self.variable}={raw!r} (from the environment) is not {expected}") from None
+        return raw
+
+
+def parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(raw)
+
+
+def check_int(config: Any, option: Option) -> None:
+    """An integer of at least ``option.minimum``; None passes where the default is None (automatic)."""
+    value = getattr(config, option.name)
+    if value is None and option.default is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < option.minimum:
+        raise ConfigError(f"{config.describe(option.name)} must be an integer >= {option.minimum} ({option.fix})")
+
+
+def check_bool(config: Any, option: Option) -> None:
+    """True or False; None too where None is the default (automatic)."""
+    value = getattr(config, option.name)
+    if isinstance(value, bool) or (value is None and option.default is None):
+        return
+    choices = "True, False or None (automatic)" if option.default is None else "True or False"
+    raise ConfigError(f"{config.describe(option.name)} must be {choices}, not {type(value).__name__}")
+
+
+def check_url(config: Any, option: Option) -> None:
+    """An http(s) URL, or unset."""
+    value = getattr(config, option.name)
+    if value is not None and not str(value).startswith(("http://", "https://")):
+        raise ConfigError(f"{config.describe(option.name)} is not an http(s) URL; e.g. http://127.0.0.1:8765")

@@ -1,0 +1,147 @@
+"""The run state of a job and of its calls: what the scheduler decided, written by it alone.
+
+:class:`JobRun` (one per job) and :class:`CallRun` (one per call) hold the counters, flags,
+attempts and errors of a job while it runs.  The :class:`fnmap.scheduler.Scheduler` (with its two
+helpers :mod:`fnmap.dispatch` and :mod:`fnmap.monitor`) is the only writer, under its lock;
+everyone else reads: the user's :class:`fnmap.jobs.Job` handle, the job record, the feed, the
+front-ends.  ``tests/test_run_state_owner.py`` checks that no other module assigns these fields.
+A call's definition (its items, function, future) is given when it is made; its ``items_key``,
+known once its input is stored, is handed over with :meth:`Scheduler.input_stored`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .runtime.outcome import SUPERSEDED, Attempt
+
+
+class CallRun:
+    """One call (one chunk of items): its definition, then its attempts and fate."""
+
+    __slots__ = (
+        "call_id", "first_index", "n_items", "func_key", "payload", "items_key", "future",
+        "unwrap", "attempts", "next_attempt", "sent_at", "in_flight", "done", "speculated",
+        "stats", "awaiting", "charged", "claimed", "result", "memory_step", "cancelled",
+    )
+
+    def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap):
+        self.call_id = call_id
+        self.first_index = first_index
+        self.n_items = n_items
+        self.func_key = func_key
+        self.payload = payload
+        self.items_key = items_key
+        self.future = future
+        self.unwrap = unwrap
+        #: One :class:`~fnmap.runtime.outcome.Attempt` per send, in order.
+        self.attempts: list[Attempt] = []
+        self.next_attempt = 1
+        self.sent_at = 0.0
+        self.in_flight = 0
+        self.done = False
+        self.speculated = False
+        self.stats: dict | None = None
+        #: Attempt number -> time, for attempts accepted asynchronously whose result is in storage.
+        self.awaiting: dict[int, float] | None = None
+        #: Faults that used up one of ``retries`` (429s and speculative copies use none; issue 3).
+        self.charged = 0
+        #: Set, under the scheduler's lock, by whoever settles the first attempt's fate: a dispatch
+        #: thread starting the call, or the scheduler cancelling it (never both; issue 12).
+        self.claimed = False
+        #: The final outcome list, or the fault that failed the call, until it is delivered.
+        self.result = None
+        #: Index into the job's ``memory`` steps that the next attempt runs with (out of memory climbs it).
+        self.memory_step = 0
+        #: The call ended cancelled (never started, or stopped with its abandoned job): not a failure.
+        self.cancelled = False
+
+    def describe(self) -> str:
+        last = self.first_index + self.n_items - 1
+        items = f"item {self.first_index}" if self.n_items == 1 else f"items {self.first_index}..{last}"
+        return f"call {self.call_id} ({items})"
+
+    def attempt_memory(self, attempt: int) -> int | None:
+        """The memory (MB) attempt ``attempt`` was sent with (None: the platform's own)."""
+        for record in self.attempts:
+            if record.number == attempt:
+                return record.memory
+        return None
+
+    def open_attempts(self) -> list[int]:
+        """The numbers of the attempts sent and not ended."""
+        return [record.number for record in self.attempts if record.ended is None]
+
+    def end_attempt(self, attempt: int, outcome: str) -> None:
+        """Under the lock: attempt ``attempt`` ended with ``outcome`` (nothing if it ended already)."""
+        for record in self.attempts:
+            if record.number == attempt and record.ended is None:
+                record.ended, record.outcome = time.time(), str(outcome)
+                self.in_flight -= 1
+                return
+
+    def end_open_attempts(self) -> list[int]:
+        """Under the lock, once the call is decided: the attempts still out end as superseded (their
+        late answers are duplicates); their numbers, for the platform to stop them."""
+        others = self.open_attempts()
+        for attempt in others:
+            self.end_attempt(attempt, SUPERSEDED)
+        return others
+
+
+class JobRun:
+    """The scheduler's state of one job (see the module's docstring)."""
+
+    __slots__ = (
+        "calls", "sealed", "cancelled", "abandoned", "stopped_attempts", "speculate_open", "cancel_reason",
+        "done_count", "failed_count", "cancelled_count", "retry_count", "copy_count", "duplicate_count",
+        "durations", "call_errors", "record_saved", "finished", "setup_error", "feed", "progress",
+        "completed", "polled_at", "all_done", "wake",
+    )
+
+    def __init__(self, speculate_open: bool = False, stream: bool = False):
+        self.calls: list[CallRun] = []
+        self.sealed = False
+        #: No call starts any more; calls already started complete with their own results.
+        self.cancelled = False
+        #: Nobody waits for the results any more: no retries, no copies, failures are final.
+        self.abandoned = False
+        #: ``(call id, attempt)`` stopped because the job was abandoned: they end as cancelled.
+        self.stopped_attempts: set[tuple[int, int]] = set()
+        #: Stragglers get speculative copies before the job is sealed (the Dask shim asks for it).
+        self.speculate_open = speculate_open
+        #: Who asked another process to stop this job (``fnmap cancel``), once the client saw it.
+        self.cancel_reason: str | None = None
+        #: Calls decided (finished, failed or cancelled); items that failed; calls cancelled.
+        self.done_count = 0
+        self.failed_count = 0
+        self.cancelled_count = 0
+        #: Attempts after the first sent because the ones before failed (retries), sent while
+        #: another was still out (speculative copies), and answers after the call was decided.
+        self.retry_count = 0
+        self.copy_count = 0
+        self.duplicate_count = 0
+        self.durations: list[float] = []
+        #: Call id -> (status, "Type: message"[, traceback]) of calls that failed (issue 8).
+        self.call_errors: dict[int, tuple] = {}
+        self.record_saved = False
+        self.finished: float | None = None
+        #: Why nothing ran (an item that does not pickle, a function that does not), for the record.
+        self.setup_error: str | None = None
+        #: The :class:`fnmap.feed.ChunkFeed` making this job's calls as it runs (``chunksize`` unset).
+        self.feed = None
+        #: The job's progress bar, once its calls are made (None: no bar).
+        self.progress = None
+        #: A queue that receives each call when it is done, for ``fnmap.imap`` (None: no cost).
+        self.completed = None
+        if stream:
+            import queue
+
+            self.completed = queue.SimpleQueue()
+        #: When the monitor last ran the client's per-job hook (``fnmap cancel`` requests).
+        self.polled_at = 0.0
+        #: Set when every call is done and no more will come.
+        self.all_done = threading.Event()
+        #: Set when every call is done or a call failed: what ``results`` waits on (fail fast).
+        self.wake = threading.Event()

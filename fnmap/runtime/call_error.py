@@ -1,0 +1,22 @@
+"""The error a failed call is recorded and reported with: its first failing item's, from the
+outcomes a worker sent back.  Used by the scheduler (control path) and kept out of
+:mod:`fnmap.observe`, which only reads what the scheduler recorded."""
+
+from __future__ import annotations
+
+from .outcome import failure, succeeded
+
+_TIMEOUT_ERROR = "fnmap.errors.TimeoutError"
+
+
+def call_error(outcomes: list) -> tuple[str, str, str]:
+    """``(status, "Type: message", remote traceback)`` of the first failing item of a call's outcomes."""
+    from .serialization import add_local_source_lines
+
+    for outcome in outcomes:
+        if not succeeded(outcome):
+            _data, tb, names = failure(outcome)
+            lines = [line for line in tb.strip().splitlines() if line.strip()]
+            message = lines[-1] if lines else names[0]
+            return ("timeout" if _TIMEOUT_ERROR in names else "error"), message, add_local_source_lines(tb)
+    return "ok", "", ""

@@ -1,0 +1,135 @@
+"""What one item and one attempt of a call end with: the named shapes both sides share.
+
+**Outcome** (one per item, made by the worker, read by the client).  On the wire an outcome stays
+a plain tuple, ``("ok", value)`` or ``("err", data, traceback, names)``: a call of 100,000 items
+pickles 100,000 of them, and a tuple subclass pickled nine times slower (loads four times).  So
+the shape is named here and read only through these names: :func:`ok` and :func:`error` make
+one, :func:`succeeded`, :func:`value` and :func:`failure` (a :class:`Failure`) read one.
+
+**Attempt** (one per send of a call, kept by the scheduler): its number, when it was sent and
+ended, how it ended (``"ok"``, ``"error"``, a fault kind, ``"cancelled"``, ``"superseded"`` when
+another attempt decided the call first) and the memory it asked for; ``copy`` marks a speculative
+copy sent while another attempt of the call was still out (a copy is not a retry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from ..errors import SerializationError
+from .missing import add_missing_module_note
+from .serialization import dumps, pack_exception
+
+#: The first element of an outcome: the item returned a value, or raised.
+OK = "ok"
+ERR = "err"
+#: How an attempt ended when another attempt of its call decided the call first: a copy that lost
+#: the race, or an attempt still out when a copy answered (it is stopped where the platform can).
+SUPERSEDED = "superseded"
+#: How attempts that ended with the item's own results are recorded (``error``: some items raised).
+ANSWERED = ("ok", "error")
+
+
+class Failure(NamedTuple):
+    """What an item that raised left: the pickled exception, the remote traceback, and the names of
+    the exception's types (``module.Qualname``, most derived first; ``retry_on`` matches them)."""
+
+    data: bytes
+    traceback: str
+    names: list
+
+
+def ok(value) -> tuple:
+    """The outcome of an item that returned ``value``."""
+    return (OK, value)
+
+
+def error(data: bytes, traceback: str, names: list) -> tuple:
+    """The outcome of an item that raised (see :class:`Failure`)."""
+    return (ERR, data, traceback, names)
+
+
+def succeeded(outcome: tuple) -> bool:
+    return outcome[0] == OK
+
+
+def value(outcome: tuple):
+    """The value an item returned (its outcome :func:`succeeded`)."""
+    return outcome[1]
+
+
+def failure(outcome: tuple) -> Failure:
+    """What the item of a failed outcome raised."""
+    return Failure(outcome[1], outcome[2], outcome[3])
+
+
+def values(outcomes: list) -> list:
+    """The values of outcomes that all succeeded (a chunk of 10,000 in one pass)."""
+    return [outcome[1] for outcome in outcomes]
+
+
+def count_failed(outcomes: list) -> int:
+    """How many of ``outcomes`` are failures."""
+    return len(outcomes) - [outcome[0] for outcome in outcomes].count(OK)
+
+
+def from_exception(exc: BaseException) -> tuple:
+    """The outcome of an item that raised ``exc`` (pickled with its traceback and type names)."""
+    add_missing_module_note(exc)
+    data, tb = pack_exception(exc)
+    names = [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__]
+    return error(data, tb, names)
+
+
+def retry_outcome(exc_types: Iterable[str], retry_on: Iterable[str], attempts_made: int, retries: int) -> bool:
+    """Whether a user exception (its class and bases, as qualified names) is in ``retry_on`` with attempts left."""
+    wanted = set(retry_on)
+    return bool(wanted) and attempts_made <= retries and any(t in wanted for t in exc_types)
+
+
+def dump_all(outcomes: list) -> bytes:
+    """The pickled outcomes of a call; an item whose value does not pickle gets an error outcome
+    saying so, the others keep theirs."""
+    try:
+        return dumps(outcomes)
+    except Exception:
+        pass
+    fixed = []
+    for i, outcome in enumerate(outcomes):  # find the results that do not pickle, keep the rest
+        try:
+            dumps(outcome)
+            fixed.append(outcome)
+        except Exception as e:
+            err = SerializationError(
+                f"the result of item {i} of the call ({type(value(outcome)).__name__}) cannot be pickled: {e}"
+            )
+            fixed.append(from_exception(err))
+    return dumps(fixed)
+
+
+class Attempt:
+    """One send of a call (see the module's docstring); written by the scheduler alone."""
+
+    __slots__ = ("number", "sent", "ended", "outcome", "memory", "copy")
+
+    def __init__(self, number: int, sent: float, memory: int | None = None, copy: bool = False):
+        self.number = number
+        self.sent = sent
+        self.ended: float | None = None
+        self.outcome: str | None = None
+        self.memory = memory
+        self.copy = copy
+
+    @property
+    def open(self) -> bool:
+        """Sent and not ended yet."""
+        return self.ended is None
+
+    def as_list(self) -> list:
+        """``[attempt, sent, ended, outcome, memory MB or None]``, as ``Job.attempts_summary`` gives it."""
+        return [self.number, self.sent, self.ended, self.outcome, self.memory]
+
+    def __repr__(self) -> str:
+        copy = " copy" if self.copy else ""
+        return f"<Attempt {self.number}{copy} sent={self.sent} ended={self.ended} outcome={self.outcome}>"

@@ -1,0 +1,100 @@
+"""The size rules (issue 22), checked: no function over 60 lines in ``fnmap/``, ``handlers/`` or
+``infra/``, no module of ``fnmap/`` over 500 lines.  (McCabe complexity <= 12 is ruff's ``C901``,
+set in pyproject.toml and run by tests/test_lint.py.)
+
+A long function or module is where a reader has to hold the most at once; the rule keeps the
+code reviewable in pieces.  Function length counts from the ``def`` line to the last line of the
+body, docstring and comments included.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 500
+
+#: Today's offenders, being split by their owners in parallel (issue 22, SPLIT.md): each file is
+#: an expected failure (strict: once it is fixed the xfail itself fails).  THE LEAD EMPTIES THIS
+#: SET WHEN MERGING; ruff's per-file-ignores for C901 in pyproject.toml are the same list.
+ALLOWED_FOR_NOW = {
+    "fnmap/api.py": "run-state: map_reduce 72 lines",
+    "fnmap/scheduler.py": "run-state: 746 lines",
+    "fnmap/runtime/worker.py": "run-state: 503 lines, _run 70 lines",
+    "fnmap/cli/jobs.py": "records: register 78 lines",
+    "fnmap/observe/plot.py": "records: plot_record 70 lines",
+    "fnmap/observe/records.py": "records: 736 lines, collect_garbage 69 lines",
+    "fnmap/cli/emulator.py": "config: register 70 lines",
+    "fnmap/deploy/batch.py": "config: 561 lines, register 81 lines",
+    "fnmap/emulator/app.py": "config: execute 81 lines",
+    "fnmap/emulator/batch_api.py": "config: register 102 lines",
+    "fnmap/emulator/batch_jobs.py": "config: 504 lines",
+    "fnmap/emulator/lambda_api.py": "config: register 119 lines",
+    "fnmap/emulator/lambda_manage.py": "config: _register_functions 71 lines",
+    "fnmap/emulator/lambda_runtime.py": "config: 620 lines",
+    "fnmap/emulator/server.py": "config: serve 71 lines",
+}
+
+
+def size_problems(path: pathlib.Path, source: str | None = None) -> list[str]:
+    """What in ``path`` breaks the size rules, one line each (empty: none)."""
+    source = path.read_text() if source is None else source
+    rel = path.relative_to(ROOT).as_posix()
+    problems = []
+    lines = len(source.splitlines())
+    if rel.startswith("fnmap/") and lines > MAX_MODULE_LINES:
+        problems.append(f"{rel} has {lines} lines (at most {MAX_MODULE_LINES}): split it by topic")
+    for node in ast.walk(ast.parse(source, rel)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                problems.append(f"{rel}:{node.lineno} {node.name} has {length} lines "
+                                f"(at most {MAX_FUNCTION_LINES}): split it")
+    return problems
+
+
+def checked_files() -> list[pathlib.Path]:
+    files = [p for top in ("fnmap", "handlers", "infra") for p in sorted((ROOT / top).rglob("*.py"))]
+    assert len(files) > 50, files
+    return files
+
+
+def _param(path: pathlib.Path):
+    rel = path.relative_to(ROOT).as_posix()
+    if rel in ALLOWED_FOR_NOW:
+        return pytest.param(path, id=rel, marks=pytest.mark.xfail(
+            strict=True, reason=f"allowed for now ({ALLOWED_FOR_NOW[rel]}); remove it from ALLOWED_FOR_NOW"))
+    return pytest.param(path, id=rel)
+
+
+@pytest.mark.parametrize("path", [_param(p) for p in checked_files()])
+def test_functions_and_modules_within_size(path):
+    problems = size_problems(path)
+    assert not problems, "\n".join(problems)
+
+
+def test_allowed_for_now_names_existing_files():
+    """A stale entry (file moved or renamed) would hide nothing and mislead: every entry is checked."""
+    missing = sorted(rel for rel in ALLOWED_FOR_NOW if not (ROOT / rel).is_file())
+    assert not missing, f"ALLOWED_FOR_NOW names files that do not exist: {missing}"
+
+
+def test_the_rule_sees_long_functions_and_modules():
+    """The checker itself: a 61-line function (also nested, also async) and a 501-line module are
+    found; 60 and 500 lines pass; a module outside fnmap/ has no line limit."""
+    body = "    x = 1\n"
+    def fn(name, lines, indent="", kw="def"):
+        return f"{indent}{kw} {name}():\n" + "".join(indent + body for _ in range(lines - 1))
+    probe = ROOT / "fnmap" / "probe.py"
+    assert size_problems(probe, fn("ok", 60)) == []
+    assert [p.split()[1] for p in size_problems(probe, fn("long", 61))] == ["long"]
+    nested = "class C:\n" + fn("meth", 61, "    ", "async def")
+    assert [p.split()[1] for p in size_problems(probe, nested)] == ["meth"]
+    module = "x = 1\n" * MAX_MODULE_LINES
+    assert size_problems(probe, module) == []
+    assert size_problems(probe, module + "y = 2\n") == ["fnmap/probe.py has 501 lines (at most 500): split it by topic"]
+    assert size_problems(ROOT / "infra" / "probe.py", module + "y = 2\n") == []
