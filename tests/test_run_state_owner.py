@@ -57,15 +57,20 @@ def _writes(tree: ast.AST, module: str) -> list[tuple[int, str]]:
             for target in targets:
                 for part in target.elts if isinstance(target, ast.Tuple) else [target]:
                     check(part, node.lineno, "assigns")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            name = node.func.attr
-            if name in MUTATORS and isinstance(node.func.value, ast.Attribute) \
-                    and node.func.value.attr in CONTAINERS:
-                check(node.func.value, node.lineno, f"calls .{name}() on")
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
-                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in FIELDS:
-            found.append((node.lineno, f"setattr(..., {node.args[1].value!r})"))
+        elif isinstance(node, ast.Call):
+            _check_call(node, check, found)
     return found
+
+
+def _check_call(node: ast.Call, check, found: list) -> None:
+    """A mutating method called on a run-state container, or ``setattr`` of a run-state field."""
+    if isinstance(node.func, ast.Attribute):
+        name = node.func.attr
+        if name in MUTATORS and isinstance(node.func.value, ast.Attribute) and node.func.value.attr in CONTAINERS:
+            check(node.func.value, node.lineno, f"calls .{name}() on")
+    elif isinstance(node.func, ast.Name) and node.func.id == "setattr" \
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in FIELDS:
+        found.append((node.lineno, f"setattr(..., {node.args[1].value!r})"))
 
 
 def _modules() -> list[pathlib.Path]:

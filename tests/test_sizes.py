@@ -18,26 +18,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 500
 
-#: Today's offenders, being split by their owners in parallel (issue 22, SPLIT.md): each file is
-#: an expected failure (strict: once it is fixed the xfail itself fails).  THE LEAD EMPTIES THIS
-#: SET WHEN MERGING; ruff's per-file-ignores for C901 in pyproject.toml are the same list.
-ALLOWED_FOR_NOW = {
-    "fnmap/api.py": "run-state: map_reduce 72 lines",
-    "fnmap/scheduler.py": "run-state: 746 lines",
-    "fnmap/runtime/worker.py": "run-state: 503 lines, _run 70 lines",
-    "fnmap/cli/jobs.py": "records: register 78 lines",
-    "fnmap/observe/plot.py": "records: plot_record 70 lines",
-    "fnmap/observe/records.py": "records: 736 lines, collect_garbage 69 lines",
-    "fnmap/cli/emulator.py": "config: register 70 lines",
-    "fnmap/deploy/batch.py": "config: 561 lines, register 81 lines",
-    "fnmap/emulator/app.py": "config: execute 81 lines",
-    "fnmap/emulator/batch_api.py": "config: register 102 lines",
-    "fnmap/emulator/batch_jobs.py": "config: 504 lines",
-    "fnmap/emulator/lambda_api.py": "config: register 119 lines",
-    "fnmap/emulator/lambda_manage.py": "config: _register_functions 71 lines",
-    "fnmap/emulator/lambda_runtime.py": "config: 620 lines",
-    "fnmap/emulator/server.py": "config: serve 71 lines",
-}
+#: Files allowed to break the size rules, each with why; each is a strict xfail, so once it is
+#: fixed the entry must go.  Empty since issue 22.
+ALLOWED_FOR_NOW: dict[str, str] = {}
 
 
 def size_problems(path: pathlib.Path, source: str | None = None) -> list[str]:
