@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import CancelledError, Future
 
+from . import lease
 from .errors import (
     CallLost,
     FaultKind,
@@ -219,6 +220,7 @@ class Job:
         try:
             if final:
                 records.write(self.store, records.build(self))
+                lease.release(self)  # the job has ended: its lease is not renewed any more (issue 23)
             else:
                 records.write_index(self.store, records.started_summary(self))
         except Exception as e:  # results matter more than the record: warn, do not fail the job

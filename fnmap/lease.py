@@ -118,8 +118,8 @@ class _Leases:
         self._wake.set()  # write it now (a shorter lease than those held so far renews sooner too)
 
     def _write(self, store, job_id: str, seconds: float, abandoned: str | None = None) -> None:
-        with self._writing:  # a renewal never lands after the mark of a job given up at exit
-            if self._exiting and not abandoned:
+        with self._writing:  # a renewal never lands after the mark of a job given up at exit, or its release
+            if not abandoned and (self._exiting or job_id not in self._held):
                 return
             now = time.time()
             lease = {"holder": self._holder, "renewed": now, "expires": now if abandoned else now + seconds}
@@ -148,14 +148,23 @@ class _Leases:
             self._wake.wait(period)
 
     def _release(self, job_id: str, store) -> None:
+        with self._writing:  # no renewal of it lands after the delete
+            with self._lock:
+                if self._exiting:
+                    return
+                self._held.pop(job_id, None)
+            try:
+                store.delete([keys.lease_key(job_id)])
+            except Exception:  # it expires by itself
+                pass
+
+    def release(self, job) -> None:
+        """``job`` is done and its final record written: its lease goes now, not at the next renewal
+        (a ``fnmap gc`` right after the map would keep the job for a live lease)."""
         with self._lock:
-            if self._exiting:
-                return
-            self._held.pop(job_id, None)
-        try:
-            store.delete([keys.lease_key(job_id)])
-        except Exception:  # it expires by itself
-            pass
+            held = self._held.get(job.id)
+        if held is not None and held[0]() is job:
+            self._release(job.id, job.store)
 
     def abandon_all(self) -> None:
         """At the process's exit: every job it still runs is abandoned, and says so in its lease."""
@@ -181,3 +190,4 @@ class _Leases:
 
 _leases = _Leases()
 hold = _leases.hold
+release = _leases.release
