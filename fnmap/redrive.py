@@ -29,10 +29,14 @@ import warnings
 
 from .errors import FnmapError
 from .runtime import keys, signing
-from .runtime.serialization import dump_parts, loads
+from .runtime.serialization import dump_parts, loads, parts_size
 
 #: Job kinds whose calls are stored for a redrive (fnmap.map, starmap, imap and map_reduce).
 RECORDED_KINDS = ("map", "reduce")
+#: An automatically chunked map stores its items for a redrive only up to this many bytes: larger
+#: items would be stored twice (their calls store them too) and copied once more in memory.  A
+#: redrive of such a map runs the calls it stored; items in no call yet are refused, saying so.
+ITEMS_STORE_LIMIT = 16 << 20
 
 
 class RedriveError(FnmapError, RuntimeError):
@@ -62,8 +66,8 @@ def store_items(client, job, mode: str, items: list) -> None:
     except Exception:
         client.check_items(mode, items)  # names the item that does not pickle
         raise
-    if job.kind not in RECORDED_KINDS:
-        return
+    if job.kind not in RECORDED_KINDS or parts_size(parts) > ITEMS_STORE_LIMIT:
+        return  # large items are stored by their calls, content-addressed; not a second time here
     key = keys.job_items_key(job.id)
     with client.storage_errors("store the items of the map"):
         client.store.put(key, signing.seal(client.secret, key, b"".join(parts)))
@@ -105,7 +109,7 @@ def redrive(store, job_id: str, config=None, **options):
     if summary["status"] == "succeeded":
         raise RedriveError(f"job {job_id} succeeded: every call has its result, nothing to redrive "
                            "(fnmap.job(ID).results() reads them)")
-    plan = _plan(store, job_id, client.secret, config)
+    plan = _plan(store, job_id, client.secret, summary.get("items") or 0)
     # A stale cancel request would stop this run at once; the stale final record would stand while it runs.
     store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
     function = types.SimpleNamespace(__qualname__=summary.get("function") or "redrive")  # its name in `fnmap jobs`
@@ -114,7 +118,7 @@ def redrive(store, job_id: str, config=None, **options):
     return _submit(client, job, plan, config)
 
 
-def _plan(store, job_id: str, secret: bytes, config) -> tuple[list, object]:
+def _plan(store, job_id: str, secret: bytes, n_items: int) -> tuple[list, object]:
     """The job's stored calls in id order, and its items in no call as ``(mode, first, items)`` (or None)."""
     try:
         calls = stored_calls(store, job_id, secret)
@@ -129,16 +133,18 @@ def _plan(store, job_id: str, secret: bytes, config) -> tuple[list, object]:
         raise RedriveError(f"calls {unknown[:10]} of job {job_id} have no stored inputs (the storage refused "
                            "them when they were sent): the job cannot be redriven; run the map again")
     ordered = [calls[i] for i in range(len(calls))]
-    rest = None
+    first = max(c[1] + c[2] for c in ordered)
     try:
         mode, items = _get_sealed(store, secret, keys.job_items_key(job_id))
-    except (OSError, LookupError):  # KeyNotFound: chunksize was set, every call was made up front
-        pass
-    else:
-        first = max(c[1] + c[2] for c in ordered)
-        if first < len(items):
-            rest = (mode, first, items[first:])
-    return ordered, rest
+    except (OSError, LookupError):  # KeyNotFound: chunksize was set (every call was made up front), or too large
+        if first < n_items:
+            raise RedriveError(
+                f"job {job_id} has {n_items} items but its stored calls hold {first}; the rest were in no call "
+                f"when its client stopped, and its items were over {ITEMS_STORE_LIMIT >> 20} MiB, so not stored "
+                "for a redrive: run the map again (or pass chunksize= so every call is stored at the start)"
+            ) from None
+        return ordered, None
+    return ordered, ((mode, first, items[first:]) if first < len(items) else None)
 
 
 def _submit(client, job, plan: tuple, config):

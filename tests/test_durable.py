@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -149,7 +150,10 @@ def nap(x):
     os.close(fd)
     return x
 
-chunksize = None if sys.argv[3] == "auto" else int(sys.argv[3])
+if sys.argv[3] == "auto-unstored":  # as if the items were over the limit of what is stored for a redrive
+    import fnmap.redrive
+    fnmap.redrive.ITEMS_STORE_LIMIT = 0
+chunksize = None if sys.argv[3].startswith("auto") else int(sys.argv[3])
 job = fnmap.map(nap, range(12), return_job=True, chunksize=chunksize, workers=2)
 while job.summary()["done"] < 1:
     time.sleep(0.05)
@@ -184,3 +188,19 @@ def test_a_script_that_exits_mid_job_leaves_it_abandoned_not_failed_and_fnmap_re
     assert "succeeded" in redrive.stdout
     assert fnmap.job(job_id, secret=SECRET).results() == list(range(12))
     assert _runs(runs) == list(range(12))  # each item ran to its end exactly once
+
+
+def test_a_redrive_refuses_items_that_were_in_no_call_and_not_stored(tmp_path):
+    """Items over the store limit are not stored a second time; a redrive then says what it cannot run."""
+    script, gate, runs = tmp_path / "exiting_client.py", tmp_path / "gate", tmp_path / "runs.txt"
+    script.write_text(EXITING_CLIENT)
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "FNMAP_SECRET": SECRET}
+    done = subprocess.run([sys.executable, str(script), str(gate), str(runs), "auto-unstored"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    job_id = done.stdout.strip()
+    assert job_id, done.stderr
+    gate.touch()
+    redrive = subprocess.run([sys.executable, "-m", "fnmap", "redrive", job_id], capture_output=True,
+                             text=True, env=env, timeout=300)
+    assert redrive.returncode != 0
+    assert re.search(r"has 12 items but its stored calls hold \d+; .*run the map again", redrive.stderr), redrive.stderr
