@@ -14,6 +14,7 @@ import heapq
 import itertools
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 from . import policy
@@ -28,6 +29,21 @@ LOST_GRACE_SECONDS = 10.0
 POLL_SECONDS = (0.05, 1.0)
 #: Results of asynchronous calls read from storage at once by one poll.
 FETCH_THREADS = 16
+
+
+_reported: set = set()
+
+
+def _unless_transient(error: Exception, doing: str) -> None:
+    """A poll failed: storage and AWS errors are transient (the next poll tries again); anything
+    else is a bug that would otherwise show only as a job that never ends, so say it (once)."""
+    if isinstance(error, (OSError, LookupError)) or type(error).__module__.startswith(("botocore", "boto3", "urllib3")):
+        return
+    where = (doing, type(error).__name__)
+    if where not in _reported:
+        _reported.add(where)
+        warnings.warn(f"fnmap: {doing} failed with {type(error).__name__}: {error} (a bug in fnmap: please "
+                      "report it); the monitor tries again at the next poll", RuntimeWarning, stacklevel=2)
 
 
 class Monitor:
@@ -94,14 +110,14 @@ class Monitor:
                 continue
             try:
                 self._poll(job)
-            except Exception:  # storage hiccup: the next poll tries again
-                pass
+            except Exception as e:  # a storage hiccup: the next poll tries again
+                _unless_transient(e, f"polling job {job.id}")
             self._speculate(job)
             self._run_hook(job)
         try:
             self._platform_failures(jobs)
-        except Exception:  # the platform's status API hiccupped: the next poll asks again
-            pass
+        except Exception as e:  # the platform's status API hiccupped: the next poll asks again
+            _unless_transient(e, "asking the platform for failed calls")
 
     def _run_hook(self, job) -> None:
         """The client's per-job look (``on_poll``), every ``on_poll_seconds`` at most."""

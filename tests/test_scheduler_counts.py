@@ -118,3 +118,18 @@ def test_a_call_stopped_with_its_abandoned_job_is_cancelled_not_failed(sched):
     summary = job.summary()
     assert (summary["cancelled"], summary["failed_items"]) == (2, 0)
     assert statuses(job) == ["cancelled", "cancelled"]
+
+
+def test_a_poll_that_fails_with_a_bug_is_said_once_and_storage_errors_are_not(recwarn):
+    """The monitor polls again after any failure, but a bug must not pass as silence (a job that
+    never ends): a storage error or a missing key is transient, anything else is said, once."""
+    from fnmap import monitor
+    from fnmap.errors import StorageError
+
+    monitor._unless_transient(StorageError("s3 hiccup"), "polling job t1")
+    monitor._unless_transient(KeyError("jobs/t1/out/0/0"), "polling job t1")
+    assert not recwarn.list
+    for _ in range(3):
+        monitor._unless_transient(ValueError("not enough values to unpack"), "polling job t2")
+    [said] = [w for w in recwarn.list if "polling job t2" in str(w.message)]
+    assert "ValueError: not enough values to unpack" in str(said.message) and said.category is RuntimeWarning
