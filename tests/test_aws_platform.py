@@ -119,10 +119,10 @@ def test_events_lambda_drops_are_declared_lost_from_the_event_config_and_run_aga
         monkeypatch.delenv(name, raising=False)  # the environments sign with the execution role's keys
     emu = aws_backend_on(emulator_process("--lambda-runtime", "ric", "--drop-rate", "0.3", "--seed", "5", workers=2))
     lam = _lambda(emu, validate=False)  # Lambda's own minimum age is 60 s; the emulator takes 1 s
-    lam.update_function_configuration(FunctionName="fnmap", Timeout=4)
+    lam.update_function_configuration(FunctionName="fnmap", Timeout=2)
     lam.put_function_event_invoke_config(FunctionName="fnmap", MaximumRetryAttempts=0, MaximumEventAgeInSeconds=2)
     side = tmp_path / "ran.log"
-    items = list(range(16))
+    items = list(range(10))
     job = fnmap.map(logged_square, [(str(side), x) for x in items], chunksize=1, lambda_invocation="Event",
                     retries=8, speculation=False, return_job=True)
     assert job.results() == [x * x for x in items]
