@@ -7,39 +7,19 @@ the platform (``_decide``), then reads the job's summary and record as a user wo
 
 from __future__ import annotations
 
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError
 
 import pytest
+import test_scheduler
 
-from fnmap.backends.base import BaseBackend
-from fnmap.config import resolve
 from fnmap.errors import PlatformFault
-from fnmap.jobs import CallState, Job
-from fnmap.scheduler import Outcomes, Scheduler
-from fnmap.storage import open_store
+from fnmap.scheduler import Outcomes
 
-
-class Unreachable(BaseBackend):
-    name = "scripted"
-    max_workers = 4
-
-    def invoke(self, invocation):
-        raise AssertionError("the synchronous tests deliver answers themselves")
-
-
-@pytest.fixture
-def sched(tmp_path):
-    scheduler = Scheduler(Unreachable(), open_store(f"file://{tmp_path}"), b"secret")
-    yield scheduler
-    scheduler.close()
+sched = test_scheduler.sched  # the fixture: a scheduler on a platform nobody calls, fed by hand
 
 
 def new_job(sched, n_calls=1, **options):
-    job = Job(sched, sched.store, resolve(backend="local", storage=sched.store.url, progress=False, **options))
-    for i in range(n_calls):
-        sched.add(job, CallState(i, i, 1, "functions/f", b"payload", None, Future(), True))
-    sched.seal(job)
-    return job
+    return test_scheduler.new_job(sched, n_calls, unwrap=True, **options)
 
 
 def ok(value):
