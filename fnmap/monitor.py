@@ -31,13 +31,15 @@ POLL_SECONDS = (0.05, 1.0)
 FETCH_THREADS = 16
 
 
+#: What a poll may meet and simply try again: storage, a key gone meanwhile, the platform's API.
+TRANSIENT_ERRORS = (OSError, LookupError, PlatformFault)
 _reported: set = set()
 
 
 def _unless_transient(error: Exception, doing: str) -> None:
-    """A poll failed: storage and AWS errors are transient (the next poll tries again); anything
-    else is a bug that would otherwise show only as a job that never ends, so say it (once)."""
-    if isinstance(error, (OSError, LookupError)) or type(error).__module__.startswith(("botocore", "boto3", "urllib3")):
+    """A poll failed: storage, platform and AWS errors are transient (the next poll tries again);
+    anything else is a bug that would otherwise show only as a job that never ends, so say it (once)."""
+    if isinstance(error, TRANSIENT_ERRORS) or type(error).__module__.startswith(("botocore", "boto3", "urllib3")):
         return
     where = (doing, type(error).__name__)
     if where not in _reported:

@@ -108,6 +108,7 @@ def test_a_poll_that_fails_with_a_bug_is_said_once_and_storage_errors_are_not(re
 
     monitor._unless_transient(StorageError("s3 hiccup"), "polling job t1")
     monitor._unless_transient(KeyError("jobs/t1/out/0/0"), "polling job t1")
+    monitor._unless_transient(PlatformFault("connection", "cannot reach AWS Batch"), "asking the platform")
     assert not recwarn.list
     for _ in range(3):
         monitor._unless_transient(ValueError("not enough values to unpack"), "polling job t2")
