@@ -179,10 +179,13 @@ class WorkerPool:
             self._add()
 
     def _add(self, ready_first: bool = False) -> None:
-        if self._closed:
-            return
-        worker = WorkerProcess(self.env)
+        # Started under the lock: close() waits for a start in progress and then stops the new
+        # worker too.  A child whose parent exited in the middle of its start printed the fork
+        # server's EOFError tracebacks on the user's terminal after a Ctrl-C.
         with self._lock:
+            if self._closed:
+                return
+            worker = WorkerProcess(self.env)
             self._all.add(worker)
         if ready_first:
             # A replacement joins the idle workers once it has started: the idle queue is LIFO,
@@ -306,8 +309,8 @@ class WorkerPool:
         are abandoned with the emulator) are killed after ``grace`` seconds, all together.  Joined one
         by one for 3 s each, four busy workers kept a stopping emulator, and the notebook kernel that
         waited for it at exit, alive for 12 s (issue 12)."""
-        self._closed = True
         with self._lock:
+            self._closed = True
             workers = list(self._all)
             self._all.clear()
         idle = set()
