@@ -84,6 +84,24 @@ def emulator_process():
         emu.stop()
 
 
+@pytest.fixture(scope="module")
+def _module_emulator():
+    emu = EmulatorProcess(workers=2)
+    try:
+        yield emu
+    finally:
+        emu.stop()
+
+
+@pytest.fixture
+def module_emulator(_module_emulator, monkeypatch):
+    """One plain emulator per test module (starting one costs seconds), pointed at by each test that
+    asks for it; tests read its counters as differences."""
+    monkeypatch.setenv("FNMAP_EMULATOR_URL", _module_emulator.url)
+    monkeypatch.setenv("FNMAP_SECRET", _module_emulator.secret)
+    return _module_emulator
+
+
 @pytest.fixture
 def use_emulator(emulator_process, monkeypatch):
     """A dedicated emulator subprocess, with FNMAP_EMULATOR_URL and FNMAP_SECRET pointing at it."""

@@ -14,7 +14,6 @@ import time
 
 import pytest
 import requests
-from conftest import EmulatorProcess
 
 import fnmap
 from fnmap.emulator.faults import FaultPlan
@@ -228,23 +227,6 @@ def test_platform_faults_fail_the_call_after_retries(use_emulator):
 # -- timeouts ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def _plain_emulator():
-    emu = EmulatorProcess(workers=2)
-    try:
-        yield emu
-    finally:
-        emu.stop()
-
-
-@pytest.fixture
-def plain_emulator(_plain_emulator, monkeypatch):
-    """One emulator without faults for the tests below (they read its counters as differences)."""
-    monkeypatch.setenv("FNMAP_EMULATOR_URL", _plain_emulator.url)
-    monkeypatch.setenv("FNMAP_SECRET", _plain_emulator.secret)
-    return _plain_emulator
-
-
 def _unusual_calls(emu) -> str:
     """Records of the calls that did not end well, and the emulator's stderr (for failures)."""
     calls = requests.get(emu.url + "/calls", timeout=5).json()
@@ -259,8 +241,8 @@ def slow_at_3(x, marker):
     return x
 
 
-def test_timeout_stops_the_call_inside_the_worker(plain_emulator, tmp_path):
-    emu = plain_emulator
+def test_timeout_stops_the_call_inside_the_worker(module_emulator, tmp_path):
+    emu = module_emulator
     marker = str(tmp_path / "not-stopped")
     before = emu.health()
     pids = before["worker_pids"]
@@ -284,8 +266,8 @@ def ignores_alarm(x):
     return x
 
 
-def test_timeout_kills_a_call_that_ignores_the_timer(plain_emulator):
-    emu = plain_emulator
+def test_timeout_kills_a_call_that_ignores_the_timer(module_emulator):
+    emu = module_emulator
     timeouts = emu.health()["timeouts"]
     results = fnmap.map(ignores_alarm, range(4), timeout=1, return_exceptions=True)
     exc = results[1]
@@ -319,7 +301,7 @@ def flaky(path):
     return runs
 
 
-def test_user_exceptions_are_not_retried(plain_emulator, tmp_path):
+def test_user_exceptions_are_not_retried(module_emulator, tmp_path):
     path = str(tmp_path / "runs")
     with pytest.raises(Flaky, match="run 1"):
         fnmap.map(flaky, [path], retries=5)
@@ -327,14 +309,14 @@ def test_user_exceptions_are_not_retried(plain_emulator, tmp_path):
         assert f.read() == "x"  # ran once: a user exception is a result, not a fault
 
 
-def test_retry_on_reruns_the_named_exceptions(plain_emulator, tmp_path):
+def test_retry_on_reruns_the_named_exceptions(module_emulator, tmp_path):
     path = str(tmp_path / "runs")
     job = fnmap.map(flaky, [path], retries=2, retry_on=(Flaky,), return_job=True)
     assert job.results() == [3]
     assert [r[3] for r in job.attempts_summary()[0]] == ["retry_on", "retry_on", "ok"]
 
 
-def test_retry_on_is_bounded_by_retries(plain_emulator, tmp_path):
+def test_retry_on_is_bounded_by_retries(module_emulator, tmp_path):
     path = str(tmp_path / "runs")
     with pytest.raises(Flaky, match="run 2"):
         fnmap.map(flaky, [path], retries=1, retry_on=(Flaky,))

@@ -68,15 +68,9 @@ def _zip(files: dict[str, str]) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture(scope="module")
-def emulator():
-    from conftest import EmulatorProcess
-
-    emu = EmulatorProcess(workers=2)
-    try:
-        yield emu
-    finally:
-        emu.stop()
+@pytest.fixture
+def emulator(_module_emulator):
+    return _module_emulator  # conftest's, one per module; its Lambda API is signed for, not pointed at
 
 
 @pytest.fixture
