@@ -51,6 +51,15 @@ def _check_emulator_options(config, option: Option) -> None:
         raise ConfigError(f"{config.describe('emulator_options')}: {e}") from None
 
 
+def _check_emulator_idle(config, option: Option) -> None:
+    from .errors import ConfigError
+
+    value = config.emulator_idle
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(f"{config.describe('emulator_idle')} must be a number of seconds >= 0 "
+                          "(0: an emulator per process, stopped when it exits), e.g. emulator_idle=300")
+
+
 _REGION = Option(
     "region", None, "AWS region for the aws and batch backends (None: boto3's default).", identifies=True,
 )
@@ -62,6 +71,10 @@ BACKEND_OPTIONS: dict[str, tuple[Option, ...]] = {
                identifies=True, check=check_url),
         Option("emulator_options", "", "Extra command-line options for an auto-started emulator "
                '(e.g. "--fail-rate 0.1 --seed 1").', identifies=True, check=_check_emulator_options),
+        Option("emulator_idle", 300.0, "Seconds an auto-started emulator stays up after its last request, "
+               "shared by your processes with the same settings (a fresh script's first call then waits for "
+               "no start-up); 0: each process starts its own, stopped when it exits.", kind="float",
+               identifies=True, check=_check_emulator_idle),
     ),
     "local": (),
     "http": (

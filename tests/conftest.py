@@ -29,6 +29,9 @@ def _reset_environ(monkeypatch, storage_root):
             monkeypatch.delenv(name)
     monkeypatch.setenv("FNMAP_STORAGE", storage_root.as_uri())
     monkeypatch.setenv("FNMAP_PROGRESS", "false")
+    # One emulator per test process, stopped with it (tests/test_shared_emulator.py covers the
+    # emulator shared by a user's processes, which outlives them).
+    monkeypatch.setenv("FNMAP_EMULATOR_IDLE", "0")
     # No config file from the developer's home or working folder leaks in.
     monkeypatch.setenv("XDG_CONFIG_HOME", str(storage_root / "no-config"))
     yield

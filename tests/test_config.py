@@ -118,7 +118,7 @@ def test_each_backend_option_is_a_keyword_a_variable_and_identifies_the_deployme
     assert {"function_name", "lambda_fanout", "job_queue", "emulator_url", "http_url"} <= set(declared)
     base = resolve()
     for name, option in declared.items():
-        value = {"int": 7}.get(option.kind, "--seed 7" if name == "emulator_options" else "http://127.0.0.1:1/x")
+        value = {"int": 7, "float": 7.5}.get(option.kind, "--seed 7" if name == "emulator_options" else "http://127.0.0.1:1/x")
         assert getattr(resolve(**{name: value}), name) == value
         assert resolve(**{name: value}).deployment_key() != base.deployment_key(), name
         monkeypatch.setenv(option.variable, str(value))

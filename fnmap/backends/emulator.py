@@ -1,7 +1,11 @@
 """``emulator`` (the default): the http backend pointed at a local emulator.
 
 With ``FNMAP_EMULATOR_URL`` (or ``emulator_url=``) it uses an emulator that is
-already running.  Otherwise it starts one in the background on a free
+already running.  Otherwise, by default, it attaches to the emulator shared by
+this user's processes with the same settings, or starts it
+(:mod:`fnmap.emulator.shared`: it stays up ``emulator_idle`` seconds after its
+last request, so the next script's first call waits for no start-up).  With
+``emulator_idle=0`` it starts one of its own in the background on a free
 loopback port (:class:`fnmap.emulator.launcher.EmulatorLauncher`), signing with
 the configured secret (``secret=`` / ``FNMAP_SECRET``) or else a fresh one,
 reuses it for every later job of this process with the same settings, and
@@ -36,7 +40,7 @@ class EmulatorBackend(HttpBackend):
             workers = config.workers
         else:
             self.embedded = embedded_emulator(config.workers, config.emulator_options, endpoint_environment(),
-                                              secret=config.secret)
+                                              secret=config.secret, idle=config.emulator_idle)
             url, workers = self.embedded.url, self.embedded.workers
             self.secret = self.embedded.secret.encode()
         super().__init__(config, url=url)
@@ -76,23 +80,38 @@ class EmbeddedEmulator(EmulatorLauncher):
         super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True)
 
 
+def _shared(workers: int | None, options: str, secret: str | None, idle: float):
+    from ..emulator import default_workers
+    from ..emulator.shared import SharedEmulator
+    from ..runtime.signing import local_secret
+
+    return SharedEmulator(workers or default_workers(), options, secret or local_secret(), idle)
+
+
 _embedded: dict[tuple, EmbeddedEmulator] = {}
 _lock = threading.Lock()
 
 
 def embedded_emulator(workers: int | None, options: str = "", environment: tuple = (),
-                      secret: str | None = None) -> EmbeddedEmulator:
-    """The process-wide emulator for these settings, started on first use (restarted if it died).
+                      secret: str | None = None, idle: float = 0) -> EmbeddedEmulator:
+    """The emulator for these settings, started on first use (restarted if it died).
 
+    ``idle`` > 0: the one shared by this user's processes (:mod:`fnmap.emulator.shared`), attached
+    to or started, which stops after ``idle`` seconds without requests; 0: this process's own.
     The secret is part of the settings: two jobs with different secrets must not share an emulator.
     """
-    key = (workers, options, environment, secret)
+    from ..emulator.shared import supported
+
+    key = (workers, options, environment, secret, idle)
     with _lock:
         emu = _embedded.get(key)
         if emu is None or not emu.alive():
             if emu is not None:
                 emu.stop()  # reap the dead one
-            emu = _embedded[key] = EmbeddedEmulator(workers, options, secret)
+            if idle and supported():
+                emu = _embedded[key] = _shared(workers, options, secret, idle)
+            else:
+                emu = _embedded[key] = EmbeddedEmulator(workers, options, secret)
         return emu
 
 

@@ -20,6 +20,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..emulator.options import time_limits
 
+    if args.action != "serve":
+        return _shared_command(args.action)
     if not args.watch_stdin and sys.stderr.isatty():
         # Someone at a terminal: say when it stopped (an emulator a client started stays quiet).
         log = logging.getLogger("fnmap.emulator")
@@ -33,6 +35,20 @@ def run(args) -> int:
     limits = _or_exit(time_limits, args)
     hide_working_folder()
     _serve(args, faults, limits)
+    return 0
+
+
+def _shared_command(action: str) -> int:
+    """``fnmap emulator status|stop``: the emulators fnmap.map started, shared by your processes."""
+    from ..emulator import shared
+
+    emulators = shared.stop_all() if action == "stop" else shared.running()
+    verb = "stopped" if action == "stop" else "running"
+    if not emulators:
+        print(f"no shared fnmap emulator is running (folder {shared.state_root()})")
+    for emu in emulators:
+        print(f"{verb}: pid {emu['pid']} at {emu['url']} with {emu['workers']} workers "
+              f"(log {emu['folder']}/{shared.LOG_FILE})")
     return 0
 
 
@@ -54,6 +70,8 @@ def _checked_faults(args):
     if args.scaling_rate is not None and args.scaling_rate < 1:
         raise SystemExit(f"fnmap emulator: --scaling-rate={args.scaling_rate} must be at least 1 "
                          "(new environments per 10 s); leave it out for no limit")
+    if args.idle_exit is not None and not args.idle_exit > 0:
+        raise SystemExit(f"fnmap emulator: --idle-exit={args.idle_exit:g} must be a positive number of seconds")
     if (args.env_file or args.detach) and not args.aws:
         raise SystemExit("fnmap emulator: --env-file and --detach go with --aws")
     return faults
@@ -71,7 +89,8 @@ def _serve(args, faults, limits) -> None:
         serve(host=args.host, port=args.port, workers=args.workers, watch_stdin=args.watch_stdin,
               faults=faults, wsgi_server=args.wsgi_server, lambda_runtime=args.lambda_runtime,
               on_listening=offline.announcer(args.env_file) if offline else None, scaling_rate=args.scaling_rate,
-              limits=limits, max_connections=args.max_connections, allow_hosts=tuple(args.allow_host))
+              limits=limits, max_connections=args.max_connections, allow_hosts=tuple(args.allow_host),
+              idle_exit=args.idle_exit, state_file=args.state_file)
     finally:
         if offline is not None:
             offline.stop()

@@ -14,15 +14,22 @@ DESCRIPTION = (
     "worker processes. Point clients at it with FNMAP_EMULATOR_URL and FNMAP_SECRET."
 )
 #: Options fnmap sets for an emulator it starts; ``emulator_options`` cannot.
-OWNED = {"--host", "--port", "--workers", "--watch-stdin", "-h", "--help"}
+OWNED = {"--host", "--port", "--workers", "--watch-stdin", "--idle-exit", "--state-file", "-h", "--help"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Every option of ``fnmap emulator``, on ``p``."""
     _add_serving(p)
     _add_connections(p)
+    p.add_argument("action", nargs="?", choices=("serve", "status", "stop"), default="serve",
+                   help="serve (default); status: list the emulators shared by your processes (the ones "
+                        "fnmap.map starts by itself); stop: stop them")
     p.add_argument("--watch-stdin", action="store_true",
                    help="stop when standard input closes (used when a client starts the emulator)")
+    p.add_argument("--idle-exit", type=float, default=None, metavar="S",
+                   help="stop once no request came for S seconds (a shared emulator: FNMAP_EMULATOR_IDLE)")
+    p.add_argument("--state-file", metavar="PATH",
+                   help="write the URL and pid to PATH once listening, remove it when stopping (a shared emulator)")
     _add_faults(p)
 
 
@@ -145,5 +152,7 @@ def check_options(options: str) -> None:
         args = parser.parse_args(words)
     except _Refused as e:
         raise ValueError(f"{e}; see `fnmap emulator --help` for the fault-injection options") from None
+    if args.action != "serve":
+        raise ValueError(f"{args.action!r} is a command of `fnmap emulator`, not an option of one fnmap starts")
     fault_plan(args)
     time_limits(args)

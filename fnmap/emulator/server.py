@@ -8,10 +8,11 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from ..runtime.deadlines import TimeLimits
 from ..runtime.signing import SECRET_ENV, new_secret
-from . import default_workers
+from . import default_workers, shared
 from .faults import FaultPlan
 from .httpserver import MAX_CONNECTIONS, WSGIServer, raise_file_limit
 from .pool import WorkerPool
@@ -24,7 +25,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
           watch_stdin: bool = False, faults: FaultPlan | None = None, wsgi_server: str = "fnmap",
           lambda_runtime: str | None = None, on_listening=None, scaling_rate: int | None = None,
           limits: TimeLimits | None = None, max_connections: int = MAX_CONNECTIONS,
-          allow_hosts: tuple[str, ...] = ()) -> None:
+          allow_hosts: tuple[str, ...] = (), idle_exit: float | None = None, state_file: str | None = None) -> None:
     """Run the emulator in this process until told to stop; ``faults`` makes it unreliable on purpose.
 
     ``wsgi_server`` is ``"fnmap"`` (:mod:`.httpserver`) or ``"waitress"``; ``lambda_runtime`` is ``"ric"``,
@@ -33,7 +34,9 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     prints its exports there).  ``scaling_rate``: new Lambda execution environments per function per 10 s
     (None: no limit).  ``limits`` and ``max_connections`` bound the connections it holds
     (:class:`.httpserver.WSGIServer`); ``allow_hosts``: host names besides its addresses that
-    clients may reach it by (every other ``Host`` is refused: DNS rebinding).
+    clients may reach it by (every other ``Host`` is refused: DNS rebinding).  ``idle_exit``: stop
+    once no request came for that many seconds; ``state_file``: where to say its URL and pid once
+    it listens (both for an emulator shared by a user's processes, :mod:`.shared`).
     """
     workers = workers or default_workers()
     env = dict(os.environ)
@@ -42,14 +45,9 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     limits = limits or TimeLimits()
     limit_blas_threads(env, workers)
     pool = _start_pool_while(workers, env, _import_app)
-    from .app import Emulator, create_emulator_app
-
-    emulator = Emulator(pool, faults)
-    emulator.aws_credentials = credentials
-    emulator.lambda_runtime = lambda_runtime
-    emulator.lambda_scaling_rate = scaling_rate
-    app = create_emulator_app(emulator)
-    server = _server(app, wsgi_server, host, port, workers, limits, max_connections)
+    emulator, app = _emulator_app(pool, faults, credentials, lambda_runtime, scaling_rate)
+    activity = _Activity(app)
+    server = _server(activity, wsgi_server, host, port, workers, limits, max_connections)
     actual_host, actual_port = server.host, server.port
     app.extensions["fnmap_front_door"].serve_at(str(actual_host), actual_port, allow_hosts)
     shown_host = f"[{actual_host}]" if ":" in str(actual_host) else actual_host
@@ -61,15 +59,19 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         threading.Thread(target=_set_on_stdin_eof, args=(stop_requested,), daemon=True).start()
     serving = threading.Thread(target=server.serve_forever, name="fnmap-emulator-server", daemon=True)
     serving.start()
+    url = f"http://{shown_host}:{actual_port}"
     if on_listening is not None:
-        on_listening(f"http://{shown_host}:{actual_port}")
-    print(f"fnmap emulator listening on http://{shown_host}:{actual_port} with {workers} workers", flush=True)
+        on_listening(url)
+    if state_file:
+        shared.write_state(state_file, url, workers)
+    print(f"fnmap emulator listening on {url} with {workers} workers", flush=True)
     if emulator.faults.active:
         print(f"fnmap emulator: injecting faults: {' '.join(emulator.faults.options())}", flush=True)
     try:
-        while not stop_requested.wait(0.5) and serving.is_alive():
-            pass
+        _serve_until(stop_requested, serving, activity, idle_exit, state_file)
     finally:
+        if state_file:
+            shared.withdraw_state(state_file)
         emulator.stopping.set()
         server.close()
         serving.join(timeout=10)
@@ -77,6 +79,61 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         # A log record, not a print: an embedded emulator stops with every script that used it, and
         # said so on that script's stderr (`fnmap emulator` in a terminal shows INFO records).
         log.info("fnmap emulator stopped")
+
+
+def _emulator_app(pool, faults, credentials, lambda_runtime, scaling_rate):
+    from .app import Emulator, create_emulator_app
+
+    emulator = Emulator(pool, faults)
+    emulator.aws_credentials = credentials
+    emulator.lambda_runtime = lambda_runtime
+    emulator.lambda_scaling_rate = scaling_rate
+    return emulator, create_emulator_app(emulator)
+
+
+#: Seconds an idle emulator keeps serving after it withdrew its state file: a client that read the
+#: file just before still has its requests answered.
+IDLE_GRACE = 2.0
+
+
+def _serve_until(stop_requested: threading.Event, serving: threading.Thread, activity, idle_exit, state_file) -> None:
+    """Return when told to stop, when the server thread ended, or (``idle_exit``) once idle that long."""
+    withdrawn_at = None
+    while not stop_requested.wait(0.25) and serving.is_alive():
+        idle = activity.idle_for()
+        if withdrawn_at is None:
+            if idle_exit and idle >= idle_exit:
+                if state_file:
+                    shared.withdraw_state(state_file)
+                withdrawn_at = time.monotonic()
+        elif min(idle, time.monotonic() - withdrawn_at) >= IDLE_GRACE:
+            log.info("fnmap emulator: no request for %g s, stopping", idle_exit)
+            return
+
+
+class _Activity:
+    """The WSGI app, counting the requests in progress and when the last one ended."""
+
+    def __init__(self, app):
+        self.app = app
+        self.busy = 0
+        self.last = time.monotonic()
+        self._lock = threading.Lock()
+
+    def __call__(self, environ, start_response):
+        with self._lock:
+            self.busy += 1
+        try:
+            return self.app(environ, start_response)
+        finally:
+            with self._lock:
+                self.busy -= 1
+                self.last = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the last request ended; 0 while one is in progress."""
+        with self._lock:
+            return 0.0 if self.busy else time.monotonic() - self.last
 
 
 def _announce_secrets(env: dict):

@@ -1,0 +1,171 @@
+"""The emulator shared by a user's processes (fnmap/emulator/shared.py), met as a user meets it:
+scripts run one after another (and at once) in fresh interpreters, the `fnmap emulator status|stop`
+commands, an idle timeout, a killed emulator, a folder others can write."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock and a per-user runtime folder")
+
+SCRIPT = """
+import os, fnmap
+print(sum(fnmap.map(abs, [-1, -2, 3], chunksize=1)), os.environ.get("FNMAP_EMULATOR_IDLE"))
+"""
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    """A runtime folder of its own; every shared emulator started in it is stopped after the test."""
+    folder = tmp_path / "xdg-runtime"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
+    monkeypatch.setenv("FNMAP_EMULATOR_IDLE", "120")
+    yield folder
+    for state in folder.glob("fnmap/*/emulator.json"):
+        try:
+            os.kill(json.loads(state.read_text())["pid"], signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def run_script(env_extra: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env_extra or {}))
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
+                            timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "6"
+    return result
+
+
+def emulators(runtime) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(runtime.glob("fnmap/*/emulator.json"))]
+
+
+def fnmap_cli(*args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "fnmap", "emulator", *args], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A child of this test process (never here: the scripts started it) would show as a zombie.
+    return True
+
+
+def wait_gone(pid: int, seconds: float = 60) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_two_scripts_share_one_emulator_which_outlives_them(runtime):
+    first = run_script()  # capture_output: returns although the emulator it started still runs
+    assert "started an emulator shared by your processes" in first.stderr
+    assert "fnmap emulator stop" in first.stderr
+    (state,) = emulators(runtime)
+    assert alive(state["pid"])
+    second = run_script()
+    assert "started an emulator" not in second.stderr
+    assert emulators(runtime) == [state]
+    assert f"pid {state['pid']}" in fnmap_cli("status")
+
+
+def test_the_folder_is_private(runtime):
+    run_script()
+    (folder,) = (runtime / "fnmap").iterdir()
+    assert (runtime / "fnmap").stat().st_mode & 0o777 == 0o700
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert (folder / "emulator.json").stat().st_mode & 0o077 == 0
+    assert os.environ.get("FNMAP_SECRET", "no secret") not in (folder / "emulator.json").read_text()
+
+
+def test_stop_command_stops_it(runtime):
+    run_script()
+    (state,) = emulators(runtime)
+    out = fnmap_cli("stop")
+    assert f"stopped: pid {state['pid']}" in out
+    assert wait_gone(state["pid"])
+    assert emulators(runtime) == []
+    assert "no shared fnmap emulator is running" in fnmap_cli("status")
+
+
+def test_it_stops_by_itself_when_idle(runtime):
+    run_script({"FNMAP_EMULATOR_IDLE": "1"})
+    (state,) = emulators(runtime)
+    assert wait_gone(state["pid"]), "the shared emulator did not stop after 1 s without requests"
+    assert emulators(runtime) == []
+
+
+def test_another_environment_gets_an_emulator_of_its_own(runtime):
+    run_script({"MY_SETTING": "a"})
+    run_script({"MY_SETTING": "b"})
+    assert len({s["pid"] for s in emulators(runtime)}) == 2
+    run_script({"MY_SETTING": "a"})
+    assert len(emulators(runtime)) == 2
+
+
+def test_a_killed_emulator_is_replaced(runtime):
+    run_script()
+    (state,) = emulators(runtime)
+    os.kill(state["pid"], signal.SIGKILL)
+    assert wait_gone(state["pid"])
+    again = run_script()
+    assert "started an emulator shared" in again.stderr
+    (new,) = emulators(runtime)
+    assert new["pid"] != state["pid"]
+
+
+def test_scripts_started_at_once_start_one_emulator(runtime):
+    env = dict(os.environ)
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(3)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    assert sum("started an emulator shared" in err for _, err in outputs) == 1
+    assert len(emulators(runtime)) == 1
+
+
+def test_a_folder_others_can_write_is_refused(runtime):
+    (runtime / "fnmap").mkdir(mode=0o700)
+    os.chmod(runtime / "fnmap", 0o777)
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "writable by others" in result.stderr and "chmod 700" in result.stderr
+    assert emulators(runtime) == []
+
+
+def test_idle_zero_keeps_one_emulator_per_process(runtime):
+    out = run_script({"FNMAP_EMULATOR_IDLE": "0"})
+    assert "started an emulator shared" not in out.stderr
+    assert emulators(runtime) == []
+
+
+@pytest.mark.parametrize("value", [-1, "300", True, float("nan")])
+def test_a_bad_idle_time_is_refused_with_the_fix(value):
+    import fnmap
+
+    with pytest.raises(fnmap.ConfigError, match=r"emulator_idle=.* must be a number of seconds >= 0.*emulator_idle=300"):
+        fnmap.map(abs, [1], emulator_idle=value)
+
+
+def test_a_command_is_not_an_emulator_option():
+    import fnmap
+
+    with pytest.raises(fnmap.ConfigError, match="'stop' is a command of `fnmap emulator`"):
+        fnmap.map(abs, [1], emulator_options="stop")
