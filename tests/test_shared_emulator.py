@@ -160,7 +160,7 @@ def test_idle_zero_keeps_one_emulator_per_process(runtime):
 def test_a_bad_idle_time_is_refused_with_the_fix(value):
     import fnmap
 
-    with pytest.raises(fnmap.ConfigError, match=r"emulator_idle=.* must be a number of seconds >= 0.*emulator_idle=300"):
+    with pytest.raises(fnmap.ConfigError, match=r"emulator_idle=.* must be a number of seconds >= 0.*=300"):
         fnmap.map(abs, [1], emulator_idle=value)
 
 
