@@ -28,8 +28,10 @@ sys.path.insert(0, HERE)
 import systems  # noqa: E402
 import workloads  # noqa: E402
 
-SYSTEMS = ["fnmap-emulator", "fnmap-local", "pool", "ppe", "serial", "dask", "lithops", "ray"]
+SYSTEMS = ["fnmap-emulator", "fnmap-own", "fnmap-local", "pool", "ppe", "serial", "dask", "lithops", "ray"]
 CHILD_TIMEOUT_S = 600
+#: Settings a system's child runs with.
+SYSTEM_ENV = {"fnmap-own": {"FNMAP_EMULATOR_IDLE": "0"}}
 
 
 # -- child: one system, one workload -------------------------------------------------
@@ -38,8 +40,10 @@ CHILD_TIMEOUT_S = 600
 class _PeakMemory:
     """Samples the RSS of this process and all its descendants; ``peak`` in bytes."""
 
-    def __init__(self, interval: float = 0.02):
+    def __init__(self, interval: float = 0.02, also=()):
         self.peak = 0
+        #: Processes outside this tree that serve it (the shared emulator), counted with their children.
+        self.also = list(also)
         self._stop = threading.Event()
         self._interval = interval
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -47,13 +51,20 @@ class _PeakMemory:
     def _run(self) -> None:
         import psutil
 
-        me = psutil.Process()
+        roots = [psutil.Process()]
+        for pid in self.also:
+            try:
+                roots.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
         while not self._stop.is_set():
             total = 0
-            try:
-                procs = [me, *me.children(recursive=True)]
-            except psutil.Error:
-                procs = [me]
+            procs = []
+            for root in roots:
+                try:
+                    procs += [root, *root.children(recursive=True)]
+                except psutil.Error:
+                    procs.append(root)
             for p in procs:
                 try:
                     total += p.memory_info().rss
@@ -76,7 +87,8 @@ def child(system_name: str, workload_name: str, n: int, spin_n: int) -> dict:
     items = wl.make_items(n, {"spin_n": spin_n})
     system = systems.create(system_name)
     have_psutil = systems.importlib.util.find_spec("psutil") is not None
-    meter = _PeakMemory() if have_psutil else None
+    also = [int(pid) for pid in os.environ.get("BENCH_ALSO_PIDS", "").split()]
+    meter = _PeakMemory(also=also) if have_psutil else None
     if meter:
         meter.__enter__()
     try:
@@ -103,6 +115,14 @@ def child(system_name: str, workload_name: str, n: int, spin_n: int) -> dict:
     }
 
 
+def _shared_emulators() -> list[int]:
+    """The pids of the user's shared emulators that are up: the one a fnmap-emulator child attaches
+    to serves it, so its memory is counted as the child's (one it starts is its child anyway)."""
+    from fnmap.emulator import shared
+
+    return [e["pid"] for e in shared.running()]
+
+
 # -- parent ----------------------------------------------------------------------------
 
 
@@ -110,6 +130,9 @@ def run_one(system_name: str, workload_name: str, n: int, spin_n: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", system_name, workload_name,
            str(n), str(spin_n)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FNMAP_")}
+    env.update(SYSTEM_ENV.get(system_name, {}))
+    if system_name == "fnmap-emulator":
+        env["BENCH_ALSO_PIDS"] = " ".join(map(str, _shared_emulators()))
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
@@ -254,6 +277,10 @@ def _compile_fnmap() -> None:
             compileall.compile_dir(os.path.join(root, folder), quiet=1)
 
 
+def _stop_shared_emulators() -> None:
+    subprocess.run([sys.executable, "-m", "fnmap", "emulator", "stop"], capture_output=True, timeout=60)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one repetition")
@@ -284,6 +311,7 @@ def main(argv=None) -> None:
         else:
             runnable.append(s)
     _compile_fnmap()
+    _stop_shared_emulators()  # the first fnmap-emulator run starts the one the later runs share
     spin_n = workloads.calibrate_spin()
     print(f"cpu workload: {spin_n:,} loop iterations per item (about 50 ms here)", flush=True)
     runs = []
@@ -297,6 +325,7 @@ def main(argv=None) -> None:
                 shown = r.get("error") or f"cold {r['cold_s']:.2f} s, warm {r['warm_s']:.3f} s" + (
                     "" if r["ok"] else " WRONG RESULTS")
                 print(f"  rep {rep + 1}/{reps} {wname:6} {sname:15} {shown}", flush=True)
+    _stop_shared_emulators()
     rows = summarize(runs, runnable, workload_names)
     mach["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     print()

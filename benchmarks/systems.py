@@ -1,7 +1,9 @@
 """The systems compared: each starts, maps a function over items in order, and stops.
 
 A system's ``start`` is part of its cold time (the emulator starts lazily on the
-first ``fnmap.map``, so it is timed there).  Peers that are not installed are
+first ``fnmap.map``, so it is timed there).  ``fnmap-emulator`` is the default: it attaches to
+the emulator the user's processes share (the first run starts it); ``fnmap-own`` starts an
+emulator of its own in every process (``emulator_idle=0``).  Peers that are not installed are
 reported as skipped by :func:`available`.
 """
 
@@ -13,6 +15,7 @@ import os
 #: The peers' own packages: a system whose package is missing is skipped with this note.
 REQUIRES = {
     "fnmap-emulator": "fnmap",
+    "fnmap-own": "fnmap",
     "fnmap-local": "fnmap",
     "pool": "multiprocessing",
     "ppe": "concurrent",
@@ -161,10 +164,11 @@ class RaySystem:
 def create(name: str):
     import workloads
 
-    if name in ("fnmap-emulator", "fnmap-local", "dask", "lithops", "ray"):
+    if name in ("fnmap-emulator", "fnmap-own", "fnmap-local", "dask", "lithops", "ray"):
         _by_value(workloads)
     return {
         "fnmap-emulator": lambda: FnmapSystem("emulator"),
+        "fnmap-own": lambda: FnmapSystem("emulator"),  # with FNMAP_EMULATOR_IDLE=0 (compare.SYSTEM_ENV)
         "fnmap-local": lambda: FnmapSystem("local"),
         "pool": PoolSystem,
         "ppe": PpeSystem,

@@ -139,7 +139,8 @@ class SharedEmulator:
         cmd = [sys.executable, "-m", "fnmap", "emulator", "--host", "127.0.0.1", "--port", "0",
                "--workers", str(self.workers), "--idle-exit", str(idle),
                "--state-file", os.path.join(self.folder, STATE_FILE), *shlex.split(options)]
-        with open(os.path.join(self.folder, LOG_FILE), "wb") as log:
+        log_fd = os.open(os.path.join(self.folder, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(log_fd, "wb") as log:  # 0600: it shows the AWS credentials the emulator made
             # Its own session and no pipe of ours: a Ctrl-C here does not reach it, and whoever
             # reads this process's output (a CI runner, subprocess.run) is not kept waiting by it.
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
