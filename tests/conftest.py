@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import tempfile
 import time
 
@@ -38,11 +40,27 @@ def _reset_environ(monkeypatch, storage_root):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _stop_embedded_emulators():
+def _stop_embedded_emulators(tmp_path_factory):
+    """Stop this process's emulators at the end, and any shared one a subprocess started anyway
+    (a test that builds its own environment without FNMAP_EMULATOR_IDLE=0): they live in a
+    runtime folder of the session's, never the developer's."""
+    runtime = tmp_path_factory.mktemp("xdg-runtime")
+    os.chmod(runtime, 0o700)
+    saved = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
     yield
     from fnmap.backends.emulator import stop_embedded
 
     stop_embedded()
+    for state in runtime.glob("fnmap/*/emulator.json"):
+        try:
+            os.kill(json.loads(state.read_text())["pid"], signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+    if saved is None:
+        os.environ.pop("XDG_RUNTIME_DIR", None)
+    else:
+        os.environ["XDG_RUNTIME_DIR"] = saved
 
 
 class EmulatorProcess(EmulatorLauncher):
