@@ -169,3 +169,43 @@ def test_a_command_is_not_an_emulator_option():
 
     with pytest.raises(fnmap.ConfigError, match="'stop' is a command of `fnmap emulator`"):
         fnmap.map(abs, [1], emulator_options="stop")
+
+
+def test_a_restarted_kernel_attaches_to_the_emulator_the_first_kernel_started(runtime, tmp_path):
+    """A notebook's kernel shut down and started again: the second kernel's first map waits for no
+    emulator start (it attaches), and the first kernel's shutdown left the emulator serving."""
+    import importlib.util
+
+    if importlib.util.find_spec("ipykernel") is None:
+        pytest.skip("ipykernel is not installed")
+    from jupyter_client import KernelManager
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+    said = []
+    for _ in range(2):
+        km = KernelManager(kernel_name="python3")
+        km.start_kernel(env=env, cwd=str(tmp_path))
+        kc = km.client()
+        try:
+            kc.start_channels()
+            kc.wait_for_ready(timeout=120)
+            out: list[str] = []
+            reply = kc.execute_interactive("import fnmap; print(fnmap.map(abs, [-1, -2], chunksize=1))", timeout=180,
+                                           output_hook=lambda m, out=out: out.append(m["content"].get("text", "")))
+            assert reply["content"]["status"] == "ok", reply["content"]
+            assert "[1, 2]" in "".join(out)
+            said.append("".join(out))
+            km.request_shutdown()
+            kernel = km.provisioner.process
+            deadline = time.monotonic() + 20
+            while kernel.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert kernel.poll() is not None, "the kernel did not exit after the shutdown request"
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+    assert "started an emulator shared" in said[0]
+    assert "started an emulator" not in said[1]
+    (state,) = emulators(runtime)
+    assert alive(state["pid"])
