@@ -209,3 +209,13 @@ def test_a_restarted_kernel_attaches_to_the_emulator_the_first_kernel_started(ru
     assert "started an emulator" not in said[1]
     (state,) = emulators(runtime)
     assert alive(state["pid"])
+
+
+def test_a_runtime_folder_that_cannot_be_made_is_named_with_the_fix(runtime, tmp_path):
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    os.chmod(tmp_path, 0o700)
+    (tmp_path / "fnmap").write_text("not a folder")
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode != 0
+    assert f"cannot make {tmp_path / 'fnmap'}" in result.stderr and "FNMAP_EMULATOR_IDLE=0" in result.stderr
+    assert "Traceback" in result.stderr and "OSError" not in result.stderr.splitlines()[-1]

@@ -66,8 +66,13 @@ def state_root() -> str:
     else:
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         root = os.path.join(cache, "fnmap", "run")
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    info = os.stat(root)
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        info = os.stat(root)
+    except OSError as e:
+        raise FnmapError(f"cannot make {root}, where fnmap keeps this user's shared emulators ({e.strerror}); "
+                         "set XDG_RUNTIME_DIR to a folder of yours, or FNMAP_EMULATOR_IDLE=0 to give each "
+                         "process an emulator of its own") from None
     if info.st_uid != os.getuid() or info.st_mode & 0o022:
         raise FnmapError(
             f"{root} (where fnmap keeps this user's shared emulators) is not owned by you or is writable "
