@@ -86,6 +86,12 @@ def test_two_scripts_share_one_emulator_which_outlives_them(runtime):
     assert f"pid {state['pid']}" in fnmap_cli("status")
 
 
+def test_status_and_stop_make_no_folder(runtime):
+    assert "no shared fnmap emulator is running" in fnmap_cli("status")
+    assert "no shared fnmap emulator is running" in fnmap_cli("stop")
+    assert not (runtime / "fnmap").exists()
+
+
 def test_the_folder_is_private(runtime):
     run_script()
     (folder,) = (runtime / "fnmap").iterdir()

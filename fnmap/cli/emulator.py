@@ -45,7 +45,7 @@ def _shared_command(action: str) -> int:
     emulators = shared.stop_all() if action == "stop" else shared.running()
     verb = "stopped" if action == "stop" else "running"
     if not emulators:
-        print(f"no shared fnmap emulator is running (folder {shared.state_root()})")
+        print(f"no shared fnmap emulator is running (folder {shared.state_path()})")
     for emu in emulators:
         print(f"{verb}: pid {emu['pid']} at {emu['url']} with {emu['workers']} workers "
               f"(log {emu['folder']}/{shared.LOG_FILE})")

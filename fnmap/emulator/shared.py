@@ -58,14 +58,18 @@ def supported() -> bool:
     return True
 
 
-def state_root() -> str:
-    """This user's folder of shared emulators, made 0700; FnmapError when others could write it."""
+def state_path() -> str:
+    """Where this user's shared emulators are found: ``$XDG_RUNTIME_DIR/fnmap``, else ``~/.cache/fnmap/run``."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isdir(runtime):
-        root = os.path.join(runtime, "fnmap")
-    else:
-        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(cache, "fnmap", "run")
+        return os.path.join(runtime, "fnmap")
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "fnmap", "run")
+
+
+def state_root() -> str:
+    """:func:`state_path`, made 0700; FnmapError when it cannot be made or others could write it."""
+    root = state_path()
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
         info = os.stat(root)
@@ -249,7 +253,9 @@ def withdraw_state(path: str) -> None:
 
 def running() -> list[dict]:
     """Every shared emulator of this user that is up: its state plus ``folder``."""
-    root = state_root()
+    root = state_path()
+    if not os.path.isdir(root):
+        return []  # a command that only looks makes nothing
     found = []
     for name in sorted(os.listdir(root)):
         state = read_state(os.path.join(root, name))
