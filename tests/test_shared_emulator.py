@@ -225,3 +225,47 @@ def test_a_runtime_folder_that_cannot_be_made_is_named_with_the_fix(runtime, tmp
     assert result.returncode != 0
     assert f"cannot make {tmp_path / 'fnmap'}" in result.stderr and "FNMAP_EMULATOR_IDLE=0" in result.stderr
     assert "Traceback" in result.stderr and "OSError" not in result.stderr.splitlines()[-1]
+
+
+SLOW_CLIENT = """
+import time, fnmap
+
+def slow(x):
+    time.sleep(600)
+    return x
+
+print("go", flush=True)
+fnmap.map(slow, range(3), chunksize=1)
+"""
+
+
+def _health(state: dict) -> dict:
+    import requests
+
+    return requests.get(state["url"] + "/health", timeout=10).json()
+
+
+def test_the_calls_of_a_killed_client_are_stopped_and_free_the_workers(runtime):
+    """An emulator of its own dies with a SIGKILLed client, and its calls with it; the shared one
+    outlives the client, so it stops that client's calls itself: the next script finds free
+    workers instead of waiting ten minutes behind them."""
+    run_script()
+    (state,) = emulators(runtime)
+    client = subprocess.Popen([sys.executable, "-c", SLOW_CLIENT], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True)
+    try:
+        assert client.stdout.readline().strip() == "go"
+        deadline = time.monotonic() + 60
+        while _health(state)["in_flight"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _health(state)["in_flight"] == 3
+        os.kill(client.pid, signal.SIGKILL)
+    finally:
+        client.kill()
+        client.wait()
+    deadline = time.monotonic() + 30
+    while _health(state)["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    health = _health(state)
+    assert health["in_flight"] == 0 and health["stopped"] >= 3, health
+    run_script()

@@ -90,7 +90,7 @@ def _serve(args, faults, limits) -> None:
               faults=faults, wsgi_server=args.wsgi_server, lambda_runtime=args.lambda_runtime,
               on_listening=offline.announcer(args.env_file) if offline else None, scaling_rate=args.scaling_rate,
               limits=limits, max_connections=args.max_connections, allow_hosts=tuple(args.allow_host),
-              idle_exit=args.idle_exit, state_file=args.state_file)
+              idle_exit=args.idle_exit, state_file=args.state_file, stop_on_hangup=args.stop_on_hangup)
     finally:
         if offline is not None:
             offline.stop()

@@ -24,6 +24,7 @@ from ..runtime.http_app import create_app
 from ..runtime.signing import REFUSED, ROUTE_CALL, ROUTE_CANCEL, SECRET_ENV, SIGNATURE_HEADER, verify_request
 from ..runtime.wire import ERROR_KIND_HEADER, decode_header
 from .faults import FaultPlan, RequestKeys
+from .hangup import on_hangup
 from .pool import Stopper, WorkerPool
 from .routes import add_routes
 
@@ -102,6 +103,8 @@ class Emulator:
         self._stopped_early: collections.OrderedDict[tuple, None] = collections.OrderedDict()
         #: Set when the server stops, so requests held back by a fault let go.
         self.stopping = threading.Event()
+        #: Stop a call whose client hung up before its answer (``--stop-on-hangup``).
+        self.stop_on_hangup = False
 
     def execute(self, body: bytes, signature: str | None) -> tuple[int, bytes, dict]:
         header, timeout, memory = _read_header(body)
@@ -131,12 +134,17 @@ class Emulator:
                 "(--max-concurrency); slow down and retry"
             ).encode(), {}
         outcome = "error"
+        # The shared emulator stops the calls of a client that went away (SIGKILL), as an
+        # emulator of its own would have died with it (.hangup).
+        unwatch = on_hangup(stopper.stop) if self.stop_on_hangup else None
         try:
             if fate is not None and fate.labels:
                 self.injected.update(fate.labels)
                 record["faults"] = fate.labels
             outcome, status, out, info = self._run(body, signature, timeout, fate, stopper, memory)
         finally:
+            if unwatch is not None:
+                unwatch()
             self._done(key, stopper, outcome)
         record.update(info, outcome=outcome, status=status, duration=time.time() - record["received"])
         self.recent.append(record)

@@ -32,6 +32,7 @@ from io import BytesIO
 from ..runtime import httpwire
 from ..runtime.deadlines import TimedConnection, TimeLimits
 from ..runtime.httpwire import BadRequest, reason_phrase
+from .hangup import HangupWatch
 
 #: Connections served at once; when a new one would pass it, the idle connection waiting longest is
 #: given up (a client's keep-alive connection: fnmap's client sends again on a new one); when
@@ -90,6 +91,8 @@ class WSGIServer:
         self._closed = False
         #: Connections given up to make room for new ones (idle first).
         self.evicted = 0
+        #: Clients that hang up mid-request, for the app's :func:`.hangup.on_hangup`.
+        self.hangups = HangupWatch()
 
     def serve_forever(self) -> None:
         while not self._closed:
@@ -145,6 +148,7 @@ class WSGIServer:
     def close(self) -> None:
         """Stop accepting and hang up every open connection (their threads then end)."""
         self._closed = True
+        self.hangups.close()
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
         with contextlib.suppress(OSError):
@@ -220,6 +224,7 @@ class WSGIServer:
             state["status"], state["headers"] = status, list(response_headers)
             return state.setdefault("early", []).append  # the legacy write() callable
 
+        self.hangups.serving(sock)
         try:
             result = self.app(environ, start_response)
             try:
@@ -232,6 +237,8 @@ class WSGIServer:
             traceback.print_exc()
             self._send_simple(sock, 500, "internal error in the fnmap emulator")
             return False
+        finally:
+            self.hangups.serving(None)
         if "status" not in state:
             self._send_simple(sock, 500, "the app did not start a response")
             return False

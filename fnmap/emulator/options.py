@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop when standard input closes (used when a client starts the emulator)")
     p.add_argument("--idle-exit", type=float, default=None, metavar="S",
                    help="stop once no request came for S seconds (a shared emulator: FNMAP_EMULATOR_IDLE)")
+    p.add_argument("--stop-on-hangup", action="store_true",
+                   help="stop a call whose client closed its connection before the answer (a shared emulator; "
+                        "Lambda, and this emulator by default, run it to its end)")
     p.add_argument("--state-file", metavar="PATH",
                    help="write the URL and pid to PATH once listening, remove it when stopping (a shared emulator)")
     _add_faults(p)

@@ -25,7 +25,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
           watch_stdin: bool = False, faults: FaultPlan | None = None, wsgi_server: str = "fnmap",
           lambda_runtime: str | None = None, on_listening=None, scaling_rate: int | None = None,
           limits: TimeLimits | None = None, max_connections: int = MAX_CONNECTIONS,
-          allow_hosts: tuple[str, ...] = (), idle_exit: float | None = None, state_file: str | None = None) -> None:
+          allow_hosts: tuple[str, ...] = (), idle_exit: float | None = None, state_file: str | None = None,
+          stop_on_hangup: bool = False) -> None:
     """Run the emulator in this process until told to stop; ``faults`` makes it unreliable on purpose.
 
     ``wsgi_server`` is ``"fnmap"`` (:mod:`.httpserver`) or ``"waitress"``; ``lambda_runtime`` is ``"ric"``,
@@ -36,7 +37,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     (:class:`.httpserver.WSGIServer`); ``allow_hosts``: host names besides its addresses that
     clients may reach it by (every other ``Host`` is refused: DNS rebinding).  ``idle_exit``: stop
     once no request came for that many seconds; ``state_file``: where to say its URL and pid once
-    it listens (both for an emulator shared by a user's processes, :mod:`.shared`).
+    it listens; ``stop_on_hangup``: stop a call whose client hung up (all three for an emulator
+    shared by a user's processes, :mod:`.shared`).
     """
     workers = workers or default_workers()
     env = dict(os.environ)
@@ -46,17 +48,14 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     limit_blas_threads(env, workers)
     pool = _start_pool_while(workers, env, _import_app)
     emulator, app = _emulator_app(pool, faults, credentials, lambda_runtime, scaling_rate)
+    emulator.stop_on_hangup = stop_on_hangup
     activity = _Activity(app)
     server = _server(activity, wsgi_server, host, port, workers, limits, max_connections)
     actual_host, actual_port = server.host, server.port
     app.extensions["fnmap_front_door"].serve_at(str(actual_host), actual_port, allow_hosts)
     shown_host = f"[{actual_host}]" if ":" in str(actual_host) else actual_host
 
-    stop_requested = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop_requested.set())
-    signal.signal(signal.SIGINT, lambda signum, frame: stop_requested.set())
-    if watch_stdin:
-        threading.Thread(target=_set_on_stdin_eof, args=(stop_requested,), daemon=True).start()
+    stop_requested = _stop_event(watch_stdin)
     serving = threading.Thread(target=server.serve_forever, name="fnmap-emulator-server", daemon=True)
     serving.start()
     url = f"http://{shown_host}:{actual_port}"
@@ -79,6 +78,16 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         # A log record, not a print: an embedded emulator stops with every script that used it, and
         # said so on that script's stderr (`fnmap emulator` in a terminal shows INFO records).
         log.info("fnmap emulator stopped")
+
+
+def _stop_event(watch_stdin: bool) -> threading.Event:
+    """Set on SIGTERM or SIGINT, and (``watch_stdin``) when the parent holding our stdin is gone."""
+    stop_requested = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop_requested.set())
+    signal.signal(signal.SIGINT, lambda signum, frame: stop_requested.set())
+    if watch_stdin:
+        threading.Thread(target=_set_on_stdin_eof, args=(stop_requested,), daemon=True).start()
+    return stop_requested
 
 
 def _emulator_app(pool, faults, credentials, lambda_runtime, scaling_rate):

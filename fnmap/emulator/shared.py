@@ -146,7 +146,7 @@ class SharedEmulator:
         from ..runtime.signing import SECRET_ENV
 
         cmd = [sys.executable, "-m", "fnmap", "emulator", "--host", "127.0.0.1", "--port", "0",
-               "--workers", str(self.workers), "--idle-exit", str(idle),
+               "--workers", str(self.workers), "--idle-exit", str(idle), "--stop-on-hangup",
                "--state-file", os.path.join(self.folder, STATE_FILE), *shlex.split(options)]
         log_fd = os.open(os.path.join(self.folder, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(log_fd, "wb") as log:  # 0600: it shows the AWS credentials the emulator made
