@@ -11,7 +11,9 @@
   automatic, one map in a fresh client process each (client start included, alike for all).
   Target: automatic within 2x of the best.
 
-Every result is checked; medians of ``--reps``; calls per job are printed too.
+Every result is checked; medians of ``--reps``; calls per job are printed too.  ``--baseline DIR``
+runs fnmap from another source tree too (e.g. ``git archive`` of an older commit), alternated with
+this one and Pool in the same run, for a before/after on a shared machine.
 """
 
 from __future__ import annotations
@@ -83,16 +85,21 @@ def _median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
-def tiny_items(n: int, reps: int) -> list[dict]:
+def tiny_items(n: int, reps: int, baseline: str | None = None) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=ROOT, FNMAP_PROGRESS="false")
-    pool, auto = [], []
+    trees = {"fnmap.map (emulator, automatic)": env}
+    if baseline:
+        trees[f"fnmap.map (emulator, automatic), {baseline}"] = dict(env, PYTHONPATH=os.path.abspath(baseline))
+    pool: list = []
+    auto: dict = {name: [] for name in trees}
     for _ in range(reps):  # alternate, so load on a shared machine hits both alike
         pool.append(_run(_POOL.format(n=n), env))
-        auto.append(_run(_FNMAP.format(n=n, chunksize=None), env))
+        for name, tree_env in trees.items():
+            auto[name].append(_run(_FNMAP.format(n=n, chunksize=None), tree_env))
     rows = [{"system": "multiprocessing.Pool(2).map", "cold_s": _median(pool, "cold"),
-             "warm_s": _median(pool, "warm"), "calls": None},
-            {"system": "fnmap.map (emulator, automatic)", "cold_s": _median(auto, "cold"),
-             "warm_s": _median(auto, "warm"), "calls": _median(auto, "calls_warm")}]
+             "warm_s": _median(pool, "warm"), "calls": None}]
+    rows += [{"system": name, "cold_s": _median(runs, "cold"), "warm_s": _median(runs, "warm"),
+              "calls": _median(runs, "calls_warm")} for name, runs in auto.items()]
     for row in rows:
         row["cold_x_pool"] = row["cold_s"] / rows[0]["cold_s"]
         row["warm_x_pool"] = row["warm_s"] / rows[0]["warm_s"]
@@ -161,10 +168,11 @@ def main() -> None:
     parser.add_argument("--chunksizes", default="1,5,10,20,50,100")
     parser.add_argument("--skip-aws", action="store_true")
     parser.add_argument("--skip-tiny", action="store_true")
+    parser.add_argument("--baseline", help="another fnmap source tree to run beside this one (tiny items)")
     args = parser.parse_args()
     if not args.skip_tiny:
         print(f"## {args.items} tiny items, emulator vs Pool (medians of {args.reps})\n")
-        print(_table(tiny_items(args.items, args.reps)), flush=True)
+        print(_table(tiny_items(args.items, args.reps, args.baseline)), flush=True)
     if not args.skip_aws:
         sizes = [None] + [int(c) for c in args.chunksizes.split(",")]
         print(f"\n## {args.aws_items} items on the offline aws path (medians of {args.aws_reps})\n")
