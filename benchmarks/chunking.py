@@ -106,8 +106,10 @@ if __name__ == "__main__":
 """
 
 
-def _run(code: str, env: dict | None = None) -> dict:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+def _run(code: str, env: dict | None = None, cwd: str | None = None) -> dict:
+    # -P and cwd: the fnmap tree on PYTHONPATH is the one imported (--baseline), by the emulator too
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                          cwd=cwd)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -128,7 +130,7 @@ def tiny_items(n: int, reps: int, baseline: str | None = None, warm_maps: int = 
         pool.append(_run(_POOL.format(n=n, warm_maps=warm_maps, tree_cpu=_TREE_CPU), env))
         for name, tree_env in trees.items():
             auto[name].append(_run(_FNMAP.format(n=n, chunksize=None, warm_maps=warm_maps, tree_cpu=_TREE_CPU),
-                                   tree_env))
+                                   tree_env, cwd=tree_env["PYTHONPATH"]))
     rows = [{"system": "multiprocessing.Pool(2).map", "cold_s": _median(pool, "cold"),
              "warm_s": _median(pool, "warm"), "warm_cpu_s": _median(pool, "cpu"), "calls": None}]
     rows += [{"system": name, "cold_s": _median(runs, "cold"), "warm_s": _median(runs, "warm"),
