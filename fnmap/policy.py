@@ -58,7 +58,8 @@ class ChunkSizer:
       ``growth``; the chunks shrink at once when items turn out slower.  It is safe for slow
       items because the first calls still have one item each: a slow item is measured, and
       sets the size, before any larger call is made; and a fast first few among slow ones
-      cost at most one call of an eighth of the items left per worker, as ``Pool.map``'s chunks.
+      cost at most calls of ``1 / (2 * parallelism)`` of the items left (``Pool.map`` cuts all
+      the items into chunks of ``1 / (4 * processes)`` up front).
     * **Bounded in bytes.**  With ``item_bytes`` (the items' mean pickled size) a call carries
       at most ``max_bytes`` of input (one item at least).
     * **Keep the tail spread.**  A call takes at most ``1 / (2 * parallelism)`` of the items

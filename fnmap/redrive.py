@@ -64,8 +64,8 @@ def store_items(client, job, mode: str, items: list) -> tuple[int, bool]:
     from .client import _large_values_out_of_band
 
     chunk = (mode, items)
-    marked = _large_values_out_of_band(chunk)
     try:
+        marked = _large_values_out_of_band(chunk)
         parts = dump_parts(marked)
     except Exception:
         client.check_items(mode, items)  # names the item that does not pickle
