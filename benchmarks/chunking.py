@@ -4,14 +4,19 @@
 
 * **tiny items**: ``map(ident, range(--items))`` with ``multiprocessing.Pool(2).map`` and with
   ``fnmap.map`` on the embedded emulator, chunksize unset (automatic).  *cold* is a fresh process
-  that starts the pool or the emulator (start included); *warm* is a second map in that process.
-  Target: fnmap within 3x of Pool.
+  that starts the pool or the emulator (start included); *warm* is a second map in that process
+  (the median of ``--warm-maps`` maps after the first); *warm CPU* the CPU seconds of the process
+  and its children (pool workers; the emulator and its workers) in a warm map, with psutil, a
+  figure that load on a shared machine changes less than wall time.  Target: fnmap within 3x of
+  Pool.
 * **aws path**: ``--aws-items`` items through the ``aws`` backend on ``fnmap emulator --aws``
   (the offline AWS emulator: Lambda API + moto S3), chunksize 1, 5, 10, 20, 50, 100 and
   automatic, one map in a fresh client process each (client start included, alike for all).
   Target: automatic within 2x of the best.
 
-Every result is checked; medians of ``--reps``; calls per job are printed too.
+Every result is checked; medians of ``--reps``; calls per job are printed too.  ``--baseline DIR``
+runs fnmap from another source tree too (e.g. ``git archive`` of an older commit), alternated with
+this one and Pool in the same run, for a before/after on a shared machine.
 """
 
 from __future__ import annotations
@@ -28,8 +33,26 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
+#: CPU seconds of this process and its children (the pool's workers; the emulator and its workers).
+_TREE_CPU = """
+def tree_cpu():
+    try:
+        import psutil
+    except ImportError:
+        return float("nan")
+    me, total = psutil.Process(), 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+"""
+
 _POOL = """
-import json, multiprocessing, time
+import json, multiprocessing, statistics, time
+{tree_cpu}
 def ident(x): return x
 if __name__ == "__main__":
     n = {n}
@@ -37,25 +60,36 @@ if __name__ == "__main__":
     with multiprocessing.Pool(2) as pool:
         assert pool.map(ident, range(n)) == list(range(n))
         t1 = time.perf_counter()
-        assert pool.map(ident, range(n)) == list(range(n))
-        t2 = time.perf_counter()
-    print(json.dumps({{"cold": t1 - t0, "warm": t2 - t1}}))
+        warm, cpu = [], []
+        for _ in range({warm_maps}):
+            c0, t2 = tree_cpu(), time.perf_counter()
+            assert pool.map(ident, range(n)) == list(range(n))
+            warm.append(time.perf_counter() - t2)
+            cpu.append(tree_cpu() - c0)
+    print(json.dumps({{"cold": t1 - t0, "warm": statistics.median(warm), "cpu": statistics.median(cpu)}}))
 """
 
 _FNMAP = """
-import json, time
+import json, statistics, time
 t0 = time.perf_counter()
 import fnmap
+{tree_cpu}
 def ident(x): return x
 if __name__ == "__main__":
     n, chunksize = {n}, {chunksize}
     job = fnmap.map(ident, range(n), chunksize=chunksize, return_job=True)
     assert job.results() == list(range(n))
     t1 = time.perf_counter()
-    job2 = fnmap.map(ident, range(n), chunksize=chunksize, return_job=True)
-    assert job2.results() == list(range(n))
-    t2 = time.perf_counter()
-    print(json.dumps({{"cold": t1 - t0, "warm": t2 - t1, "calls": len(job.calls), "calls_warm": len(job2.calls)}}))
+    warm, cpu, calls = [], [], []
+    for _ in range({warm_maps}):
+        c0, t2 = tree_cpu(), time.perf_counter()
+        job2 = fnmap.map(ident, range(n), chunksize=chunksize, return_job=True)
+        assert job2.results() == list(range(n))
+        warm.append(time.perf_counter() - t2)
+        cpu.append(tree_cpu() - c0)
+        calls.append(len(job2.calls))
+    print(json.dumps({{"cold": t1 - t0, "warm": statistics.median(warm), "cpu": statistics.median(cpu),
+                      "calls": len(job.calls), "calls_warm": statistics.median(calls)}}))
 """
 
 
@@ -72,8 +106,10 @@ if __name__ == "__main__":
 """
 
 
-def _run(code: str, env: dict | None = None) -> dict:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+def _run(code: str, env: dict | None = None, cwd: str | None = None) -> dict:
+    # -P and cwd: the fnmap tree on PYTHONPATH is the one imported (--baseline), by the emulator too
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                          cwd=cwd)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -83,19 +119,26 @@ def _median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
-def tiny_items(n: int, reps: int) -> list[dict]:
+def tiny_items(n: int, reps: int, baseline: str | None = None, warm_maps: int = 1) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=ROOT, FNMAP_PROGRESS="false")
-    pool, auto = [], []
+    trees = {"fnmap.map (emulator, automatic)": env}
+    if baseline:
+        trees[f"fnmap.map (emulator, automatic), {baseline}"] = dict(env, PYTHONPATH=os.path.abspath(baseline))
+    pool: list = []
+    auto: dict = {name: [] for name in trees}
     for _ in range(reps):  # alternate, so load on a shared machine hits both alike
-        pool.append(_run(_POOL.format(n=n), env))
-        auto.append(_run(_FNMAP.format(n=n, chunksize=None), env))
+        pool.append(_run(_POOL.format(n=n, warm_maps=warm_maps, tree_cpu=_TREE_CPU), env))
+        for name, tree_env in trees.items():
+            auto[name].append(_run(_FNMAP.format(n=n, chunksize=None, warm_maps=warm_maps, tree_cpu=_TREE_CPU),
+                                   tree_env, cwd=tree_env["PYTHONPATH"]))
     rows = [{"system": "multiprocessing.Pool(2).map", "cold_s": _median(pool, "cold"),
-             "warm_s": _median(pool, "warm"), "calls": None},
-            {"system": "fnmap.map (emulator, automatic)", "cold_s": _median(auto, "cold"),
-             "warm_s": _median(auto, "warm"), "calls": _median(auto, "calls_warm")}]
+             "warm_s": _median(pool, "warm"), "warm_cpu_s": _median(pool, "cpu"), "calls": None}]
+    rows += [{"system": name, "cold_s": _median(runs, "cold"), "warm_s": _median(runs, "warm"),
+              "warm_cpu_s": _median(runs, "cpu"), "calls": _median(runs, "calls_warm")} for name, runs in auto.items()]
     for row in rows:
         row["cold_x_pool"] = row["cold_s"] / rows[0]["cold_s"]
         row["warm_x_pool"] = row["warm_s"] / rows[0]["warm_s"]
+        row["warm_cpu_x_pool"] = row["warm_cpu_s"] / rows[0]["warm_cpu_s"] if rows[0]["warm_cpu_s"] else None
     return rows
 
 
@@ -161,10 +204,13 @@ def main() -> None:
     parser.add_argument("--chunksizes", default="1,5,10,20,50,100")
     parser.add_argument("--skip-aws", action="store_true")
     parser.add_argument("--skip-tiny", action="store_true")
+    parser.add_argument("--baseline", help="another fnmap source tree to run beside this one (tiny items)")
+    parser.add_argument("--warm-maps", type=int, default=1,
+                        help="warm maps per process (their median; default 1: the second map of the process)")
     args = parser.parse_args()
     if not args.skip_tiny:
         print(f"## {args.items} tiny items, emulator vs Pool (medians of {args.reps})\n")
-        print(_table(tiny_items(args.items, args.reps)), flush=True)
+        print(_table(tiny_items(args.items, args.reps, args.baseline, args.warm_maps)), flush=True)
     if not args.skip_aws:
         sizes = [None] + [int(c) for c in args.chunksizes.split(",")]
         print(f"\n## {args.aws_items} items on the offline aws path (medians of {args.aws_reps})\n")

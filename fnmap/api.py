@@ -226,8 +226,8 @@ def _start(
         if config.chunksize is None:
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
-            redrive.store_items(client, job, mode, items)  # a bad item is named before anything runs
-            client.use_feed(job, ChunkFeed(client, job, func_key, mode, items))
+            size, plain = redrive.store_items(client, job, mode, items)  # a bad item is named before anything runs
+            client.use_feed(job, ChunkFeed(client, job, func_key, mode, items, size, plain))
             states = job.feed.start(stores)
             index = len(items)
         else:

@@ -97,15 +97,17 @@ class Client:
         self._uploaded[key] = job.id
 
     def add_call(self, job: Job, func_key: str, chunk: tuple, first_index: int, n_items: int,
-                 future: Future | None = None, unwrap: bool = False, stores: list | None = None) -> CallRun:
+                 future: Future | None = None, unwrap: bool = False, stores: list | None = None,
+                 plain: bool = False) -> CallRun:
         """Pickle a chunk (storing it if it is large) and add the call to ``job``; not sent until
         :meth:`submit`.  An item that cannot be pickled is named, with its index, before anything runs.
 
         ``stores``: store a large chunk on the client's input threads and add the pending store
         here; the caller calls :meth:`finish_stores` before submitting (a map stores its inputs
-        two or more at a time: hashing and writing release the GIL)."""
+        two or more at a time: hashing and writing release the GIL).  ``plain``: the caller
+        checked that no item is a large ``bytes`` (a pass over every item saved per chunk)."""
         try:
-            parts = dump_parts(_large_values_out_of_band(chunk))
+            parts = dump_parts(chunk if plain else _large_values_out_of_band(chunk))
         except Exception:
             _raise_unpicklable(chunk, first_index)
         by_reference = parts_size(parts) > job.config.inline_limit

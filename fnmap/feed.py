@@ -32,14 +32,18 @@ from .runtime.outcome import ANSWERED
 class ChunkFeed:
     """Makes the calls of one automatically chunked job from its list of items."""
 
-    def __init__(self, client, job, func_key: str, mode: str, items: list):
+    def __init__(self, client, job, func_key: str, mode: str, items: list, items_bytes: int = 0,
+                 plain: bool = False):
         self._client = client
         self._job = job
         self._func_key = func_key
         self._mode = mode
         self._items = items
+        #: No item is a large ``bytes``: chunks are pickled without looking for one (``Client.add_call``).
+        self._plain = plain
         self.total = len(items)
-        self.sizer = ChunkSizer(client.backend.call_seconds, parallelism(client.backend))
+        self.sizer = ChunkSizer(client.backend.call_seconds, parallelism(client.backend),
+                                item_bytes=items_bytes / max(1, self.total))
         self._lock = threading.Lock()
         #: Index of the first item in no call yet.
         self._next = 0
@@ -98,7 +102,7 @@ class ChunkFeed:
             first = self._next
             chunk = self._items[first:first + size]
             new.append(self._client.add_call(self._job, self._func_key, (self._mode, chunk), first, size,
-                                             CallOutcome(), stores=stores))
+                                             CallOutcome(), stores=stores, plain=self._plain))
             self._next += size
             self._outstanding += 1
         if self._next >= self.total:

@@ -11,6 +11,11 @@ import random
 import statistics
 from collections.abc import Iterable, Iterator
 
+#: Bytes of pickled input an automatically chunked call carries at most (:class:`ChunkSizer`).
+CALL_BYTES = 16 << 20
+#: The tail of an automatically chunked job is not cut into calls shorter than this part of the target.
+TAIL_FRACTION = 1 / 4
+
 
 def chunks(items: Iterable, chunksize: int) -> Iterator[list]:
     """Split any iterable (generators too) into lists of ``chunksize`` items, lazily."""
@@ -33,7 +38,8 @@ class ChunkSizer:
     short enough that the work still spreads over the workers.
 
     * **Start small.**  Until a call has been measured, calls get one item, so a job of ten
-      slow items still runs on as many workers as it can.
+      slow items still runs on as many workers as it can, and a slow item is measured (as a
+      one-item call) before any larger call is made.
     * **Measure.**  :meth:`observe` takes each finished call's items and seconds.  A call's
       seconds are its fixed cost plus its items' cost: the fastest one-item call measures
       the fixed cost (with one item's), so a call of ``n`` items costs ``(seconds - that) /
@@ -43,10 +49,19 @@ class ChunkSizer:
       measured before; calls made before the chunks grew (``growth`` times smaller than the
       largest measured) are left out, as joblib leaves out batches of an old size (they
       waited behind larger ones).
-    * **Grow, bounded.**  The next size is what takes ``target`` at the estimated cost, but
-      at most ``growth`` times the largest call measured so far (one noisy measurement never
-      takes the chunks from 1 to 100,000 items), and it shrinks at once when items turn out
-      slower.
+    * **Grow by the measured ratio.**  The next size is what takes ``target`` at the estimated
+      cost, but at most the largest call measured times ``target`` over that call's fastest
+      seconds (joblib's ratio, fixed cost included, so it undershoots: after a one-item call
+      of 1 ms, a 0.1 s target gives 100 items, not the 100,000 the per-item estimate might),
+      and that growth beyond ``growth`` times is bounded as the tail is (below).  A tiny-item
+      job reaches full-size calls after two measured steps instead of one per factor of
+      ``growth``; the chunks shrink at once when items turn out slower.  It is safe for slow
+      items because the first calls still have one item each: a slow item is measured, and
+      sets the size, before any larger call is made; and a fast first few among slow ones
+      cost at most calls of ``1 / (2 * parallelism)`` of the items left (``Pool.map`` cuts all
+      the items into chunks of ``1 / (4 * processes)`` up front).
+    * **Bounded in bytes.**  With ``item_bytes`` (the items' mean pickled size) a call carries
+      at most ``max_bytes`` of input (one item at least).
     * **Keep the tail spread.**  A call takes at most ``1 / (2 * parallelism)`` of the items
       left, so the last calls do not leave workers idle behind one big chunk, but is not cut
       below a quarter of ``target`` (where the idle time is small and more calls cost more).
@@ -57,16 +72,20 @@ class ChunkSizer:
     Plain state only: :class:`fnmap.feed.ChunkFeed` feeds it the measurements.
     """
 
-    def __init__(self, target: float, parallelism: int, growth: int = 8):
+    def __init__(self, target: float, parallelism: int, growth: int = 8, item_bytes: float = 0.0,
+                 max_bytes: int = CALL_BYTES):
         if not target > 0:
             raise ValueError(f"target={target!r} must be a positive number of seconds")
         self.target = target
         self.parallelism = max(1, parallelism)
         self.growth = growth
+        #: Items a call may carry at most by its input's bytes (no bound without ``item_bytes``).
+        self.max_items = max(1, int(max_bytes // item_bytes)) if item_bytes > 0 else None
         #: Estimated seconds per item; None until a call has been measured.
         self.per_item: float | None = None
-        #: The largest call measured so far, in items, and the fastest one-item call, in seconds.
+        #: The largest call measured so far, in items, and its fastest seconds; the fastest one-item call.
         self.measured = 0
+        self._measured_seconds = 0.0
         self._single: float | None = None
 
     def observe(self, items: int, seconds: float) -> None:
@@ -90,7 +109,10 @@ class ChunkSizer:
             self.per_item = estimate
         else:
             self.per_item = 0.7 * self.per_item + 0.3 * estimate
-        self.measured = max(self.measured, items)
+        if items > self.measured:
+            self.measured, self._measured_seconds = items, seconds
+        elif items == self.measured:
+            self._measured_seconds = min(self._measured_seconds, seconds)
 
     def next_size(self, remaining: int) -> int:
         """Items for the next call, with ``remaining`` items not yet in any call."""
@@ -98,10 +120,17 @@ class ChunkSizer:
             return 0
         if self.per_item is None:
             return 1
-        size = min(max(1, int(self.target / self.per_item + 1e-9)), self.growth * self.measured)
-        quarter = max(1, int(self.target / 4 / self.per_item + 1e-9))  # items of a quarter-target call
+        quarter = max(1, int(self.target * TAIL_FRACTION / self.per_item + 1e-9))  # items of the shortest tail call
+        spread = math.ceil(remaining / (2 * self.parallelism))  # an even share of what is left, halved
+        if self.measured > 1:  # not cut below quarter-target calls (a one-item call's quarter is unreliable)
+            spread = max(spread, quarter)
+        ratio = int(self.measured * self.target / max(self._measured_seconds, 1e-9))  # joblib's ratio
+        cap = max(self.growth * self.measured, min(ratio, spread))
+        size = min(max(1, int(self.target / self.per_item + 1e-9)), cap)
         if size > quarter and self.measured > 1:  # leave work for every worker, down to quarter-target calls
-            size = min(size, max(math.ceil(remaining / (2 * self.parallelism)), quarter))
+            size = min(size, spread)
+        if self.max_items is not None:
+            size = min(size, self.max_items)
         return max(1, min(size, remaining))
 
 

@@ -57,20 +57,26 @@ def record_calls(client, job, states: list) -> None:
                       RuntimeWarning, stacklevel=3)
 
 
-def store_items(client, job, mode: str, items: list) -> None:
-    """Check that every item pickles (raising as ``Client.check_items`` does) and store the pickle."""
+def store_items(client, job, mode: str, items: list) -> tuple[int, bool]:
+    """Check that every item pickles (raising as ``Client.check_items`` does) and store the pickle;
+    returns its size in bytes and whether no item is a large ``bytes`` that travels out of band
+    (the feed's chunks then skip that scan: see ``Client.add_call``'s ``plain``)."""
     from .client import _large_values_out_of_band
 
+    chunk = (mode, items)
     try:
-        parts = dump_parts(_large_values_out_of_band((mode, items)))
+        marked = _large_values_out_of_band(chunk)
+        parts = dump_parts(marked)
     except Exception:
         client.check_items(mode, items)  # names the item that does not pickle
         raise
-    if job.kind not in RECORDED_KINDS or parts_size(parts) > ITEMS_STORE_LIMIT:
-        return  # large items are stored by their calls, content-addressed; not a second time here
+    size, plain = parts_size(parts), marked is chunk
+    if job.kind not in RECORDED_KINDS or size > ITEMS_STORE_LIMIT:
+        return size, plain  # large items are stored by their calls, content-addressed; not a second time here
     key = keys.job_items_key(job.id)
     with client.storage_errors("store the items of the map"):
         client.store.put(key, signing.seal(client.secret, key, b"".join(parts)))
+    return size, plain
 
 
 def _get_sealed(store, secret: bytes, key: str):

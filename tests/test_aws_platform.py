@@ -167,4 +167,4 @@ def test_a_cold_first_call_does_not_keep_the_chunks_at_one_item():
     sizer = ChunkSizer(1.5, 2)
     sizer.observe(1, 5.0)  # the first call met a cold start
     sizer.observe(1, 0.1)  # a warm one: the cost of a call
-    assert sizer.next_size(2000) == 8  # grows at once (at most 8x the largest call measured)
+    assert sizer.next_size(2000) == 15  # grows at once (by target / the fastest call measured)

@@ -24,14 +24,29 @@ def test_calls_have_one_item_until_one_was_measured():
     assert [sizer.next_size(1000) for _ in range(5)] == [1] * 5
 
 
-def test_fast_calls_grow_the_chunks_by_at_most_the_growth_factor_per_measured_size():
+def test_fast_calls_grow_by_the_measured_ratio_in_two_steps():
+    """joblib's ratio: target over the measured call's seconds (was: at most 8x per measured size,
+    1, 8, 64, 512, ..., one round trip each)."""
     sizer = ChunkSizer(target=0.1, parallelism=4, growth=8)
     sizer.observe(1, 0.001)  # a millisecond per call: 100 items would take the target
-    assert sizer.next_size(10**6) == 8  # bounded: 8 x the largest call measured
-    sizer.observe(8, 0.0011)
-    assert sizer.next_size(10**6) == 64
-    sizer.observe(64, 0.0012)
-    assert sizer.next_size(10**6) == 512
+    assert sizer.next_size(10**6) == 100
+    sizer.observe(100, 0.002)  # 10 us an item past the call's own millisecond: 50x the ratio
+    assert sizer.next_size(10**6) == 5_000
+
+
+def test_ratio_growth_is_bounded_by_the_items_left_per_slot():
+    sizer = ChunkSizer(target=0.1, parallelism=4, growth=8)
+    sizer.observe(1, 0.00001)  # one very fast first item: 10,000 items by the ratio
+    assert sizer.next_size(1_000) == 125  # an eighth of the items left per slot, as Pool.map's chunks
+    assert sizer.next_size(40) == 8  # never below the old growth
+
+
+def test_a_call_carries_at_most_the_bytes_budget():
+    sizer = ChunkSizer(target=0.1, parallelism=4, item_bytes=1 << 20, max_bytes=16 << 20)
+    assert sizer.next_size(10**6) == 1
+    sizer.observe(1, 0.001)
+    assert sizer.next_size(10**6) == 16
+    assert ChunkSizer(target=0.1, parallelism=4, item_bytes=64 << 20).max_items == 1  # one at least
 
 
 def test_slow_items_stay_one_per_call():
@@ -44,9 +59,8 @@ def test_slow_items_stay_one_per_call():
 def test_chunks_shrink_at_once_when_items_turn_slow():
     sizer = ChunkSizer(target=1.0, parallelism=2, growth=8)
     sizer.observe(1, 0.01)
-    sizer.observe(8, 0.02)
-    assert sizer.next_size(10**6) == 64
-    sizer.observe(64, 64.0)  # a second an item now
+    assert sizer.next_size(10**6) == 100
+    sizer.observe(100, 100.0)  # a second an item now
     assert sizer.next_size(10**6) == 1
 
 
@@ -95,6 +109,20 @@ def test_many_fast_items_make_far_fewer_calls_than_items_and_come_back_in_order(
     firsts = [s.first_index for s in job.calls]
     assert firsts == sorted(firsts) and sum(s.n_items for s in job.calls) == 20_000
     assert job.record()["options"]["chunksize"] == "auto"
+
+
+def test_a_tiny_item_job_grows_past_its_one_item_calls_by_the_measured_ratio():
+    """Through the job record: the calls start with one item each (one per dispatch slot) and then
+    grow by target / the measured call's time (joblib's ratio: about 0.1 s / 0.5 ms after a warm
+    one-item call), so some call is more than 8x every call before it.  The old ramp grew at most
+    8x the largest call measured (1, 8, 64, 512, 4096, ...: one round trip per step)."""
+    job = fnmap.map(ident, range(100_000), return_job=True)
+    assert job.results() == list(range(100_000))
+    sizes = [c["items"] for c in job.record()["calls"]]
+    ones = next(i for i, n in enumerate(sizes) if n > 1)
+    assert 1 <= ones <= job.feed.sizer.parallelism, sizes
+    assert any(sizes[i] > 8 * max(sizes[:i]) for i in range(1, len(sizes))), sizes
+    assert max(sizes) >= 1_000, sizes
 
 
 def test_errors_stay_at_their_items_index_in_bigger_chunks():
