@@ -21,7 +21,7 @@ import threading
 import time
 
 from .memlimit import MemoryWatch, reset_peak
-from .process import serve
+from .process import BODY_INLINE, INLINE_BODY, REQUEST_HEAD, VERIFIED, serve
 
 _LEN = struct.Struct(">I")
 #: Seconds past a call's own timeout before its process is killed.
@@ -98,12 +98,18 @@ class WorkerProcess:
                 raise WorkerDied("worker process did not start")
             self._ready = True
 
-    def call(self, signature: str | None, body: bytes, timeout: float | None) -> tuple[int, bytes]:
+    def call(self, signature: str | None, body: bytes, timeout: float | None,
+             verified: bool = False) -> tuple[int, bytes]:
         deadline = time.monotonic() + timeout if timeout else None
         self.wait_ready()
+        signed = (signature or "").encode()
+        flags = VERIFIED if verified else 0
         try:
-            self._conn.send_bytes((signature or "").encode())
-            self._conn.send_bytes(body)
+            if len(body) <= INLINE_BODY:
+                self._conn.send_bytes(b"".join((REQUEST_HEAD.pack(flags | BODY_INLINE, len(signed)), signed, body)))
+            else:  # not copied into one message
+                self._conn.send_bytes(REQUEST_HEAD.pack(flags, len(signed)) + signed)
+                self._conn.send_bytes(body)
         except (BrokenPipeError, OSError, ValueError) as e:
             raise WorkerDied(str(e)) from None
         self.calls += 1
@@ -208,7 +214,8 @@ class WorkerPool:
 
     def execute(self, signature: str | None, body: bytes, timeout: float | None, *,
                 kill_at: float | None = None, cold_start: float = 0.0,
-                stopper: Stopper | None = None, memory: int | None = None) -> tuple[str, int, bytes, dict]:
+                stopper: Stopper | None = None, memory: int | None = None,
+                verified: bool = False) -> tuple[str, int, bytes, dict]:
         """Run one invocation; return ``(outcome, status, body, info)``.
 
         ``outcome`` is ``ok``, ``crashed``, ``timeout``, ``stopped`` (by ``stopper``) or
@@ -217,6 +224,7 @@ class WorkerPool:
         Fault injection: ``cold_start`` seconds are spent first on a worker's first call;
         with ``kill_at`` the worker is SIGKILLed that fraction of a typical call's duration
         after it was handed the call, and its answer, if it gave one, dies with it.
+        ``verified``: the caller verified the signature with the workers' secret (the worker does not).
         """
         worker = self._idle.get()
         info = {"pid": worker.pid, "cold": worker.calls == 0}
@@ -224,7 +232,7 @@ class WorkerPool:
             self._idle.put(worker)
             return "stopped", 0, b"", info
         if not memory:
-            return self._execute(worker, info, signature, body, timeout, kill_at, cold_start, stopper)
+            return self._execute(worker, info, (signature, verified), body, timeout, kill_at, cold_start, stopper)
         try:
             worker.wait_ready()  # its start-up is not the call's memory
         except (WorkerDied, WorkerHung):
@@ -232,11 +240,12 @@ class WorkerPool:
         reset_peak(worker.pid)
         watch = MemoryWatch(worker.pid, memory)
         try:
-            return self._execute(worker, info, signature, body, timeout, kill_at, cold_start, stopper, watch)
+            return self._execute(worker, info, (signature, verified), body, timeout, kill_at, cold_start, stopper,
+                                 watch)
         finally:
             watch.stop()
 
-    def _execute(self, worker: WorkerProcess, info: dict, signature, body, timeout, kill_at,
+    def _execute(self, worker: WorkerProcess, info: dict, signed: tuple, body, timeout, kill_at,
                  cold_start, stopper: Stopper | None,
                  watch: MemoryWatch | None = None) -> tuple[str, int, bytes, dict]:
         if info["cold"] and cold_start:
@@ -248,7 +257,7 @@ class WorkerPool:
             killer.start()
         started = time.monotonic()
         try:
-            status, out = worker.call(signature, body, hard_timeout)
+            status, out = worker.call(signed[0], body, hard_timeout, verified=signed[1])
             if killer is not None:
                 killer.join()  # the kill lands even when the call answered first
                 worker.proc.join()

@@ -2,7 +2,8 @@
 
 The emulator's pool (:class:`fnmap.emulator.pool.WorkerProcess`) forks each worker from a fork
 server that has imported this module already (fast worker replacement, issue 3) and runs
-:func:`serve` in it: one request is two messages (signature, body), the answer is one message, a
+:func:`serve` in it: one request is one message (:data:`REQUEST_HEAD`, the
+signature, the body; a large body comes as a second message), the answer is one message, a
 4-byte status then the worker's response.  User code's ``print`` goes to stderr; the end of the
 pipe (the emulator exited, even by SIGKILL) ends the process.
 """
@@ -13,6 +14,15 @@ import os
 import struct
 
 _LEN = struct.Struct(">I")
+#: A request to a worker: flags, the signature's length, the signature, then the body (in the
+#: same message up to INLINE_BODY bytes: one write and one read less per call; else the next one).
+REQUEST_HEAD = struct.Struct(">BI")
+#: Flag: the emulator verified the request's signature with the worker's own secret (see
+#: :meth:`fnmap.emulator.app.Emulator.execute`); the worker does not verify it again.
+VERIFIED = 1
+#: Flag: the body follows the signature in the same message.
+BODY_INLINE = 2
+INLINE_BODY = 1 << 16
 
 
 def serve(conn, env: dict | None) -> None:
@@ -35,9 +45,14 @@ def serve(conn, env: dict | None) -> None:
     try:
         conn.send_bytes(b"R")
         while True:
-            signature = conn.recv_bytes()
-            body = conn.recv_bytes()
-            status, out = worker.handle(body, signature.decode() or None, secret)
+            message = conn.recv_bytes()
+            flags, length = REQUEST_HEAD.unpack_from(message)
+            start = REQUEST_HEAD.size + length
+            signature = message[REQUEST_HEAD.size:start].decode()
+            body = message[start:] if flags & BODY_INLINE else conn.recv_bytes()
+            # VERIFIED: the emulator that is this process's parent, the only writer of this pipe,
+            # checked the signature with this process's secret (Emulator.execute says why that is enough)
+            status, out = worker.handle(body, signature or None, secret, verified=bool(flags & VERIFIED))
             conn.send_bytes(_LEN.pack(status) + out)
     except (EOFError, OSError):  # the emulator closed the pipe, or died: nothing left to serve
         return

@@ -45,7 +45,7 @@ MODE_ARGS = "args"  # func(*args, **kwargs) for (args, kwargs) items
 
 
 def handle(body: bytes, signature: str | None, secret: bytes | None,
-           time_limit: float | None = None) -> tuple[int, bytes]:
+           time_limit: float | None = None, verified: bool = False) -> tuple[int, bytes]:
     """Verify and run one invocation; return ``(HTTP status, response body)``.
 
     401: no signature; 403: a signature that does not hold for this route, call, body and time
@@ -54,20 +54,27 @@ def handle(body: bytes, signature: str | None, secret: bytes | None,
     ``time_limit``: seconds the platform still allows (Lambda's remaining time
     less a reserve); the call's timeout is cut to it, so a timeout error is
     written before the platform kills the call.
+    ``verified``: only :mod:`fnmap.emulator.process` sets it, for a request that reached it over
+    its private pipe from the emulator that verified this signature with this same secret (see
+    :meth:`fnmap.emulator.app.Emulator.execute`); every other route checks here.
     """
     if not secret:
         return 500, b"fnmap handler has no secret: set FNMAP_SECRET to the deployment's secret"
-    if not signature:
+    if not signature and not verified:
         return 401, signing.REFUSED
     try:
-        header, _ = decode_header(body)
-    except ValueError:
-        header = {}  # verified as a body with no call; refused as malformed after
-    if not signing.verify_request(secret, signing.ROUTE_CALL, header.get("job_id", ""), header.get("call_id", ""),
-                                  header.get("attempt", ""), body, signature):
+        header, offset = decode_header(body)
+        malformed = None
+    except ValueError as e:
+        header, offset, malformed = {}, 0, e  # verified as a body with no call; refused as malformed after
+    if not verified and not signing.verify_request(secret, signing.ROUTE_CALL, header.get("job_id", ""),
+                                                   header.get("call_id", ""), header.get("attempt", ""),
+                                                   body, signature):
         return 403, signing.REFUSED
     try:
-        req, payload = decode_request(body)
+        if malformed is not None:
+            raise malformed
+        req, payload = decode_request(body, header, offset)
     except ValueError as e:
         return 400, f"malformed fnmap request: {e}".encode()
     if time_limit is not None and (req.timeout is None or req.timeout > time_limit):
@@ -102,7 +109,8 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
         store = open_store(req.store_url)
     except Exception as e:
         return _platform_error(resp, "rejected", f"cannot open storage {req.store_url!r}: {e}"), b""
-    loaded = _load_call(store, req, resp, payload)
+    result_key = keys.result_key(req.job_id, req.call_id)
+    loaded = _load_call(store, req, resp, payload, result_key)
     if isinstance(loaded, CallResponse):  # refused as final, or a platform error
         return loaded, b""
     func, items, mode, error, loaded_at = loaded
@@ -113,21 +121,21 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
         outcomes = _run_items(func, items, mode, req) if error is None else \
             [from_exception(error)] * max(1, len(items or ()))
     # Large results compressed (issue 7); sealed with the secret, so the reader checks before unpickling.
-    data = signing.seal(secret, keys.result_key(req.job_id, req.call_id), compression.pack(dump_all(outcomes)))
+    data = signing.seal(secret, result_key, compression.pack(dump_all(outcomes)))
     observed = (req, started, time.time(), cold, len(payload), loaded_at, logs, outcomes)
     if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline
         resp.error_kind, resp.committed, resp.inline = "retry_on", False, True
         resp.stats = _all_stats(observed, len(data))
         _add_output(resp.stats, req, logs)
         return resp, data
-    return _commit(store, resp, data, observed)
+    return _commit(store, resp, data, observed, result_key)
 
 
-def _load_call(store, req: CallRequest, resp: CallResponse, payload):
+def _load_call(store, req: CallRequest, resp: CallResponse, payload, result_key: str):
     """``(func, items, mode, None, when loaded)``, or ``(None, None, None, the error, when)`` when the
     user's function or chunk failed to load (every item fails with it), or the response to give."""
     try:
-        if _refused_as_final(store, req, resp):  # a replay, a late copy, or a job removed by gc
+        if _refused_as_final(store, req, resp, result_key):  # a replay, a late copy, or a job removed by gc
             return resp
         return (*_load(store, req, payload), None, time.time())
     # An unpicklable/unimportable function or chunk fails every item alike; a sys.exit or
@@ -149,10 +157,9 @@ def _all_stats(observed: tuple, bytes_out: int) -> dict:
     return stats
 
 
-def _commit(store, resp: CallResponse, data: bytes, observed: tuple) -> tuple[CallResponse, bytes]:
+def _commit(store, resp: CallResponse, data: bytes, observed: tuple, result_key: str) -> tuple[CallResponse, bytes]:
     """Commit the outcomes (first writer wins), the output and the status record; answer."""
     req, logs = observed[0], observed[6]
-    result_key = keys.result_key(req.job_id, req.call_id)
     try:
         committed = store.put_if_absent(result_key, data)
         if not committed:  # an earlier attempt or a speculative copy won: its result is the result
@@ -181,7 +188,7 @@ def _platform_error(resp: CallResponse, kind: str, message: str) -> CallResponse
 
 
 
-def _refused_as_final(store, req: CallRequest, resp: CallResponse) -> bool:
+def _refused_as_final(store, req: CallRequest, resp: CallResponse, result_key: str) -> bool:
     """Whether the call must not run: its job record is gone (``fnmap gc`` removed the job: a
     replay would re-create its objects) or its result is committed already (a replay, or a copy
     arriving late: answered with the committed result's key, nothing run or unpickled)."""
@@ -189,7 +196,6 @@ def _refused_as_final(store, req: CallRequest, resp: CallResponse) -> bool:
         _platform_error(resp, "rejected", f"job {req.job_id} has no record in {req.store_url} (removed by "
                         "`fnmap gc`?): the call is refused, nothing was run")
         return True
-    result_key = keys.result_key(req.job_id, req.call_id)
     if not store.exists(result_key):
         return False
     resp.committed, resp.result_key, resp.inline = False, result_key, False
