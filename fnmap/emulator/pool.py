@@ -42,15 +42,30 @@ class Stopper:
     """Lets another thread stop one invocation: before it reaches a worker, or by killing the
     worker process running it (the client decided the call by another attempt)."""
 
-    def __init__(self):
+    __slots__ = ("_lock", "_requested", "_event", "_worker", "_killed")
+
+    def __init__(self):  # one per call: the Event is made only when someone waits on it
         self._lock = threading.Lock()
-        self.stopped = threading.Event()
+        self._requested = False
+        self._event: threading.Event | None = None
         self._worker: WorkerProcess | None = None
         self._killed = False
 
+    @property
+    def stopped(self) -> threading.Event:
+        """Set once the invocation was asked to stop."""
+        with self._lock:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._requested:
+                    self._event.set()
+            return self._event
+
     def stop(self) -> None:
         with self._lock:
-            self.stopped.set()
+            self._requested = True
+            if self._event is not None:
+                self._event.set()
             if self._worker is not None and not self._killed:
                 _sigkill(self._worker.proc)
                 self._killed = True
@@ -58,7 +73,7 @@ class Stopper:
     def attach(self, worker: WorkerProcess) -> bool:
         """The invocation is about to run on ``worker``; False when it was stopped already."""
         with self._lock:
-            if self.stopped.is_set():
+            if self._requested:
                 return False
             self._worker = worker
             return True
@@ -165,13 +180,46 @@ def _context():
         return _ctx
 
 
+class _IdleStack:
+    """The idle workers, the last returned given first: ``queue.LifoQueue`` without its task
+    counting and its notifications when nobody waits (a lock and a list on the per-call path)."""
+
+    def __init__(self):
+        self._items: list = []
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._waiting = 0
+
+    def put(self, item) -> None:
+        with self._lock:
+            self._items.append(item)
+            if self._waiting:
+                self._ready.notify()
+
+    def get(self):
+        with self._lock:
+            while not self._items:
+                self._waiting += 1
+                try:
+                    self._ready.wait()
+                finally:
+                    self._waiting -= 1
+            return self._items.pop()
+
+    def get_nowait(self):
+        with self._lock:
+            if not self._items:
+                raise queue.Empty
+            return self._items.pop()
+
+
 class WorkerPool:
     """``size`` warm processes; ``execute`` runs one invocation on an idle one."""
 
     def __init__(self, size: int, env: dict | None = None):
         self.size = size
         self.env = env
-        self._idle: queue.LifoQueue[WorkerProcess] = queue.LifoQueue()  # LIFO keeps the warmest busy
+        self._idle = _IdleStack()  # LIFO keeps the warmest busy
         self._all: set[WorkerProcess] = set()
         self._lock = threading.Lock()
         self._closed = False
