@@ -13,17 +13,21 @@ outcome is ``out_of_memory``, as Lambda ends a function over its memory.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import queue
+import select
 import signal
 import struct
 import threading
 import time
 
 from .memlimit import MemoryWatch, reset_peak
-from .process import BODY_INLINE, INLINE_BODY, REQUEST_HEAD, VERIFIED, serve
+from .process import REQUEST_HEAD, VERIFIED, read_message, serve, write_message
 
 _LEN = struct.Struct(">I")
+#: The longest wait one poll(2) takes (its timeout is a C int of milliseconds).
+_LONGEST_POLL_MS = 1 << 30
 #: Seconds past a call's own timeout before its process is killed.
 KILL_GRACE_SECONDS = 2.0
 #: Seconds a closing pool gives busy workers before it kills them.
@@ -106,6 +110,9 @@ class WorkerProcess:
         self.calls = 0
         self.started = time.time()
         self._ready = False
+        self._fd = self._conn.fileno()
+        self._poll = select.poll()  # one per worker: Connection.poll built a selector per call
+        self._poll.register(self._fd, select.POLLIN)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         if not self._ready:
@@ -118,13 +125,8 @@ class WorkerProcess:
         deadline = time.monotonic() + timeout if timeout else None
         self.wait_ready()
         signed = (signature or "").encode()
-        flags = VERIFIED if verified else 0
         try:
-            if len(body) <= INLINE_BODY:
-                self._conn.send_bytes(b"".join((REQUEST_HEAD.pack(flags | BODY_INLINE, len(signed)), signed, body)))
-            else:  # not copied into one message
-                self._conn.send_bytes(REQUEST_HEAD.pack(flags, len(signed)) + signed)
-                self._conn.send_bytes(body)
+            write_message(self._live_fd(), REQUEST_HEAD.pack(VERIFIED if verified else 0, len(signed)), signed, body)
         except (BrokenPipeError, OSError, ValueError) as e:
             raise WorkerDied(str(e)) from None
         self.calls += 1
@@ -132,11 +134,19 @@ class WorkerProcess:
         (status,) = _LEN.unpack_from(answer)
         return status, answer[_LEN.size:]
 
+    def _live_fd(self) -> int:
+        if self._conn.closed:  # never read or write a number the closed pipe's may have been reused for
+            raise OSError("the worker's pipe is closed")
+        return self._fd
+
     def _recv(self, deadline: float | None) -> bytes:
         try:
-            if deadline is not None and not self._conn.poll(max(0.0, deadline - time.monotonic())):
-                raise WorkerHung()
-            return self._conn.recv_bytes()
+            fd = self._live_fd()
+            if deadline is not None:
+                while not self._poll.poll(min(_LONGEST_POLL_MS, math.ceil(max(0, deadline - time.monotonic()) * 1e3))):
+                    if time.monotonic() >= deadline:
+                        raise WorkerHung()
+            return read_message(fd)
         except (EOFError, OSError, ValueError, TypeError):  # TypeError: the pipe was closed under this read
             raise WorkerDied() from None
 
