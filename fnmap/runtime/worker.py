@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -27,10 +26,11 @@ from ..errors import STORAGE_REFUSED_ERRNOS, storage_fix
 from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
 from . import compression, keys, setup, signing
+from .capture import captured as _captured
 from .outcome import OK, dump_all, failure, from_exception, retry_outcome, succeeded
 from .peakmem import PeakMemory
 from .serialization import load_stream, loads, runtime_mismatch
-from .wire import CallRequest, CallResponse, decode_header, decode_request, encode
+from .wire import CallRequest, CallResponse, EncodedDict, decode_header, decode_request, encode
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 _functions: OrderedDict[str, Any] = OrderedDict()
@@ -166,9 +166,12 @@ def _commit(store, resp: CallResponse, data: bytes, observed: tuple, result_key:
             data = store.get(result_key)
         if logs is not None and logs.tell():
             store.put(keys.log_key(req.job_id, req.call_id, req.attempt), logs.getvalue().encode())
-        resp.stats = _all_stats(observed, len(data))
-        store.put(keys.status_key(req.job_id, req.call_id, req.attempt), json.dumps(resp.stats).encode())
-        _add_output(resp.stats, req, logs)  # not in the stored status: the log object has it all
+        stats = _all_stats(observed, len(data))
+        text = json.dumps(stats)
+        store.put(keys.status_key(req.job_id, req.call_id, req.attempt), text.encode())
+        # the output is not in the stored status (the log object has it all); without it the answer
+        # sends the status record's text as it is (encoded once)
+        resp.stats = stats if _add_output(stats, req, logs) else EncodedDict(stats, text)
     except Exception as e:
         if is_unreachable(e):
             return _platform_error(resp, "storage", _unreachable_message(req.store_url, e)), b""
@@ -333,13 +336,14 @@ class _Deadline:
     raises into the running item, but only while ``armed`` (inside user code),
     so our own bookkeeping is never interrupted.  Elsewhere (threads) the
     deadline is only checked between items and the client's timeout applies.
+    The handler is installed once and stays (installing and restoring it cost two
+    system calls a call); it is installed again if user code replaced it.
     """
 
     def __init__(self, timeout: float | None):
         self.timeout = timeout
         self.end = time.monotonic() + timeout if timeout else None
         self.armed = False
-        self._previous = None
         self._use_signal = bool(
             timeout
             and hasattr(signal, "setitimer")
@@ -349,22 +353,32 @@ class _Deadline:
     def expired(self) -> bool:
         return self.end is not None and time.monotonic() >= self.end
 
-    def _on_alarm(self, signum, frame):
-        if self.armed:
-            self.armed = False
-            raise _Expired()
-
     def __enter__(self):
+        global _current_deadline
         if self._use_signal:
-            self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
+            if signal.getsignal(signal.SIGALRM) is not _on_alarm:
+                signal.signal(signal.SIGALRM, _on_alarm)
+            _current_deadline = self
             signal.setitimer(signal.ITIMER_REAL, self.timeout)
         return self
 
     def __exit__(self, *exc):
+        global _current_deadline
         if self._use_signal:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self._previous)
+            _current_deadline = None
         return False
+
+
+#: The deadline the main thread's timer runs for (None between calls: a stray SIGALRM is ignored).
+_current_deadline: _Deadline | None = None
+
+
+def _on_alarm(signum, frame):
+    deadline = _current_deadline
+    if deadline is not None and deadline.armed:
+        deadline.armed = False
+        raise _Expired()
 
 
 def _wants_retry(req: CallRequest, outcomes: list[tuple]) -> bool:
@@ -391,60 +405,6 @@ def _call_environment(extra_env: dict):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-_capture = threading.local()
-_router_lock = threading.Lock()
-
-
-class _Router:
-    """Stands in for ``sys.stdout``/``sys.stderr``: copies writes to the calling thread's capture buffer.
-
-    Installed once and left in place; swapping ``sys.stdout`` per call would mix
-    the output of calls running on several threads (the ``local`` backend).
-    """
-
-    def __init__(self, original):
-        self.original = original
-
-    def write(self, s: str) -> int:
-        buffer = getattr(_capture, "buffer", None)
-        if buffer is not None:
-            buffer.write(s)
-            if not _capture.echo:  # output="after"/"none": the client shows it, not this process's stderr
-                return len(s)
-        try:
-            return self.original.write(s)
-        except Exception:  # a closed or broken original stream must not fail the call
-            return len(s)
-
-    def flush(self) -> None:
-        with contextlib.suppress(Exception):
-            self.original.flush()
-
-    def __getattr__(self, name):
-        return getattr(self.original, name)
-
-
-@contextlib.contextmanager
-def _captured(buffer: io.StringIO | None, echo: bool = True):
-    """Copy the calling thread's writes to ``sys.stdout``/``sys.stderr`` into ``buffer``; with
-    ``echo`` False they go only there (the emulator's workers would otherwise write them to the
-    client's terminal as they happen, into its progress bar: issue 14)."""
-    if buffer is None:
-        yield
-        return
-    with _router_lock:
-        if not isinstance(sys.stdout, _Router):
-            sys.stdout = _Router(sys.stdout)
-        if not isinstance(sys.stderr, _Router):
-            sys.stderr = _Router(sys.stderr)
-    _capture.buffer = buffer
-    _capture.echo = echo
-    try:
-        yield
-    finally:
-        _capture.buffer = None
 
 
 def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
@@ -476,14 +436,16 @@ LOG_TAIL_CHARS = 2000
 OUTPUT_CHARS = 4000
 
 
-def _add_output(stats: dict, req: CallRequest, logs: io.StringIO | None) -> None:
+def _add_output(stats: dict, req: CallRequest, logs: io.StringIO | None) -> bool:
     """A call that printed something, for a job with output="after": its output rides back with the
-    answer (the first OUTPUT_CHARS characters; the rest is in the call's log object)."""
+    answer (the first OUTPUT_CHARS characters; the rest is in the call's log object).  Whether it did."""
     if req.output == "after" and logs is not None and logs.tell():
         text = logs.getvalue()
         stats["output"] = text[:OUTPUT_CHARS]
         if len(text) > OUTPUT_CHARS:
             stats["output_chars"] = len(text)
+        return True
+    return False
 
 
 def _observed(loaded_at: float, logs: io.StringIO | None, outcomes: list[tuple]) -> dict:
