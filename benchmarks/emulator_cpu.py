@@ -24,7 +24,7 @@ def _cpu(proc) -> float:
     return t.user + t.system
 
 
-def measure(kind: str, n: int, reps: int) -> dict:
+def measure(kind: str, n: int, reps: int, chunksize: int | None = 1) -> dict:
     import os
 
     import psutil
@@ -42,7 +42,7 @@ def measure(kind: str, n: int, reps: int) -> dict:
         workers = emulator.children(recursive=True)  # forked from a fork server
         c0, s0, w0 = _cpu(me), _cpu(emulator), sum(_cpu(w) for w in workers)
         t0 = time.perf_counter()
-        out = fnmap.map(func, items, progress=False)
+        out = fnmap.map(func, items, chunksize=chunksize, progress=False)
         wall = time.perf_counter() - t0
         c1, s1, w1 = _cpu(me), _cpu(emulator), sum(_cpu(w) for w in workers)
         assert out == ([len(b) for b in items] if kind == "bigarg" else items), "wrong results"
@@ -56,10 +56,13 @@ def main(argv=None) -> None:
     ap.add_argument("--noop", type=int, default=3000, help="calls of the noop job")
     ap.add_argument("--bigarg", type=int, default=300, help="calls of the 1 MB job")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--chunksize", type=int, default=1,
+                    help="items per call (default 1: one call per item, as compare.py's fnmap rows; 0: automatic)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
-    result = {"noop": measure("noop", args.noop, args.reps),
-              "bigarg": measure("bigarg", args.bigarg, args.reps)}
+    chunksize = args.chunksize or None
+    result = {"noop": measure("noop", args.noop, args.reps, chunksize),
+              "bigarg": measure("bigarg", args.bigarg, args.reps, chunksize)}
     print("| job | calls/s | client µs/call | server µs/call | workers µs/call | total µs/call |")
     print("| --- | --- | --- | --- | --- | --- |")
     for kind, r in result.items():

@@ -5,6 +5,7 @@ parsers (httptools, and h11, the fallback), and malformed answers are refused (i
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import threading
 
@@ -113,6 +114,21 @@ def test_keep_alive_content_length_and_request_format(serve, parser):
     assert b"Content-Length: 7" in head and b"X-Test: yes" in head
     assert server.requests[0].endswith(b"\r\n\r\npayload")
     assert server.requests[1].endswith(b"x" * 100_000)
+
+
+def test_an_idle_connection_reads_as_ready_once_the_server_closed_it(serve, parser):
+    """What the http backend checks before it reuses a connection (a poll object per connection)."""
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    server = serve((ok, False), (ok, True))
+    conn, _r = _post(server, parser)
+    try:
+        assert not conn.readable()  # kept alive: nothing more to read
+        assert conn.post("/invoke", b"x", {}, 10).body == b"ok"
+        server.thread.join(5)  # the server answered the last request and closed the connection
+        select.select([conn.sock], [], [], 5)  # its end of the connection has reached this side
+        assert conn.readable()
+    finally:
+        conn.close()
 
 
 def test_chunked_body_continue_and_repeated_headers(serve, parser):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import PlatformFault
+from ..runtime.signing import window
 from ..runtime.wire import CallRequest
 
 
@@ -109,8 +110,6 @@ class BaseBackend:
     def signature_lifetime(self) -> float:
         """Seconds a call's signature stays valid: the signature window, or as long as the
         platform may hold an accepted call before the client declares it lost."""
-        from ..runtime.signing import window
-
         return max(window(), self.lost_after or 0)
 
     def invoke_many(self, invocations: list[Invocation]) -> list[Answer]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import sys
 import threading
 from urllib.parse import urlsplit
@@ -180,7 +179,7 @@ def _dropped(conn) -> bool:
     if conn.sock is None:
         return True
     try:
-        return bool(select.select([conn.sock], [], [], 0)[0])
+        return conn.readable()
     except (OSError, ValueError):
         return True
 

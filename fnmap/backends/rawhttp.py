@@ -10,6 +10,7 @@ body, a response per request, no 1xx other than ``100 Continue``, no trailers.
 
 from __future__ import annotations
 
+import select
 import socket
 
 from ..runtime import httpwire
@@ -44,7 +45,7 @@ class Connection:
     """One keep-alive connection to ``host:port`` (not thread-safe: one per thread).  ``parser``
     is ``httptools`` or ``h11`` (default: :data:`fnmap.runtime.httpwire.PARSER`)."""
 
-    __slots__ = ("host", "port", "sock", "answered", "_wire", "_host_header")
+    __slots__ = ("host", "port", "sock", "answered", "_wire", "_host_header", "_timeout", "_poll")
 
     def __init__(self, host: str, port: int, connect_timeout: float, parser: str | None = None):
         self.host, self.port = host, port
@@ -55,13 +56,17 @@ class Connection:
         #: Answers read on this connection so far (more than none: a reused keep-alive connection).
         self.answered = 0
         self._host_header = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+        self._timeout: object = ...  # settimeout is a system call: made only when it changes
+        self._poll = None
 
     def post(self, path: str, body: bytes, headers: dict[str, str], timeout: float | None) -> Response:
         """Send one POST and read its whole answer.  Raises ``TimeoutError`` when no answer
         comes within ``timeout`` seconds, ``OSError`` (``ProtocolError``) on a broken connection,
         :class:`StaleConnection` when a reused connection broke before any of the answer came."""
         head, data = self._wire.encode("POST", path, self._host_header, headers, body)
-        self.sock.settimeout(timeout)
+        if timeout != self._timeout:
+            self.sock.settimeout(timeout)
+            self._timeout = timeout
         try:
             if len(data) <= _JOIN_LIMIT:
                 self.sock.sendall(head + data)
@@ -79,6 +84,14 @@ class Connection:
             if self.answered and not self._wire.answer_started():
                 raise StaleConnection(f"the server closed this idle keep-alive connection ({e!r})") from e
             raise
+
+    def readable(self) -> bool:
+        """Whether the socket reads as ready now (on an idle keep-alive connection: the server
+        closed it); a poll object kept per connection, not a ``select`` building lists each time."""
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self.sock, select.POLLIN)
+        return bool(self._poll.poll(0))
 
     def close(self) -> None:
         self.sock.close()

@@ -84,8 +84,11 @@ class Emulator:
         if secret is None:
             value = (pool.env or os.environ).get(SECRET_ENV)
             secret = value.encode() if value else None
-        #: The secret requests are signed with (``/cancel`` checks it; workers check invocations).
+        #: The secret requests are signed with (``/cancel`` checks it, and every invocation).
         self.secret = secret
+        workers_env = pool.env if pool.env is not None else os.environ  # what process.serve reads
+        #: Whether the workers' secret is this one: then a request verified here is not verified again.
+        self.workers_trust_front = bool(secret) and workers_env.get(SECRET_ENV, "").encode() == secret
         self.faults = faults or FaultPlan()
         self.started = time.time()
         self.recent: collections.deque = collections.deque(maxlen=RECENT_CALLS)
@@ -108,8 +111,14 @@ class Emulator:
 
     def execute(self, body: bytes, signature: str | None) -> tuple[int, bytes, dict]:
         header, timeout, memory = _read_header(body)
-        # Authenticated before any fault is injected or any worker touched (issue 26); the worker
-        # checks again (it is the boundary of deployed handlers).
+        # Authenticated before any fault is injected or any worker touched (issue 26).  This check
+        # is the one a call gets on the emulator (workers_trust_front): the worker runs what its
+        # pipe brings, and only this process writes that pipe (an anonymous pipe made for the
+        # forked child; no other process, user or socket reaches it), always after this line, with
+        # the same secret the worker holds (else the worker checks again).  The replay defences
+        # are all kept: a signature's time window is checked here, and the worker still refuses a
+        # call whose result is committed or whose job record is gone.  The worker's own check stays
+        # the boundary of every other route (HTTP handler, Lambda, container, local backend).
         if self.secret and not verify_request(self.secret, ROUTE_CALL, header.get("job_id", ""),
                                               header.get("call_id", ""), header.get("attempt", ""), body, signature):
             with self._lock:
@@ -177,8 +186,9 @@ class Emulator:
         plan = self.faults
         if plan.latency_ms:
             self.stopping.wait(plan.latency_ms / 1000.0)
+        verified = self.workers_trust_front  # execute() verified the signature with the workers' secret
         if fate is None:
-            return self.pool.execute(signature, body, timeout, stopper=stopper, memory=memory)
+            return self.pool.execute(signature, body, timeout, stopper=stopper, memory=memory, verified=verified)
         if fate.fail:
             return "failed", 500, b"", {}
         if fate.drop:
@@ -187,8 +197,8 @@ class Emulator:
             return "dropped", 504, b"", {}
         if fate.straggle and self._hold(plan.straggler_delay(self.pool.typical_seconds), stopper):
             return "stopped", 0, b"", {}
-        return self.pool.execute(signature, body, timeout, kill_at=fate.kill_at,
-                                 cold_start=plan.cold_start_ms / 1000.0, stopper=stopper, memory=memory)
+        return self.pool.execute(signature, body, timeout, kill_at=fate.kill_at, cold_start=plan.cold_start_ms / 1000.0,
+                                 stopper=stopper, memory=memory, verified=verified)
 
     def _hold(self, seconds: float, stopper: Stopper) -> bool:
         """Hold a request back for ``seconds``, less if the server stops or the request is

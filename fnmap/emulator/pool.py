@@ -13,17 +13,21 @@ outcome is ``out_of_memory``, as Lambda ends a function over its memory.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import queue
+import select
 import signal
 import struct
 import threading
 import time
 
 from .memlimit import MemoryWatch, reset_peak
-from .process import serve
+from .process import REQUEST_HEAD, VERIFIED, read_message, serve, write_message
 
 _LEN = struct.Struct(">I")
+#: The longest wait one poll(2) takes (its timeout is a C int of milliseconds).
+_LONGEST_POLL_MS = 1 << 30
 #: Seconds past a call's own timeout before its process is killed.
 KILL_GRACE_SECONDS = 2.0
 #: Seconds a closing pool gives busy workers before it kills them.
@@ -42,15 +46,30 @@ class Stopper:
     """Lets another thread stop one invocation: before it reaches a worker, or by killing the
     worker process running it (the client decided the call by another attempt)."""
 
-    def __init__(self):
+    __slots__ = ("_lock", "_requested", "_event", "_worker", "_killed")
+
+    def __init__(self):  # one per call: the Event is made only when someone waits on it
         self._lock = threading.Lock()
-        self.stopped = threading.Event()
+        self._requested = False
+        self._event: threading.Event | None = None
         self._worker: WorkerProcess | None = None
         self._killed = False
 
+    @property
+    def stopped(self) -> threading.Event:
+        """Set once the invocation was asked to stop."""
+        with self._lock:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._requested:
+                    self._event.set()
+            return self._event
+
     def stop(self) -> None:
         with self._lock:
-            self.stopped.set()
+            self._requested = True
+            if self._event is not None:
+                self._event.set()
             if self._worker is not None and not self._killed:
                 _sigkill(self._worker.proc)
                 self._killed = True
@@ -58,7 +77,7 @@ class Stopper:
     def attach(self, worker: WorkerProcess) -> bool:
         """The invocation is about to run on ``worker``; False when it was stopped already."""
         with self._lock:
-            if self.stopped.is_set():
+            if self._requested:
                 return False
             self._worker = worker
             return True
@@ -91,6 +110,9 @@ class WorkerProcess:
         self.calls = 0
         self.started = time.time()
         self._ready = False
+        self._fd = self._conn.fileno()
+        self._poll = select.poll()  # one per worker: Connection.poll built a selector per call
+        self._poll.register(self._fd, select.POLLIN)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         if not self._ready:
@@ -98,12 +120,13 @@ class WorkerProcess:
                 raise WorkerDied("worker process did not start")
             self._ready = True
 
-    def call(self, signature: str | None, body: bytes, timeout: float | None) -> tuple[int, bytes]:
+    def call(self, signature: str | None, body: bytes, timeout: float | None,
+             verified: bool = False) -> tuple[int, bytes]:
         deadline = time.monotonic() + timeout if timeout else None
         self.wait_ready()
+        signed = (signature or "").encode()
         try:
-            self._conn.send_bytes((signature or "").encode())
-            self._conn.send_bytes(body)
+            write_message(self._live_fd(), REQUEST_HEAD.pack(VERIFIED if verified else 0, len(signed)), signed, body)
         except (BrokenPipeError, OSError, ValueError) as e:
             raise WorkerDied(str(e)) from None
         self.calls += 1
@@ -111,11 +134,19 @@ class WorkerProcess:
         (status,) = _LEN.unpack_from(answer)
         return status, answer[_LEN.size:]
 
+    def _live_fd(self) -> int:
+        if self._conn.closed:  # never read or write a number the closed pipe's may have been reused for
+            raise OSError("the worker's pipe is closed")
+        return self._fd
+
     def _recv(self, deadline: float | None) -> bytes:
         try:
-            if deadline is not None and not self._conn.poll(max(0.0, deadline - time.monotonic())):
-                raise WorkerHung()
-            return self._conn.recv_bytes()
+            fd = self._live_fd()
+            if deadline is not None:
+                while not self._poll.poll(min(_LONGEST_POLL_MS, math.ceil(max(0, deadline - time.monotonic()) * 1e3))):
+                    if time.monotonic() >= deadline:
+                        raise WorkerHung()
+            return read_message(fd)
         except (EOFError, OSError, ValueError, TypeError):  # TypeError: the pipe was closed under this read
             raise WorkerDied() from None
 
@@ -159,13 +190,46 @@ def _context():
         return _ctx
 
 
+class _IdleStack:
+    """The idle workers, the last returned given first: ``queue.LifoQueue`` without its task
+    counting and its notifications when nobody waits (a lock and a list on the per-call path)."""
+
+    def __init__(self):
+        self._items: list = []
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._waiting = 0
+
+    def put(self, item) -> None:
+        with self._lock:
+            self._items.append(item)
+            if self._waiting:
+                self._ready.notify()
+
+    def get(self):
+        with self._lock:
+            while not self._items:
+                self._waiting += 1
+                try:
+                    self._ready.wait()
+                finally:
+                    self._waiting -= 1
+            return self._items.pop()
+
+    def get_nowait(self):
+        with self._lock:
+            if not self._items:
+                raise queue.Empty
+            return self._items.pop()
+
+
 class WorkerPool:
     """``size`` warm processes; ``execute`` runs one invocation on an idle one."""
 
     def __init__(self, size: int, env: dict | None = None):
         self.size = size
         self.env = env
-        self._idle: queue.LifoQueue[WorkerProcess] = queue.LifoQueue()  # LIFO keeps the warmest busy
+        self._idle = _IdleStack()  # LIFO keeps the warmest busy
         self._all: set[WorkerProcess] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -208,7 +272,8 @@ class WorkerPool:
 
     def execute(self, signature: str | None, body: bytes, timeout: float | None, *,
                 kill_at: float | None = None, cold_start: float = 0.0,
-                stopper: Stopper | None = None, memory: int | None = None) -> tuple[str, int, bytes, dict]:
+                stopper: Stopper | None = None, memory: int | None = None,
+                verified: bool = False) -> tuple[str, int, bytes, dict]:
         """Run one invocation; return ``(outcome, status, body, info)``.
 
         ``outcome`` is ``ok``, ``crashed``, ``timeout``, ``stopped`` (by ``stopper``) or
@@ -217,6 +282,7 @@ class WorkerPool:
         Fault injection: ``cold_start`` seconds are spent first on a worker's first call;
         with ``kill_at`` the worker is SIGKILLed that fraction of a typical call's duration
         after it was handed the call, and its answer, if it gave one, dies with it.
+        ``verified``: the caller verified the signature with the workers' secret (the worker does not).
         """
         worker = self._idle.get()
         info = {"pid": worker.pid, "cold": worker.calls == 0}
@@ -224,7 +290,7 @@ class WorkerPool:
             self._idle.put(worker)
             return "stopped", 0, b"", info
         if not memory:
-            return self._execute(worker, info, signature, body, timeout, kill_at, cold_start, stopper)
+            return self._execute(worker, info, (signature, verified), body, timeout, kill_at, cold_start, stopper)
         try:
             worker.wait_ready()  # its start-up is not the call's memory
         except (WorkerDied, WorkerHung):
@@ -232,11 +298,12 @@ class WorkerPool:
         reset_peak(worker.pid)
         watch = MemoryWatch(worker.pid, memory)
         try:
-            return self._execute(worker, info, signature, body, timeout, kill_at, cold_start, stopper, watch)
+            return self._execute(worker, info, (signature, verified), body, timeout, kill_at, cold_start, stopper,
+                                 watch)
         finally:
             watch.stop()
 
-    def _execute(self, worker: WorkerProcess, info: dict, signature, body, timeout, kill_at,
+    def _execute(self, worker: WorkerProcess, info: dict, signed: tuple, body, timeout, kill_at,
                  cold_start, stopper: Stopper | None,
                  watch: MemoryWatch | None = None) -> tuple[str, int, bytes, dict]:
         if info["cold"] and cold_start:
@@ -248,7 +315,7 @@ class WorkerPool:
             killer.start()
         started = time.monotonic()
         try:
-            status, out = worker.call(signature, body, hard_timeout)
+            status, out = worker.call(signed[0], body, hard_timeout, verified=signed[1])
             if killer is not None:
                 killer.join()  # the kill lands even when the call answered first
                 worker.proc.join()

@@ -74,10 +74,27 @@ class CallResponse:
     stats: dict = field(default_factory=dict)
 
 
+class EncodedDict(dict):
+    """A dict whose JSON text is made already (a worker's stats, written as its status record):
+    :func:`encode` sends that text rather than encoding the dict again."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, value: dict, text: str):
+        super().__init__(value)
+        self.text = text
+
+
 def encode(header: Any, payload: bytes = b"") -> bytes:
     # vars(), not dataclasses.asdict: the headers hold only JSON values, and asdict's recursive
     # deep copy cost about 30 us per call on each side of the wire (issue 9).
-    meta = json.dumps(vars(header) if hasattr(header, "__dataclass_fields__") else header).encode()
+    if not hasattr(header, "__dataclass_fields__"):
+        meta = json.dumps(header).encode()
+    elif type(stats := getattr(header, "stats", None)) is EncodedDict:  # the last field: same text
+        rest = json.dumps({name: value for name, value in vars(header).items() if name != "stats"})
+        meta = f'{rest[:-1]}, "stats": {stats.text}}}'.encode()
+    else:
+        meta = json.dumps(vars(header)).encode()
     return b"".join((_LEN.pack(len(meta)), meta, payload))
 
 
@@ -94,8 +111,11 @@ def decode_header(body: bytes) -> tuple[dict, int]:
     return header, _LEN.size + n
 
 
-def decode_request(body: bytes) -> tuple[CallRequest, memoryview]:
-    header, offset = decode_header(body)
+def decode_request(body: bytes, header: dict | None = None, offset: int = 0) -> tuple[CallRequest, memoryview]:
+    """The request in ``body``; ``header`` and ``offset``: what :func:`decode_header` gave for it
+    already (the worker reads the header once, to verify the signature, and once is enough)."""
+    if header is None:
+        header, offset = decode_header(body)
     try:
         req = CallRequest(**header)
     except TypeError as e:
@@ -127,28 +147,38 @@ _REQUEST_TYPES = {
     "echo_output": (bool, "true or false"),
     "job_record": ((str, type(None)), "the key of the job's index entry"),
 }
+#: Field -> the exact types a well-formed value has (JSON gives no subclasses; a bool is only
+#: accepted where the field says so): the per-call check is one set lookup per field.
+_EXACT_TYPES = {name: frozenset(types if isinstance(types, tuple) else (types,))
+                for name, (types, _what) in _REQUEST_TYPES.items()}
+_EXTRA_ENV_VALUES = (str, int, float)
 
 
 def _check_request(req: CallRequest) -> None:
-    for name, (types, what) in _REQUEST_TYPES.items():
-        value = getattr(req, name)
-        wrong = not isinstance(value, types) or (isinstance(value, bool) and bool not in (
-            types if isinstance(types, tuple) else (types,)))
-        if not wrong and name == "timeout" and value is not None:
-            wrong = not 0 < value < 1e9
-        if not wrong and name == "extra_env":
-            wrong = not all(isinstance(k, str) and isinstance(v, (str, int, float)) and k
-                            and "=" not in k and "\0" not in k + str(v) for k, v in value.items())
-        if not wrong and name == "job_id":  # a job id is one path segment: no reaching into other jobs
-            wrong = not _JOB_ID.fullmatch(value)
-        if not wrong and name == "job_record" and value is not None:
-            wrong = not keys.is_job_index_key(value, req.job_id)
-        if not wrong and name in ("call_id", "attempt", "first_index"):
-            wrong = value < 0
-        if not wrong and name == "retry_on":
-            wrong = not all(isinstance(v, str) for v in value)
-        if wrong:
-            raise ValueError(f"malformed call request: {name}={value!r:.100} is not {what}")
+    values = vars(req)
+    for name, exact in _EXACT_TYPES.items():
+        value = values[name]
+        # a subclass of an accepted type (never made by JSON) is refused too: it may redefine anything
+        if type(value) not in exact or (name in _OUT_OF_RANGE and _OUT_OF_RANGE[name](value, req)):
+            raise ValueError(f"malformed call request: {name}={value!r:.100} is not {_REQUEST_TYPES[name][1]}")
+
+
+def _bad_env(env: dict, req) -> bool:
+    return not all(isinstance(k, str) and isinstance(v, _EXTRA_ENV_VALUES) and k
+                   and "=" not in k and "\0" not in k + str(v) for k, v in env.items())
+
+
+#: Field -> whether a value of an accepted type is out of range for it.
+_OUT_OF_RANGE = {
+    "timeout": lambda value, req: value is not None and not 0 < value < 1e9,
+    "call_id": lambda value, req: value < 0,
+    "attempt": lambda value, req: value < 0,
+    "first_index": lambda value, req: value < 0,
+    "job_id": lambda value, req: not _JOB_ID.fullmatch(value),  # one path segment: no reaching into other jobs
+    "extra_env": lambda value, req: bool(value) and _bad_env(value, req),
+    "job_record": lambda value, req: value is not None and not keys.is_job_index_key(value, req.job_id),
+    "retry_on": lambda value, req: bool(value) and not all(type(v) is str for v in value),
+}
 
 
 def decode_response(body: bytes) -> tuple[CallResponse, memoryview]:

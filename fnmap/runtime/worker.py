@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -27,10 +26,11 @@ from ..errors import STORAGE_REFUSED_ERRNOS, storage_fix
 from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
 from . import compression, keys, setup, signing
+from .capture import captured as _captured
 from .outcome import OK, dump_all, failure, from_exception, retry_outcome, succeeded
 from .peakmem import PeakMemory
 from .serialization import load_stream, loads, runtime_mismatch
-from .wire import CallRequest, CallResponse, decode_header, decode_request, encode
+from .wire import CallRequest, CallResponse, EncodedDict, decode_header, decode_request, encode
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 _functions: OrderedDict[str, Any] = OrderedDict()
@@ -45,7 +45,7 @@ MODE_ARGS = "args"  # func(*args, **kwargs) for (args, kwargs) items
 
 
 def handle(body: bytes, signature: str | None, secret: bytes | None,
-           time_limit: float | None = None) -> tuple[int, bytes]:
+           time_limit: float | None = None, verified: bool = False) -> tuple[int, bytes]:
     """Verify and run one invocation; return ``(HTTP status, response body)``.
 
     401: no signature; 403: a signature that does not hold for this route, call, body and time
@@ -54,20 +54,27 @@ def handle(body: bytes, signature: str | None, secret: bytes | None,
     ``time_limit``: seconds the platform still allows (Lambda's remaining time
     less a reserve); the call's timeout is cut to it, so a timeout error is
     written before the platform kills the call.
+    ``verified``: only :mod:`fnmap.emulator.process` sets it, for a request that reached it over
+    its private pipe from the emulator that verified this signature with this same secret (see
+    :meth:`fnmap.emulator.app.Emulator.execute`); every other route checks here.
     """
     if not secret:
         return 500, b"fnmap handler has no secret: set FNMAP_SECRET to the deployment's secret"
-    if not signature:
+    if not signature and not verified:
         return 401, signing.REFUSED
     try:
-        header, _ = decode_header(body)
-    except ValueError:
-        header = {}  # verified as a body with no call; refused as malformed after
-    if not signing.verify_request(secret, signing.ROUTE_CALL, header.get("job_id", ""), header.get("call_id", ""),
-                                  header.get("attempt", ""), body, signature):
+        header, offset = decode_header(body)
+        malformed = None
+    except ValueError as e:
+        header, offset, malformed = {}, 0, e  # verified as a body with no call; refused as malformed after
+    if not verified and not signing.verify_request(secret, signing.ROUTE_CALL, header.get("job_id", ""),
+                                                   header.get("call_id", ""), header.get("attempt", ""),
+                                                   body, signature):
         return 403, signing.REFUSED
     try:
-        req, payload = decode_request(body)
+        if malformed is not None:
+            raise malformed
+        req, payload = decode_request(body, header, offset)
     except ValueError as e:
         return 400, f"malformed fnmap request: {e}".encode()
     if time_limit is not None and (req.timeout is None or req.timeout > time_limit):
@@ -102,7 +109,8 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
         store = open_store(req.store_url)
     except Exception as e:
         return _platform_error(resp, "rejected", f"cannot open storage {req.store_url!r}: {e}"), b""
-    loaded = _load_call(store, req, resp, payload)
+    result_key = keys.result_key(req.job_id, req.call_id)
+    loaded = _load_call(store, req, resp, payload, result_key)
     if isinstance(loaded, CallResponse):  # refused as final, or a platform error
         return loaded, b""
     func, items, mode, error, loaded_at = loaded
@@ -113,21 +121,21 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
         outcomes = _run_items(func, items, mode, req) if error is None else \
             [from_exception(error)] * max(1, len(items or ()))
     # Large results compressed (issue 7); sealed with the secret, so the reader checks before unpickling.
-    data = signing.seal(secret, keys.result_key(req.job_id, req.call_id), compression.pack(dump_all(outcomes)))
+    data = signing.seal(secret, result_key, compression.pack(dump_all(outcomes)))
     observed = (req, started, time.time(), cold, len(payload), loaded_at, logs, outcomes)
     if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline
         resp.error_kind, resp.committed, resp.inline = "retry_on", False, True
         resp.stats = _all_stats(observed, len(data))
         _add_output(resp.stats, req, logs)
         return resp, data
-    return _commit(store, resp, data, observed)
+    return _commit(store, resp, data, observed, result_key)
 
 
-def _load_call(store, req: CallRequest, resp: CallResponse, payload):
+def _load_call(store, req: CallRequest, resp: CallResponse, payload, result_key: str):
     """``(func, items, mode, None, when loaded)``, or ``(None, None, None, the error, when)`` when the
     user's function or chunk failed to load (every item fails with it), or the response to give."""
     try:
-        if _refused_as_final(store, req, resp):  # a replay, a late copy, or a job removed by gc
+        if _refused_as_final(store, req, resp, result_key):  # a replay, a late copy, or a job removed by gc
             return resp
         return (*_load(store, req, payload), None, time.time())
     # An unpicklable/unimportable function or chunk fails every item alike; a sys.exit or
@@ -149,19 +157,21 @@ def _all_stats(observed: tuple, bytes_out: int) -> dict:
     return stats
 
 
-def _commit(store, resp: CallResponse, data: bytes, observed: tuple) -> tuple[CallResponse, bytes]:
+def _commit(store, resp: CallResponse, data: bytes, observed: tuple, result_key: str) -> tuple[CallResponse, bytes]:
     """Commit the outcomes (first writer wins), the output and the status record; answer."""
     req, logs = observed[0], observed[6]
-    result_key = keys.result_key(req.job_id, req.call_id)
     try:
         committed = store.put_if_absent(result_key, data)
         if not committed:  # an earlier attempt or a speculative copy won: its result is the result
             data = store.get(result_key)
         if logs is not None and logs.tell():
             store.put(keys.log_key(req.job_id, req.call_id, req.attempt), logs.getvalue().encode())
-        resp.stats = _all_stats(observed, len(data))
-        store.put(keys.status_key(req.job_id, req.call_id, req.attempt), json.dumps(resp.stats).encode())
-        _add_output(resp.stats, req, logs)  # not in the stored status: the log object has it all
+        stats = _all_stats(observed, len(data))
+        text = json.dumps(stats)
+        store.put(keys.status_key(req.job_id, req.call_id, req.attempt), text.encode())
+        # the output is not in the stored status (the log object has it all); without it the answer
+        # sends the status record's text as it is (encoded once)
+        resp.stats = stats if _add_output(stats, req, logs) else EncodedDict(stats, text)
     except Exception as e:
         if is_unreachable(e):
             return _platform_error(resp, "storage", _unreachable_message(req.store_url, e)), b""
@@ -181,7 +191,7 @@ def _platform_error(resp: CallResponse, kind: str, message: str) -> CallResponse
 
 
 
-def _refused_as_final(store, req: CallRequest, resp: CallResponse) -> bool:
+def _refused_as_final(store, req: CallRequest, resp: CallResponse, result_key: str) -> bool:
     """Whether the call must not run: its job record is gone (``fnmap gc`` removed the job: a
     replay would re-create its objects) or its result is committed already (a replay, or a copy
     arriving late: answered with the committed result's key, nothing run or unpickled)."""
@@ -189,7 +199,6 @@ def _refused_as_final(store, req: CallRequest, resp: CallResponse) -> bool:
         _platform_error(resp, "rejected", f"job {req.job_id} has no record in {req.store_url} (removed by "
                         "`fnmap gc`?): the call is refused, nothing was run")
         return True
-    result_key = keys.result_key(req.job_id, req.call_id)
     if not store.exists(result_key):
         return False
     resp.committed, resp.result_key, resp.inline = False, result_key, False
@@ -243,6 +252,8 @@ def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
 def _set_up(func, req: CallRequest) -> tuple[Any, BaseException | None]:
     """``(the function to run, None)`` once its initializer has run in this process, or
     ``(None, the error)`` every item of the call fails with (the initializer's, or the timeout)."""
+    if not isinstance(func, setup.WithInitializer):  # nothing to run: no timer to set (4 system calls)
+        return func, None
     with _Deadline(req.timeout) as deadline:
         try:
             deadline.armed = True
@@ -325,13 +336,14 @@ class _Deadline:
     raises into the running item, but only while ``armed`` (inside user code),
     so our own bookkeeping is never interrupted.  Elsewhere (threads) the
     deadline is only checked between items and the client's timeout applies.
+    The handler is installed once and stays (installing and restoring it cost two
+    system calls a call); it is installed again if user code replaced it.
     """
 
     def __init__(self, timeout: float | None):
         self.timeout = timeout
         self.end = time.monotonic() + timeout if timeout else None
         self.armed = False
-        self._previous = None
         self._use_signal = bool(
             timeout
             and hasattr(signal, "setitimer")
@@ -341,22 +353,32 @@ class _Deadline:
     def expired(self) -> bool:
         return self.end is not None and time.monotonic() >= self.end
 
-    def _on_alarm(self, signum, frame):
-        if self.armed:
-            self.armed = False
-            raise _Expired()
-
     def __enter__(self):
+        global _current_deadline
         if self._use_signal:
-            self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
+            if signal.getsignal(signal.SIGALRM) is not _on_alarm:
+                signal.signal(signal.SIGALRM, _on_alarm)
+            _current_deadline = self
             signal.setitimer(signal.ITIMER_REAL, self.timeout)
         return self
 
     def __exit__(self, *exc):
+        global _current_deadline
         if self._use_signal:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self._previous)
+            _current_deadline = None
         return False
+
+
+#: The deadline the main thread's timer runs for (None between calls: a stray SIGALRM is ignored).
+_current_deadline: _Deadline | None = None
+
+
+def _on_alarm(signum, frame):
+    deadline = _current_deadline
+    if deadline is not None and deadline.armed:
+        deadline.armed = False
+        raise _Expired()
 
 
 def _wants_retry(req: CallRequest, outcomes: list[tuple]) -> bool:
@@ -383,60 +405,6 @@ def _call_environment(extra_env: dict):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-_capture = threading.local()
-_router_lock = threading.Lock()
-
-
-class _Router:
-    """Stands in for ``sys.stdout``/``sys.stderr``: copies writes to the calling thread's capture buffer.
-
-    Installed once and left in place; swapping ``sys.stdout`` per call would mix
-    the output of calls running on several threads (the ``local`` backend).
-    """
-
-    def __init__(self, original):
-        self.original = original
-
-    def write(self, s: str) -> int:
-        buffer = getattr(_capture, "buffer", None)
-        if buffer is not None:
-            buffer.write(s)
-            if not _capture.echo:  # output="after"/"none": the client shows it, not this process's stderr
-                return len(s)
-        try:
-            return self.original.write(s)
-        except Exception:  # a closed or broken original stream must not fail the call
-            return len(s)
-
-    def flush(self) -> None:
-        with contextlib.suppress(Exception):
-            self.original.flush()
-
-    def __getattr__(self, name):
-        return getattr(self.original, name)
-
-
-@contextlib.contextmanager
-def _captured(buffer: io.StringIO | None, echo: bool = True):
-    """Copy the calling thread's writes to ``sys.stdout``/``sys.stderr`` into ``buffer``; with
-    ``echo`` False they go only there (the emulator's workers would otherwise write them to the
-    client's terminal as they happen, into its progress bar: issue 14)."""
-    if buffer is None:
-        yield
-        return
-    with _router_lock:
-        if not isinstance(sys.stdout, _Router):
-            sys.stdout = _Router(sys.stdout)
-        if not isinstance(sys.stderr, _Router):
-            sys.stderr = _Router(sys.stderr)
-    _capture.buffer = buffer
-    _capture.echo = echo
-    try:
-        yield
-    finally:
-        _capture.buffer = None
 
 
 def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
@@ -468,14 +436,16 @@ LOG_TAIL_CHARS = 2000
 OUTPUT_CHARS = 4000
 
 
-def _add_output(stats: dict, req: CallRequest, logs: io.StringIO | None) -> None:
+def _add_output(stats: dict, req: CallRequest, logs: io.StringIO | None) -> bool:
     """A call that printed something, for a job with output="after": its output rides back with the
-    answer (the first OUTPUT_CHARS characters; the rest is in the call's log object)."""
+    answer (the first OUTPUT_CHARS characters; the rest is in the call's log object).  Whether it did."""
     if req.output == "after" and logs is not None and logs.tell():
         text = logs.getvalue()
         stats["output"] = text[:OUTPUT_CHARS]
         if len(text) > OUTPUT_CHARS:
             stats["output_chars"] = len(text)
+        return True
+    return False
 
 
 def _observed(loaded_at: float, logs: io.StringIO | None, outcomes: list[tuple]) -> dict:

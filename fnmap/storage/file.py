@@ -12,6 +12,8 @@ from ..runtime import keys as key_layout
 from . import _check_key, _not_found, storage_failure
 
 _counter = itertools.count()
+#: Whether a key ("a/b/c") is a path below the root as it is (POSIX); elsewhere its parts are joined.
+_SLASH_PATHS = os.sep == "/" and os.altsep is None
 
 
 class FileStore:
@@ -28,6 +30,7 @@ class FileStore:
         if not path or not os.path.isabs(path):
             raise UnknownStorage(f"storage URL {url!r} needs an absolute path, e.g. file:///tmp/fnmap")
         self.root = path
+        self._prefix = path if path.endswith(os.sep) else path + os.sep
         self.url = url
         self.setting = setting
         if not create:
@@ -44,14 +47,16 @@ class FileStore:
 
     def _path(self, key: str) -> str:
         _check_key(key)
+        if _SLASH_PATHS:  # the key's folders are the path's as they are (os.path.join: ~10 us a key)
+            return f"{self._prefix}{key}"
         return os.path.join(self.root, *key.split("/"))
 
     def _write_temp(self, path: str, data: bytes | list) -> str:
         # A unique name from pid, thread and a counter, and the folder created only when the
         # open says it is missing: tempfile.mkstemp's random names and makedirs' stats were
         # half of a worker's time on a noop call (issue 9).
-        directory = os.path.dirname(path)
-        tmp = os.path.join(directory, key_layout.temp_name(os.getpid(), threading.get_ident(), next(_counter)))
+        directory = path.rpartition(os.sep)[0] if _SLASH_PATHS else os.path.dirname(path)
+        tmp = f"{directory}{os.sep}{key_layout.temp_name(os.getpid(), threading.get_ident(), next(_counter))}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
         try:
             fd = os.open(tmp, flags, 0o600)
