@@ -29,7 +29,7 @@ from . import policy
 from .client import get_client
 from .config import resolve
 from .observe.output import show_call_output
-from .runtime.worker import MODE_ARGS
+from .runtime.wire import MODE_ARGS
 
 
 class Executor(futures.Executor):

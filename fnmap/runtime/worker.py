@@ -30,7 +30,7 @@ from .capture import captured as _captured
 from .outcome import OK, dump_all, failure, from_exception, retry_outcome, succeeded
 from .peakmem import PeakMemory
 from .serialization import load_stream, loads, runtime_mismatch
-from .wire import CallRequest, CallResponse, EncodedDict, decode_header, decode_request, encode
+from .wire import MODE_ONE, CallRequest, CallResponse, EncodedDict, decode_header, decode_request, encode
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 _functions: OrderedDict[str, Any] = OrderedDict()
@@ -38,10 +38,6 @@ _FUNCTION_CACHE_SIZE = 32
 _functions_lock = threading.Lock()
 _calls_served = 0
 _peak_memory = PeakMemory()
-
-#: Chunk modes: how each item is applied to the function.
-MODE_ONE = "one"  # func(item)
-MODE_ARGS = "args"  # func(*args, **kwargs) for (args, kwargs) items
 
 
 def handle(body: bytes, signature: str | None, secret: bytes | None,
