@@ -17,13 +17,15 @@ DESCRIPTION = (
 OWNED = {"--host", "--port", "--workers", "--watch-stdin", "--idle-exit", "--state-file", "-h", "--help"}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Every option of ``fnmap emulator``, on ``p``."""
+def add_arguments(p: argparse.ArgumentParser, commands: bool = True) -> None:
+    """Every option of ``fnmap emulator``, on ``p``; ``commands``: its ``status``/``stop`` too (not
+    for the options of an emulator fnmap starts)."""
     _add_serving(p)
     _add_connections(p)
-    p.add_argument("action", nargs="?", choices=("serve", "status", "stop"), default="serve",
-                   help="serve (default); status: list the emulators shared by your processes (the ones "
-                        "fnmap.map starts by itself); stop: stop them")
+    if commands:
+        p.add_argument("action", nargs="?", choices=("serve", "status", "stop"), default="serve",
+                       help="serve (default); status: list the emulators shared by your processes (the ones "
+                            "fnmap.map starts by itself); stop: stop them")
     p.add_argument("--watch-stdin", action="store_true",
                    help="stop when standard input closes (used when a client starts the emulator)")
     p.add_argument("--idle-exit", type=float, default=None, metavar="S",
@@ -140,7 +142,7 @@ def check_options(options: str) -> None:
     import shlex
 
     parser = _CheckingParser(prog="fnmap emulator", add_help=False)
-    add_arguments(parser)
+    add_arguments(parser, commands=False)
     try:
         words = shlex.split(options)
     except ValueError as e:
@@ -155,7 +157,5 @@ def check_options(options: str) -> None:
         args = parser.parse_args(words)
     except _Refused as e:
         raise ValueError(f"{e}; see `fnmap emulator --help` for the fault-injection options") from None
-    if args.action != "serve":
-        raise ValueError(f"{args.action!r} is a command of `fnmap emulator`, not an option of one fnmap starts")
     fault_plan(args)
     time_limits(args)
