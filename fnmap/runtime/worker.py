@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from time import monotonic
 from typing import Any
 
 from ..errors import STORAGE_REFUSED_ERRNOS, storage_fix
@@ -27,7 +28,7 @@ from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
 from . import compression, keys, setup, signing
 from .capture import captured as _captured
-from .outcome import OK, dump_all, failure, from_exception, retry_outcome, succeeded
+from .outcome import OK, all_ok, count, count_failed, dump_all, each, failure, from_exception, retry_outcome, succeeded
 from .peakmem import PeakMemory
 from .serialization import load_stream, loads, runtime_mismatch
 from .wire import CallRequest, CallResponse, EncodedDict, decode_header, decode_request, encode
@@ -297,26 +298,81 @@ class _HashingReader:
                 "altered; refused, not unpickled")
 
 
-def _run_items(func, items: list, mode: str, req: CallRequest) -> list[tuple]:
-    outcomes: list[tuple] = []
+def _run_items(func, items: list, mode: str, req: CallRequest):
+    """The call's outcomes (:mod:`fnmap.runtime.outcome`): the plain form while every item returns
+    a value; from an item's failure on, the mixed form, with that failure at its index.
+
+    Per item the plain run makes the call and an append only: the timer (SIGALRM) stays armed over
+    the whole run of items, and the clock is read between items only when the call has a timeout
+    (a user ``except BaseException`` that swallows the timer's interrupt stops nothing more)."""
     with _Deadline(req.timeout) as deadline:
-        for offset, item in enumerate(items):
-            index = req.first_index + offset
-            if deadline.expired():
-                outcomes.append(from_exception(_timeout_error(req, index, started=False)))
-                continue
-            try:
-                deadline.armed = True
-                value = func(item) if mode == MODE_ONE else func(*item[0], **item[1])
-                deadline.armed = False
-                outcomes.append((OK, value))  # outcome.ok(value), without a call per item
-            except _Expired:
-                deadline.armed = False
-                outcomes.append(from_exception(_timeout_error(req, index, started=True)))
-            except BaseException as e:  # noqa: B036 - SystemExit etc. in user code are outcomes too
-                deadline.armed = False
-                outcomes.append(from_exception(e))
+        values, stopped = _run_plain(func, items, mode, deadline)
+        if stopped is None or len(values) == len(items):  # all ran (the timer may fire after the last)
+            return all_ok(values)
+        index = len(values)
+        outcomes = [(OK, v) for v in values]
+        outcomes.append(_failed(req, req.first_index + index, stopped))
+        _run_mixed(func, items, index + 1, mode, req, deadline, outcomes)
     return outcomes
+
+
+class _NotStarted(Exception):
+    """The clock said the call's timeout had expired before the item started."""
+
+
+def _run_plain(func, items: list, mode: str, deadline: _Deadline) -> tuple[list, BaseException | None]:
+    """``(values, None)`` when every item returned a value; else the values of the items before the
+    first that did not, and what stopped that one (its exception, the timer's, or :class:`_NotStarted`)."""
+    values: list = []
+    append = values.append
+    end = deadline.end
+    try:
+        deadline.armed = True
+        if end is None and mode == MODE_ONE:
+            for item in items:
+                append(func(item))
+        elif end is None:
+            for args, kwargs in items:
+                append(func(*args, **kwargs))
+        else:
+            for item in items:
+                if monotonic() >= end:
+                    raise _NotStarted
+                append(func(item) if mode == MODE_ONE else func(*item[0], **item[1]))
+        deadline.armed = False
+        return values, None
+    except BaseException as e:  # noqa: B036 - SystemExit etc. in user code are outcomes too
+        deadline.armed = False
+        return values, e
+
+
+def _failed(req: CallRequest, index: int, exc: BaseException) -> tuple:
+    """The outcome of item ``index`` that ``exc`` stopped."""
+    if isinstance(exc, (_Expired, _NotStarted)):
+        exc = _timeout_error(req, index, started=isinstance(exc, _Expired))
+    return from_exception(exc)
+
+
+def _run_mixed(func, items: list, start: int, mode: str, req: CallRequest, deadline: _Deadline,
+               outcomes: list) -> None:
+    """Run ``items[start:]`` after a failure, one outcome each appended to ``outcomes``."""
+    for offset in range(start, len(items)):
+        item = items[offset]
+        index = req.first_index + offset
+        if deadline.expired():
+            outcomes.append(from_exception(_timeout_error(req, index, started=False)))
+            continue
+        try:
+            deadline.armed = True
+            value = func(item) if mode == MODE_ONE else func(*item[0], **item[1])
+            deadline.armed = False
+            outcomes.append((OK, value))  # outcome.ok(value), without a call per item
+        except _Expired:
+            deadline.armed = False
+            outcomes.append(from_exception(_timeout_error(req, index, started=True)))
+        except BaseException as e:  # noqa: B036 - SystemExit etc. in user code are outcomes too
+            deadline.armed = False
+            outcomes.append(from_exception(e))
 
 
 def _timeout_error(req: CallRequest, index: int, started: bool) -> CallTimeout:
@@ -381,12 +437,14 @@ def _on_alarm(signum, frame):
         raise _Expired()
 
 
-def _wants_retry(req: CallRequest, outcomes: list[tuple]) -> bool:
+def _wants_retry(req: CallRequest, outcomes) -> bool:
     """Whether an item raised a ``retry_on`` type with attempts left (then nothing is committed)."""
+    if not req.retry_on or not count_failed(outcomes):
+        return False
     retries_left_after = req.max_attempts - 1  # attempt n may be re-run while n <= max_attempts - 1
     return any(
         not succeeded(o) and retry_outcome(failure(o).names, req.retry_on, req.attempt, retries_left_after)
-        for o in outcomes
+        for o in each(outcomes)
     )
 
 
@@ -409,7 +467,7 @@ def _call_environment(extra_env: dict):
 
 def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
     peak_kb = _peak_memory.peak_kb()
-    failed = sum(1 for o in outcomes if not succeeded(o))
+    failed = count_failed(outcomes)
     return {
         "job_id": req.job_id,
         "call_id": req.call_id,
@@ -423,7 +481,7 @@ def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
         "bytes_in": bytes_in,
         "bytes_out": bytes_out,
         "peak_memory_kb": peak_kb,
-        "items": len(outcomes),
+        "items": count(outcomes),
         "failed_items": failed,
     }
 
@@ -448,9 +506,9 @@ def _add_output(stats: dict, req: CallRequest, logs: io.StringIO | None) -> bool
     return False
 
 
-def _observed(loaded_at: float, logs: io.StringIO | None, outcomes: list[tuple]) -> dict:
+def _observed(loaded_at: float, logs: io.StringIO | None, outcomes) -> dict:
     """Stats for job records (issue 8): when loading ended, and the output tail of a failing call."""
     extra: dict = {"loaded": loaded_at}
-    if logs is not None and logs.tell() and any(not succeeded(o) for o in outcomes):
+    if logs is not None and logs.tell() and count_failed(outcomes):
         extra["log_tail"] = logs.getvalue()[-LOG_TAIL_CHARS:]
     return extra
