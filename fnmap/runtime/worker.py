@@ -15,12 +15,10 @@ import contextlib
 import io
 import json
 import os
-import signal
 import socket
 import threading
 import time
 from collections import OrderedDict
-from time import monotonic
 from typing import Any
 
 from ..errors import STORAGE_REFUSED_ERRNOS, storage_fix
@@ -28,7 +26,8 @@ from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
 from . import compression, keys, setup, signing
 from .capture import captured as _captured
-from .outcome import OK, all_ok, count, count_failed, dump_all, each, failure, from_exception, retry_outcome, succeeded
+from .items import MODE_ARGS, MODE_ONE, Deadline, Expired, run_items  # noqa: F401 - MODE_*: read from here too
+from .outcome import count, count_failed, dump_all, each, failure, from_exception, retry_outcome, succeeded
 from .peakmem import PeakMemory
 from .serialization import load_stream, loads, runtime_mismatch
 from .wire import CallRequest, CallResponse, EncodedDict, decode_header, decode_request, encode
@@ -40,9 +39,6 @@ _functions_lock = threading.Lock()
 _calls_served = 0
 _peak_memory = PeakMemory()
 
-#: Chunk modes: how each item is applied to the function.
-MODE_ONE = "one"  # func(item)
-MODE_ARGS = "args"  # func(*args, **kwargs) for (args, kwargs) items
 
 
 def handle(body: bytes, signature: str | None, secret: bytes | None,
@@ -119,7 +115,7 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
     with _call_environment(req.extra_env), _captured(logs, echo=req.echo_output):
         if error is None:
             func, error = _set_up(func, req)  # the initializer, once per worker process
-        outcomes = _run_items(func, items, mode, req) if error is None else \
+        outcomes = run_items(func, items, mode, req.timeout, req.first_index) if error is None else \
             [from_exception(error)] * max(1, len(items or ()))
     # Large results compressed (issue 7); sealed with the secret, so the reader checks before unpickling.
     data = signing.seal(secret, result_key, compression.pack(dump_all(outcomes)))
@@ -255,11 +251,11 @@ def _set_up(func, req: CallRequest) -> tuple[Any, BaseException | None]:
     ``(None, the error)`` every item of the call fails with (the initializer's, or the timeout)."""
     if not isinstance(func, setup.WithInitializer):  # nothing to run: no timer to set (4 system calls)
         return func, None
-    with _Deadline(req.timeout) as deadline:
+    with Deadline(req.timeout) as deadline:
         try:
             deadline.armed = True
             return setup.prepare(func), None
-        except _Expired:
+        except Expired:
             return None, CallTimeout(f"the initializer exceeded the call timeout of {req.timeout} s and was stopped")
         except BaseException as e:  # noqa: B036 - the initializer is user code: SystemExit is an outcome
             return None, e
@@ -296,145 +292,6 @@ class _HashingReader:
             raise signing.UnauthenticatedObject(
                 f"input object {key!r} does not have the SHA-256 its key names: it was planted or "
                 "altered; refused, not unpickled")
-
-
-def _run_items(func, items: list, mode: str, req: CallRequest):
-    """The call's outcomes (:mod:`fnmap.runtime.outcome`): the plain form while every item returns
-    a value; from an item's failure on, the mixed form, with that failure at its index.
-
-    Per item the plain run makes the call and an append only: the timer (SIGALRM) stays armed over
-    the whole run of items, and the clock is read between items only when the call has a timeout
-    (a user ``except BaseException`` that swallows the timer's interrupt stops nothing more)."""
-    with _Deadline(req.timeout) as deadline:
-        values, stopped = _run_plain(func, items, mode, deadline)
-        if stopped is None or len(values) == len(items):  # all ran (the timer may fire after the last)
-            return all_ok(values)
-        index = len(values)
-        outcomes = [(OK, v) for v in values]
-        outcomes.append(_failed(req, req.first_index + index, stopped))
-        _run_mixed(func, items, index + 1, mode, req, deadline, outcomes)
-    return outcomes
-
-
-class _NotStarted(Exception):
-    """The clock said the call's timeout had expired before the item started."""
-
-
-def _run_plain(func, items: list, mode: str, deadline: _Deadline) -> tuple[list, BaseException | None]:
-    """``(values, None)`` when every item returned a value; else the values of the items before the
-    first that did not, and what stopped that one (its exception, the timer's, or :class:`_NotStarted`)."""
-    values: list = []
-    append = values.append
-    end = deadline.end
-    try:
-        deadline.armed = True
-        if end is None and mode == MODE_ONE:
-            for item in items:
-                append(func(item))
-        elif end is None:
-            for args, kwargs in items:
-                append(func(*args, **kwargs))
-        else:
-            for item in items:
-                if monotonic() >= end:
-                    raise _NotStarted
-                append(func(item) if mode == MODE_ONE else func(*item[0], **item[1]))
-        deadline.armed = False
-        return values, None
-    except BaseException as e:  # noqa: B036 - SystemExit etc. in user code are outcomes too
-        deadline.armed = False
-        return values, e
-
-
-def _failed(req: CallRequest, index: int, exc: BaseException) -> tuple:
-    """The outcome of item ``index`` that ``exc`` stopped."""
-    if isinstance(exc, (_Expired, _NotStarted)):
-        exc = _timeout_error(req, index, started=isinstance(exc, _Expired))
-    return from_exception(exc)
-
-
-def _run_mixed(func, items: list, start: int, mode: str, req: CallRequest, deadline: _Deadline,
-               outcomes: list) -> None:
-    """Run ``items[start:]`` after a failure, one outcome each appended to ``outcomes``."""
-    for offset in range(start, len(items)):
-        item = items[offset]
-        index = req.first_index + offset
-        if deadline.expired():
-            outcomes.append(from_exception(_timeout_error(req, index, started=False)))
-            continue
-        try:
-            deadline.armed = True
-            value = func(item) if mode == MODE_ONE else func(*item[0], **item[1])
-            deadline.armed = False
-            outcomes.append((OK, value))  # outcome.ok(value), without a call per item
-        except _Expired:
-            deadline.armed = False
-            outcomes.append(from_exception(_timeout_error(req, index, started=True)))
-        except BaseException as e:  # noqa: B036 - SystemExit etc. in user code are outcomes too
-            deadline.armed = False
-            outcomes.append(from_exception(e))
-
-
-def _timeout_error(req: CallRequest, index: int, started: bool) -> CallTimeout:
-    if started:
-        return CallTimeout(f"item {index} exceeded the call timeout of {req.timeout} s and was stopped")
-    return CallTimeout(f"item {index} was not started: the call timeout of {req.timeout} s had expired")
-
-
-class _Expired(BaseException):
-    """Raised into user code by the timer; a BaseException so ``except Exception`` cannot swallow it."""
-
-
-class _Deadline:
-    """Stops user code after ``timeout`` seconds.
-
-    With the main thread (emulator workers, Lambda, containers) a SIGALRM timer
-    raises into the running item, but only while ``armed`` (inside user code),
-    so our own bookkeeping is never interrupted.  Elsewhere (threads) the
-    deadline is only checked between items and the client's timeout applies.
-    The handler is installed once and stays (installing and restoring it cost two
-    system calls a call); it is installed again if user code replaced it.
-    """
-
-    def __init__(self, timeout: float | None):
-        self.timeout = timeout
-        self.end = time.monotonic() + timeout if timeout else None
-        self.armed = False
-        self._use_signal = bool(
-            timeout
-            and hasattr(signal, "setitimer")
-            and threading.current_thread() is threading.main_thread()
-        )
-
-    def expired(self) -> bool:
-        return self.end is not None and time.monotonic() >= self.end
-
-    def __enter__(self):
-        global _current_deadline
-        if self._use_signal:
-            if signal.getsignal(signal.SIGALRM) is not _on_alarm:
-                signal.signal(signal.SIGALRM, _on_alarm)
-            _current_deadline = self
-            signal.setitimer(signal.ITIMER_REAL, self.timeout)
-        return self
-
-    def __exit__(self, *exc):
-        global _current_deadline
-        if self._use_signal:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            _current_deadline = None
-        return False
-
-
-#: The deadline the main thread's timer runs for (None between calls: a stray SIGALRM is ignored).
-_current_deadline: _Deadline | None = None
-
-
-def _on_alarm(signum, frame):
-    deadline = _current_deadline
-    if deadline is not None and deadline.armed:
-        deadline.armed = False
-        raise _Expired()
 
 
 def _wants_retry(req: CallRequest, outcomes) -> bool:
