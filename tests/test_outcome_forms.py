@@ -158,3 +158,19 @@ def test_cancelling_a_job_stops_its_chunk_mid_way(tmp_path):
     with pytest.raises(CancelledError):
         job.results()
     assert sorted(os.listdir(tmp_path)) == ["0", "1"]  # the rest of the chunk never ran
+
+
+def test_a_result_up_to_twice_the_sample_is_compressed_in_one_pass(monkeypatch):
+    """A chunk's 75 KB of results was compressed twice: its 64 KiB sample, then all of it."""
+    import pickle
+    import zlib
+
+    passes = []
+    compress = zlib.compress
+    monkeypatch.setattr(zlib, "compress", lambda data, level: passes.append(len(data)) or compress(data, level))
+    mid = pickle.dumps(("values", list(range(25_000))), protocol=5)
+    packed = compression.pack(mid)
+    assert packed.startswith(compression.MAGIC) and compression.unpack(packed) == mid
+    assert passes == [len(mid)]
+    noise = os.urandom(100_000)
+    assert compression.pack(noise) is noise  # incompressible: left as it is
