@@ -116,9 +116,11 @@ class Deadline:
     """Stops user code after ``timeout`` seconds.
 
     With the main thread (emulator workers, Lambda, containers) a SIGALRM timer
-    raises into the running item, but only while ``armed`` (inside user code),
-    so our own bookkeeping is never interrupted.  Elsewhere (threads) the
-    deadline is only checked between items and the client's timeout applies.
+    raises into the running item, but only while ``armed``: inside user code, and
+    over the plain run's loop, whose only bookkeeping is an append (an item the
+    timer cuts off before its value was kept reads as stopped by the timeout).
+    Elsewhere (threads) the deadline is only checked between items and the
+    client's timeout applies.
     The handler is installed once and stays (installing and restoring it cost two
     system calls a call); it is installed again if user code replaced it.
     """
