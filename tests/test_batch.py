@@ -191,7 +191,7 @@ def test_container_entrypoint_runs_its_index_from_job_completion_index(storage_r
     done = _run_entrypoint(store_url, prefix, JOB_COMPLETION_INDEX="1", FNMAP_SECRET=secret)
     assert done.returncode == container.EXIT_OK, done.stderr
     store = open_store(store_url)
-    assert _outcomes(store, job_id, 1, secret) == ("values", [16])  # every item returned: the plain form
+    assert _outcomes(store, job_id, 1, secret) == [("ok", 16)]
     assert not store.exists(keys.result_key(job_id, 0))  # only its own index ran
     # A user exception is a result, not a platform error: exit 0, the error committed.
     done = _run_entrypoint(store_url, prefix, AWS_BATCH_JOB_ARRAY_INDEX="2", FNMAP_SECRET=secret)
@@ -217,7 +217,7 @@ def test_container_entrypoint_exit_codes(storage_root):
         store_url, prefix, FNMAP_SECRET=secret
     )  # no index: a single job, index 0
     assert single.returncode == container.EXIT_OK, single.stderr
-    assert _outcomes(open_store(store_url), job_id, 0, secret) == ("values", [25])
+    assert _outcomes(open_store(store_url), job_id, 0, secret) == [("ok", 25)]
 
 
 # -- end to end through the emulated AWS Batch API ------------------------------------------------
