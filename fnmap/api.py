@@ -19,7 +19,7 @@ from .feed import ChunkFeed
 from .jobs import CallOutcome
 from .observe.progress import make_progress
 from .runtime import keys
-from .runtime.worker import MODE_ARGS, MODE_ONE
+from .runtime.wire import MODE_ARGS, MODE_ONE
 
 #: Default ``reduce_fanin`` of ``map_reduce``: up to this many map outputs reduce in one call.
 REDUCE_FANIN = 64

@@ -23,7 +23,7 @@ from .run import CallRun
 from .runtime import cancel, keys
 from .runtime.serialization import dump_parts, dumps_checked, out_of_band, parts_size, pickle_function
 from .runtime.setup import WithInitializer
-from .runtime.worker import MODE_ARGS, MODE_ONE
+from .runtime.wire import MODE_ARGS, MODE_ONE
 from .scheduler import Scheduler
 from .storage import open_store
 

@@ -30,7 +30,7 @@ from .client import get_client
 from .config import resolve
 from .observe.output import show_call_output
 from .runtime import outcome as _outcome
-from .runtime.worker import MODE_ARGS
+from .runtime.wire import MODE_ARGS
 
 
 class Executor(futures.Executor):

@@ -22,7 +22,6 @@ import atexit
 import threading
 
 from ..config import endpoint_environment
-from ..emulator.launcher import EmulatorLauncher
 from ..errors import ConfigError
 from .http import HttpBackend
 
@@ -33,7 +32,7 @@ class EmulatorBackend(HttpBackend):
     call_seconds = 0.1
 
     def __init__(self, config):
-        self.embedded: EmbeddedEmulator | None = None
+        self.embedded = None  # the emulator this backend attached to or started
         if config.emulator_url:
             url = config.emulator_url.rstrip("/")
             _check_reachable(url, config)
@@ -66,20 +65,6 @@ def _check_reachable(url: str, config) -> None:
         ) from None
 
 
-class EmbeddedEmulator(EmulatorLauncher):
-    """An emulator subprocess owned by this process, on a free loopback port, stopped with it."""
-
-    def __init__(self, workers: int | None, options: str = "", secret: str | None = None):
-        from ..emulator import default_workers
-
-        self.workers = workers or default_workers()
-        from ..runtime.signing import local_secret
-
-        # This user's own secret when none is configured: another process of the user can then
-        # check the job's stored results (``fnmap.job(ID).results()``).
-        super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True)
-
-
 def _shared(workers: int | None, options: str, secret: str | None, idle: float):
     from ..emulator import default_workers
     from ..emulator.shared import SharedEmulator
@@ -88,12 +73,12 @@ def _shared(workers: int | None, options: str, secret: str | None, idle: float):
     return SharedEmulator(workers or default_workers(), options, secret or local_secret(), idle)
 
 
-_embedded: dict[tuple, EmbeddedEmulator] = {}
+_embedded: dict[tuple, object] = {}  # EmbeddedEmulator or SharedEmulator
 _lock = threading.Lock()
 
 
 def embedded_emulator(workers: int | None, options: str = "", environment: tuple = (),
-                      secret: str | None = None, idle: float = 0) -> EmbeddedEmulator:
+                      secret: str | None = None, idle: float = 0):
     """The emulator for these settings, started on first use (restarted if it died).
 
     ``idle`` > 0: the one shared by this user's processes (:mod:`fnmap.emulator.shared`), attached
@@ -111,6 +96,8 @@ def embedded_emulator(workers: int | None, options: str = "", environment: tuple
             if idle and supported():
                 emu = _embedded[key] = _shared(workers, options, secret, idle)
             else:
+                from ..emulator.launcher import EmbeddedEmulator
+
                 emu = _embedded[key] = EmbeddedEmulator(workers, options, secret)
         return emu
 

@@ -55,7 +55,7 @@ from ..runtime import outcome as _outcome
 from ..runtime import signing
 from ..runtime.dask_tasks import Batch, BatchResult, Stored, run_batch
 from ..runtime.serialization import dumps, dumps_checked, loads
-from ..runtime.worker import MODE_ONE
+from ..runtime.wire import MODE_ONE
 from .plan import Plan, make_plan, requested_keys
 
 __all__ = ["get", "RunStats", "collect_stats"]

@@ -120,3 +120,17 @@ class EmulatorLauncher:
             self.proc.kill()
             self.proc.wait()
         return self.proc.returncode
+
+
+class EmbeddedEmulator(EmulatorLauncher):
+    """An emulator subprocess owned by this process, on a free loopback port, stopped with it."""
+
+    def __init__(self, workers: int | None, options: str = "", secret: str | None = None):
+        from ..runtime.signing import local_secret
+        from . import default_workers
+
+        self.workers = workers or default_workers()
+
+        # This user's own secret when none is configured: another process of the user can then
+        # check the job's stored results (``fnmap.job(ID).results()``).
+        super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True)

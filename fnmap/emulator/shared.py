@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -142,6 +141,7 @@ class SharedEmulator:
 
     def _start(self, options: str, idle: float) -> dict:
         import shlex
+        import subprocess
 
         from ..runtime.signing import SECRET_ENV
 
@@ -156,7 +156,7 @@ class SharedEmulator:
                                     env=dict(os.environ, **{SECRET_ENV: self.secret}), start_new_session=True)
         return self._wait_until_listening(proc)
 
-    def _wait_until_listening(self, proc: subprocess.Popen) -> dict:
+    def _wait_until_listening(self, proc) -> dict:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline:
             state = read_state(self.folder)
@@ -219,7 +219,7 @@ def _locked(folder: str):
         os.close(fd)
 
 
-def _reap_in_background(proc: subprocess.Popen) -> None:
+def _reap_in_background(proc) -> None:
     """Wait for the child in a daemon thread, so it never lingers as a zombie of this process."""
     import threading
 

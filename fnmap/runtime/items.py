@@ -19,10 +19,7 @@ from time import monotonic
 
 from ..errors import TimeoutError as CallTimeout
 from .outcome import OK, all_ok, from_exception
-
-#: Chunk modes: how each item is applied to the function.
-MODE_ONE = "one"  # func(item)
-MODE_ARGS = "args"  # func(*args, **kwargs) for (args, kwargs) items
+from .wire import MODE_ONE
 
 
 def run_items(func, items: list, mode: str, timeout: float | None, first_index: int):

@@ -15,6 +15,10 @@ from typing import Any
 
 from . import keys
 
+#: Chunk modes: how each item is applied to the function.
+MODE_ONE = "one"  # func(item)
+MODE_ARGS = "args"  # func(*args, **kwargs) for (args, kwargs) items
+
 _LEN = struct.Struct(">I")
 
 

@@ -26,7 +26,7 @@ from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
 from . import compression, keys, setup, signing
 from .capture import captured as _captured
-from .items import MODE_ARGS, MODE_ONE, Deadline, Expired, run_items  # noqa: F401 - MODE_*: read from here too
+from .items import Deadline, Expired, run_items
 from .outcome import count, count_failed, dump_all, each, failure, for_client, from_exception, retry_outcome, succeeded
 from .peakmem import PeakMemory
 from .serialization import load_stream, loads, runtime_mismatch
@@ -38,7 +38,6 @@ _FUNCTION_CACHE_SIZE = 32
 _functions_lock = threading.Lock()
 _calls_served = 0
 _peak_memory = PeakMemory()
-
 
 
 def handle(body: bytes, signature: str | None, secret: bytes | None,
