@@ -18,6 +18,7 @@ from .observe import history, records
 from .observe.identity import ABANDONED
 from .observe.logs import logs_text
 from .runtime import cancel, compression, keys, signing
+from .runtime import outcome as _outcome
 from .runtime.serialization import loads
 
 #: Statuses after which nothing about a job changes any more.
@@ -117,10 +118,13 @@ class AttachedJob:
             if not return_exceptions:
                 raise exc from None
             return [exc] * call["items"]
+        plain = _outcome.plain_values(outcomes)
+        if plain is not None:  # every item returned a value
+            return plain
         values = []
         for offset, outcome in enumerate(outcomes):
-            if outcome[0] == "ok":
-                values.append(outcome[1])
+            if _outcome.succeeded(outcome):
+                values.append(_outcome.value(outcome))
                 continue
             item = (call.get("first_item") or 0) + offset
             exc = remote_exception(outcome, item, f"job {self.id}, call {call['call']}")

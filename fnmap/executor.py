@@ -29,6 +29,7 @@ from . import policy
 from .client import get_client
 from .config import resolve
 from .observe.output import show_call_output
+from .runtime import outcome as _outcome
 from .runtime.wire import MODE_ARGS
 
 
@@ -106,6 +107,12 @@ class Executor(futures.Executor):
                 if more is not None and (chunk := next(more, None)) is not None:
                     calls.append(self._submit_chunk(fn, chunk))
                 outcomes = _outcomes_or_cancel(future, end_time)
+                values = _outcome.plain_values(outcomes)
+                if values is not None:  # every item returned a value (the plain form)
+                    values.reverse()  # popped from the end, so the chunk lets go of what it gave
+                    while values:
+                        yield values.pop()
+                    continue
                 outcomes.reverse()  # popped from the end, so the chunk lets go of what it gave
                 offset = 0
                 while outcomes:
@@ -146,8 +153,8 @@ def _outcomes_or_cancel(future: Future, end_time: float | None) -> list:
 
 
 def _item_value(job, state, offset: int, outcome: tuple):
-    if outcome[0] == "ok":
-        return outcome[1]
+    if _outcome.succeeded(outcome):
+        return _outcome.value(outcome)
     raise job.item_exception(state, offset, outcome)
 
 

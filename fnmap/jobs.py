@@ -189,10 +189,10 @@ class Job:
         else:
             if not state.unwrap:
                 _set(state.future, result=result)
-            elif _outcome.succeeded(result[0]):
-                _set(state.future, result=_outcome.value(result[0]))
+            elif _outcome.succeeded(first := _outcome.first(result)):
+                _set(state.future, result=_outcome.value(first))
             else:
-                _set(state.future, exception=self.item_exception(state, 0, result[0]))
+                _set(state.future, exception=self.item_exception(state, 0, first))
         run = self._run
         if run.completed is not None:
             run.completed.put(state)
@@ -302,7 +302,7 @@ class Job:
         if state.call_id not in self._run.call_errors:  # no item failed: a chunk of 10,000 in one pass
             return _outcome.values(outcomes)
         out = []
-        for offset, outcome in enumerate(outcomes):
+        for offset, outcome in enumerate(_outcome.each(outcomes)):
             if _outcome.succeeded(outcome):
                 out.append(_outcome.value(outcome))
                 continue

@@ -51,6 +51,7 @@ from ..config import OPTIONS, resolve
 from ..errors import SerializationError
 from ..observe.progress import make_progress
 from ..runtime import keys as _keys
+from ..runtime import outcome as _outcome
 from ..runtime import signing
 from ..runtime.dask_tasks import Batch, BatchResult, Stored, run_batch
 from ..runtime.serialization import dumps, dumps_checked, loads
@@ -364,17 +365,17 @@ class _Run:
         units = [self.plan.units[u] for u in uids]
         task_keys = [n.key for u in units for n in u.nodes]
         try:
-            outcome = call.future.result()[0]
+            outcome = _outcome.first(call.future.result())
         except BaseException as exc:  # the platform failed the call for good (crash, timeout, lost)
             exc.add_note(f"fnmap.dask: while running Dask task(s) {_some(task_keys)}")
             raise
-        if outcome[0] != "ok":
+        if not _outcome.succeeded(outcome):
             exc = self.job.item_exception(call, 0, outcome)
             key = getattr(exc, "_fnmap_dask_key", None)
             where = f"task {key!r}" if key is not None else f"task(s) {_some(task_keys)}"
             exc.add_note(f"fnmap.dask: raised by Dask {where}")
             raise exc
-        result: BatchResult = outcome[1]
+        result: BatchResult = _outcome.value(outcome)
         self._account(call, result)
         for unit, out, seconds in zip(units, result.outputs, result.durations, strict=True):
             if out is not None:
@@ -460,9 +461,9 @@ class _Run:
 
     def _discard_late(self, future) -> None:
         try:
-            outcome = future.result()[0]
-            if outcome[0] == "ok":
-                self.store.delete([o.key for o in outcome[1].outputs if isinstance(o, Stored)])
+            outcome = _outcome.first(future.result())
+            if _outcome.succeeded(outcome):
+                self.store.delete([o.key for o in _outcome.value(outcome).outputs if isinstance(o, Stored)])
         except BaseException:  # noqa: B036 - a late call of a failed run: nothing left to clean
             pass
 

@@ -4,16 +4,16 @@ outcomes a worker sent back.  Used by the scheduler (control path) and kept out 
 
 from __future__ import annotations
 
-from .outcome import failure, succeeded
+from .outcome import each, failure, succeeded
 
 _TIMEOUT_ERROR = "fnmap.errors.TimeoutError"
 
 
-def call_error(outcomes: list) -> tuple[str, str, str]:
+def call_error(outcomes) -> tuple[str, str, str]:
     """``(status, "Type: message", remote traceback)`` of the first failing item of a call's outcomes."""
     from .serialization import add_local_source_lines
 
-    for outcome in outcomes:
+    for outcome in each(outcomes):
         if not succeeded(outcome):
             _data, tb, names = failure(outcome)
             lines = [line for line in tb.strip().splitlines() if line.strip()]

@@ -15,7 +15,6 @@ import contextlib
 import io
 import json
 import os
-import signal
 import socket
 import threading
 import time
@@ -27,10 +26,11 @@ from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
 from . import compression, keys, setup, signing
 from .capture import captured as _captured
-from .outcome import OK, dump_all, failure, from_exception, retry_outcome, succeeded
+from .items import Deadline, Expired, run_items
+from .outcome import count, count_failed, dump_all, each, failure, for_client, from_exception, retry_outcome, succeeded
 from .peakmem import PeakMemory
 from .serialization import load_stream, loads, runtime_mismatch
-from .wire import MODE_ONE, CallRequest, CallResponse, EncodedDict, decode_header, decode_request, encode
+from .wire import CallRequest, CallResponse, EncodedDict, decode_header, decode_request, encode
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 _functions: OrderedDict[str, Any] = OrderedDict()
@@ -114,8 +114,8 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
     with _call_environment(req.extra_env), _captured(logs, echo=req.echo_output):
         if error is None:
             func, error = _set_up(func, req)  # the initializer, once per worker process
-        outcomes = _run_items(func, items, mode, req) if error is None else \
-            [from_exception(error)] * max(1, len(items or ()))
+        outcomes = for_client(run_items(func, items, mode, req.timeout, req.first_index), req.runtime) \
+            if error is None else [from_exception(error)] * max(1, len(items or ()))
     # Large results compressed (issue 7); sealed with the secret, so the reader checks before unpickling.
     data = signing.seal(secret, result_key, compression.pack(dump_all(outcomes)))
     observed = (req, started, time.time(), cold, len(payload), loaded_at, logs, outcomes)
@@ -250,11 +250,11 @@ def _set_up(func, req: CallRequest) -> tuple[Any, BaseException | None]:
     ``(None, the error)`` every item of the call fails with (the initializer's, or the timeout)."""
     if not isinstance(func, setup.WithInitializer):  # nothing to run: no timer to set (4 system calls)
         return func, None
-    with _Deadline(req.timeout) as deadline:
+    with Deadline(req.timeout) as deadline:
         try:
             deadline.armed = True
             return setup.prepare(func), None
-        except _Expired:
+        except Expired:
             return None, CallTimeout(f"the initializer exceeded the call timeout of {req.timeout} s and was stopped")
         except BaseException as e:  # noqa: B036 - the initializer is user code: SystemExit is an outcome
             return None, e
@@ -293,96 +293,14 @@ class _HashingReader:
                 "altered; refused, not unpickled")
 
 
-def _run_items(func, items: list, mode: str, req: CallRequest) -> list[tuple]:
-    outcomes: list[tuple] = []
-    with _Deadline(req.timeout) as deadline:
-        for offset, item in enumerate(items):
-            index = req.first_index + offset
-            if deadline.expired():
-                outcomes.append(from_exception(_timeout_error(req, index, started=False)))
-                continue
-            try:
-                deadline.armed = True
-                value = func(item) if mode == MODE_ONE else func(*item[0], **item[1])
-                deadline.armed = False
-                outcomes.append((OK, value))  # outcome.ok(value), without a call per item
-            except _Expired:
-                deadline.armed = False
-                outcomes.append(from_exception(_timeout_error(req, index, started=True)))
-            except BaseException as e:  # noqa: B036 - SystemExit etc. in user code are outcomes too
-                deadline.armed = False
-                outcomes.append(from_exception(e))
-    return outcomes
-
-
-def _timeout_error(req: CallRequest, index: int, started: bool) -> CallTimeout:
-    if started:
-        return CallTimeout(f"item {index} exceeded the call timeout of {req.timeout} s and was stopped")
-    return CallTimeout(f"item {index} was not started: the call timeout of {req.timeout} s had expired")
-
-
-class _Expired(BaseException):
-    """Raised into user code by the timer; a BaseException so ``except Exception`` cannot swallow it."""
-
-
-class _Deadline:
-    """Stops user code after ``timeout`` seconds.
-
-    With the main thread (emulator workers, Lambda, containers) a SIGALRM timer
-    raises into the running item, but only while ``armed`` (inside user code),
-    so our own bookkeeping is never interrupted.  Elsewhere (threads) the
-    deadline is only checked between items and the client's timeout applies.
-    The handler is installed once and stays (installing and restoring it cost two
-    system calls a call); it is installed again if user code replaced it.
-    """
-
-    def __init__(self, timeout: float | None):
-        self.timeout = timeout
-        self.end = time.monotonic() + timeout if timeout else None
-        self.armed = False
-        self._use_signal = bool(
-            timeout
-            and hasattr(signal, "setitimer")
-            and threading.current_thread() is threading.main_thread()
-        )
-
-    def expired(self) -> bool:
-        return self.end is not None and time.monotonic() >= self.end
-
-    def __enter__(self):
-        global _current_deadline
-        if self._use_signal:
-            if signal.getsignal(signal.SIGALRM) is not _on_alarm:
-                signal.signal(signal.SIGALRM, _on_alarm)
-            _current_deadline = self
-            signal.setitimer(signal.ITIMER_REAL, self.timeout)
-        return self
-
-    def __exit__(self, *exc):
-        global _current_deadline
-        if self._use_signal:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            _current_deadline = None
-        return False
-
-
-#: The deadline the main thread's timer runs for (None between calls: a stray SIGALRM is ignored).
-_current_deadline: _Deadline | None = None
-
-
-def _on_alarm(signum, frame):
-    deadline = _current_deadline
-    if deadline is not None and deadline.armed:
-        deadline.armed = False
-        raise _Expired()
-
-
-def _wants_retry(req: CallRequest, outcomes: list[tuple]) -> bool:
+def _wants_retry(req: CallRequest, outcomes) -> bool:
     """Whether an item raised a ``retry_on`` type with attempts left (then nothing is committed)."""
+    if not req.retry_on or not count_failed(outcomes):
+        return False
     retries_left_after = req.max_attempts - 1  # attempt n may be re-run while n <= max_attempts - 1
     return any(
         not succeeded(o) and retry_outcome(failure(o).names, req.retry_on, req.attempt, retries_left_after)
-        for o in outcomes
+        for o in each(outcomes)
     )
 
 
@@ -405,7 +323,7 @@ def _call_environment(extra_env: dict):
 
 def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
     peak_kb = _peak_memory.peak_kb()
-    failed = sum(1 for o in outcomes if not succeeded(o))
+    failed = count_failed(outcomes)
     return {
         "job_id": req.job_id,
         "call_id": req.call_id,
@@ -419,7 +337,7 @@ def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
         "bytes_in": bytes_in,
         "bytes_out": bytes_out,
         "peak_memory_kb": peak_kb,
-        "items": len(outcomes),
+        "items": count(outcomes),
         "failed_items": failed,
     }
 
@@ -444,9 +362,9 @@ def _add_output(stats: dict, req: CallRequest, logs: io.StringIO | None) -> bool
     return False
 
 
-def _observed(loaded_at: float, logs: io.StringIO | None, outcomes: list[tuple]) -> dict:
+def _observed(loaded_at: float, logs: io.StringIO | None, outcomes) -> dict:
     """Stats for job records (issue 8): when loading ended, and the output tail of a failing call."""
     extra: dict = {"loaded": loaded_at}
-    if logs is not None and logs.tell() and any(not succeeded(o) for o in outcomes):
+    if logs is not None and logs.tell() and count_failed(outcomes):
         extra["log_tail"] = logs.getvalue()[-LOG_TAIL_CHARS:]
     return extra
