@@ -87,7 +87,7 @@ def child(system_name: str, workload_name: str, n: int, spin_n: int) -> dict:
     items = wl.make_items(n, {"spin_n": spin_n})
     system = systems.create(system_name)
     have_psutil = systems.importlib.util.find_spec("psutil") is not None
-    also = [int(pid) for pid in os.environ.get("BENCH_ALSO_PIDS", "").split()]
+    also = _shared_emulator_pids() if system_name == "fnmap-emulator" else []
     meter = _PeakMemory(also=also) if have_psutil else None
     if meter:
         meter.__enter__()
@@ -115,12 +115,26 @@ def child(system_name: str, workload_name: str, n: int, spin_n: int) -> dict:
     }
 
 
-def _shared_emulators() -> list[int]:
+def _shared_emulator_pids() -> list[int]:
     """The pids of the user's shared emulators that are up: the one a fnmap-emulator child attaches
-    to serves it, so its memory is counted as the child's (one it starts is its child anyway)."""
-    from fnmap.emulator import shared
+    to serves it, so its memory is counted as the child's (one it starts is its child anyway).
+    Read from their state files (fnmap.emulator.shared's folder) without importing fnmap, whose
+    imports are part of the timed first map."""
+    import glob
 
-    return [e["pid"] for e in shared.running()]
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        folder = os.path.join(runtime, "fnmap")
+    else:
+        folder = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fnmap", "run")
+    pids = []
+    for path in glob.glob(os.path.join(folder, "*", "emulator.json")):
+        try:
+            with open(path) as f:
+                pids.append(int(json.load(f)["pid"]))
+        except (OSError, ValueError, KeyError):
+            pass
+    return pids
 
 
 # -- parent ----------------------------------------------------------------------------
@@ -131,8 +145,9 @@ def run_one(system_name: str, workload_name: str, n: int, spin_n: int) -> dict:
            str(n), str(spin_n)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FNMAP_")}
     env.update(SYSTEM_ENV.get(system_name, {}))
-    if system_name == "fnmap-emulator":
-        env["BENCH_ALSO_PIDS"] = " ".join(map(str, _shared_emulators()))
+    # Every child gets the same environment: the shared emulator is keyed by it.  Lithops'
+    # localhost backend runs `python` from PATH: this interpreter's.
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
