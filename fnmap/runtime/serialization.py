@@ -332,17 +332,11 @@ def _is_local_module(name: str, module: Any) -> bool:
     return top not in ("fnmap", "handlers") and top not in _installed_top_level()
 
 
-_installed: set[str] | None = None
-
-
 def _installed_top_level() -> set[str]:
     """Top-level names provided by installed distributions (editable installs included)."""
-    global _installed
-    if _installed is None:
-        import importlib.metadata
+    from .installed import installed_top_level
 
-        _installed = set(importlib.metadata.packages_distributions()) | {"fnmap", "handlers"}
-    return _installed
+    return installed_top_level()
 
 
 def ship_local_modules() -> None:
