@@ -9,9 +9,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from conftest import until
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock and a per-user runtime folder")
 
@@ -65,15 +65,6 @@ def alive(pid: int) -> bool:
     return True
 
 
-def wait_gone(pid: int, seconds: float = 60) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_two_scripts_share_one_emulator_which_outlives_them(runtime):
     first = run_script()  # capture_output: returns although the emulator it started still runs
     assert "started an emulator shared by your processes" in first.stderr
@@ -98,7 +89,9 @@ def test_the_folder_is_private(runtime):
     assert (runtime / "fnmap").stat().st_mode & 0o777 == 0o700
     assert folder.stat().st_mode & 0o777 == 0o700
     assert (folder / "emulator.json").stat().st_mode & 0o077 == 0
-    assert os.environ.get("FNMAP_SECRET", "no secret") not in (folder / "emulator.json").read_text()
+    from fnmap.runtime.signing import local_secret
+
+    assert local_secret() not in (folder / "emulator.json").read_text()
 
 
 def test_stop_command_stops_it(runtime):
@@ -106,7 +99,7 @@ def test_stop_command_stops_it(runtime):
     (state,) = emulators(runtime)
     out = fnmap_cli("stop")
     assert f"stopped: pid {state['pid']}" in out
-    assert wait_gone(state["pid"])
+    until(lambda: not alive(state["pid"]))
     assert emulators(runtime) == []
     assert "no shared fnmap emulator is running" in fnmap_cli("status")
 
@@ -114,7 +107,7 @@ def test_stop_command_stops_it(runtime):
 def test_it_stops_by_itself_when_idle(runtime):
     run_script({"FNMAP_EMULATOR_IDLE": "1"})
     (state,) = emulators(runtime)
-    assert wait_gone(state["pid"]), "the shared emulator did not stop after 1 s without requests"
+    until(lambda: not alive(state["pid"]))  # it stopped by itself after 1 s without requests
     assert emulators(runtime) == []
 
 
@@ -130,7 +123,7 @@ def test_a_killed_emulator_is_replaced(runtime):
     run_script()
     (state,) = emulators(runtime)
     os.kill(state["pid"], signal.SIGKILL)
-    assert wait_gone(state["pid"])
+    until(lambda: not alive(state["pid"]))
     again = run_script()
     assert "started an emulator shared" in again.stderr
     (new,) = emulators(runtime)
@@ -203,11 +196,7 @@ def test_a_restarted_kernel_attaches_to_the_emulator_the_first_kernel_started(ru
             assert "[1, 2]" in "".join(out)
             said.append("".join(out))
             km.request_shutdown()
-            kernel = km.provisioner.process
-            deadline = time.monotonic() + 20
-            while kernel.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert kernel.poll() is not None, "the kernel did not exit after the shutdown request"
+            until(lambda km=km: km.provisioner.process.poll() is not None, 20)  # it exits on the request
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
@@ -255,17 +244,11 @@ def test_the_calls_of_a_killed_client_are_stopped_and_free_the_workers(runtime):
                               text=True)
     try:
         assert client.stdout.readline().strip() == "go"
-        deadline = time.monotonic() + 60
-        while _health(state)["in_flight"] < 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _health(state)["in_flight"] == 3
+        until(lambda: _health(state)["in_flight"] == 3)
         os.kill(client.pid, signal.SIGKILL)
     finally:
         client.kill()
         client.wait()
-    deadline = time.monotonic() + 30
-    while _health(state)["in_flight"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    health = _health(state)
-    assert health["in_flight"] == 0 and health["stopped"] >= 3, health
+    health = until(lambda: (h := _health(state))["in_flight"] == 0 and h)  # stopped, not left to run 600 s
+    assert health["stopped"] >= 3, health
     run_script()
