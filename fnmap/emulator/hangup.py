@@ -30,8 +30,8 @@ def on_hangup(callback: Callable[[], None]) -> Callable[[], None]:
     """Call ``callback`` (once, from the watcher thread) if the client of the request this thread
     serves closes its connection before the answer; returns the function that ends the watch.
     Outside a server that watches (another WSGI server, a test), nothing is watched."""
-    watch = getattr(_current, "watch", None)
-    return watch(callback) if watch is not None else _nothing
+    served = getattr(_current, "served", None)
+    return served[0]._watch(served[1], callback) if served is not None else _nothing
 
 
 class HangupWatch:
@@ -45,7 +45,7 @@ class HangupWatch:
 
     def serving(self, sock: socket.socket | None) -> None:
         """This thread now serves a request on ``sock`` (None: no longer)."""
-        _current.watch = None if sock is None else (lambda callback: self._watch(sock, callback))
+        _current.served = None if sock is None else (self, sock)  # per request: no closure made
 
     def _watch(self, sock: socket.socket, callback: Callable[[], None]) -> Callable[[], None]:
         token = object()
