@@ -274,7 +274,7 @@ def _slow_child(x, folder):
 def test_batch_terminates_the_child_running_an_attempt_to_stop(batch_emulator, tmp_path):
     job = fnmap.map(lambda x: _slow_child(x, str(tmp_path)), range(2), backend="batch", retries=0,
                     return_job=True)
-    _wait_for(lambda: (tmp_path / "start-1").exists(), "child 1 started")
+    _wait_for(lambda: (tmp_path / "start-1").exists() and (tmp_path / "start-1").read_text(), "child 1 started")
     pid = int((tmp_path / "start-1").read_text())
     client = get_client(job.config)
     client.backend.stop_attempts(job.id, [(1, 1)], client.secret)
