@@ -41,6 +41,24 @@ def test_the_scan_is_made_once_and_again_when_sys_path_changes(tmp_path):
     assert _run(env) == {"scans": 0, "pytest": True, "fnmap": True}  # remembered
     (on_path / "newly_installed-1.0.dist-info").mkdir()  # an install changes a folder on sys.path
     assert _run(env)["scans"] == 1
+    assert _run(env)["scans"] == 0
+
+
+def test_files_written_beside_the_script_keep_the_cache(tmp_path):
+    """The script's folder (sys.path[0]) and a project folder holding its *.egg-info change whenever
+    a file is written there: that is no install, and must not cost the next run a scan."""
+    project = tmp_path / "project"
+    (project / "myproj.egg-info").mkdir(parents=True)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join(p for p in (str(project), os.environ.get("PYTHONPATH")) if p))
+    assert _run(env)["scans"] == 1
+    (project / "results.json").write_text("{}")  # the folder's mtime changes
+    os.utime(project, ns=(1, 1))
+    assert _run(env)["scans"] == 0
+    info = project / "myproj.egg-info"
+    (info / "top_level.txt").write_text("myproj\nanother\n")  # a re-install rewrites its metadata
+    os.utime(info, ns=(2, 2))
+    assert _run(env)["scans"] == 1
 
 
 def test_an_unreadable_cache_is_scanned_again(tmp_path):

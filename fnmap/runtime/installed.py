@@ -4,8 +4,8 @@ Deciding whether a loaded module outside the install folders is the user's own c
 value) or an editable install needs ``importlib.metadata.packages_distributions()``, which reads
 every distribution's metadata: 0.3 - 0.6 s, paid by every fresh process whose function uses a local
 module, on its first map (issue 25).  The answer changes only when something is installed or
-removed, which changes the mtime of a folder on ``sys.path`` (a ``*.dist-info`` folder is added or
-removed there), so it is kept in this user's cache folder under those folders and their mtimes.
+removed, which adds, removes or rewrites a ``*.dist-info`` (or ``*.egg-info``) folder on ``sys.path``,
+so it is kept in this user's cache folder under those metadata folders' names and mtimes.
 
 A stale or edited cache can only make a module travel by value that need not, or not travel and
 then fail on the worker with the missing-module hint: it runs no code.
@@ -38,16 +38,36 @@ def installed_top_level() -> set[str]:
 
 
 def _cache_path() -> str | None:
-    """The cache file for the current ``sys.path`` folders and their mtimes (None: none usable)."""
-    state = []
-    for entry in sys.path:
-        try:
-            state.append((entry, os.stat(entry or ".").st_mtime_ns))
-        except OSError:
-            state.append((entry, None))
+    """The cache file for the current ``sys.path`` folders that hold distributions, and their mtimes."""
+    state = [(entry, _install_stamp(entry)) for entry in sys.path]
     key = hashlib.sha256(json.dumps([sys.executable, state]).encode()).hexdigest()[:32]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "fnmap", "installed", key + ".json")
+
+
+def _install_stamp(entry: str) -> list | int | None:
+    """What of a ``sys.path`` entry says which distributions it holds: the names and mtimes of its
+    metadata folders (``*.dist-info``, ``*.egg-info``), or a zip's mtime.
+
+    Not the folder's own mtime: the script's folder, the working directory or a project holding its
+    ``*.egg-info`` change whenever any file is written there, and every run of a script in ``/tmp``
+    then read all the metadata again.  Installing or removing a distribution adds, removes or
+    rewrites a metadata folder, which changes the stamp.
+    """
+    try:
+        with os.scandir(entry or ".") as listing:
+            return sorted((e.name, e.stat().st_mtime_ns) for e in listing if e.name.endswith(_METADATA_SUFFIXES))
+    except NotADirectoryError:  # a zip on sys.path
+        pass
+    except OSError:
+        return None
+    try:
+        return os.stat(entry).st_mtime_ns
+    except OSError:
+        return None
+
+
+_METADATA_SUFFIXES = (".dist-info", ".egg-info")
 
 
 def _read(path: str) -> set[str] | None:
