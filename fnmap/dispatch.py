@@ -33,6 +33,13 @@ COALESCE_SECONDS = 0.25
 COALESCE_MAX_SECONDS = 2.0
 #: The event of an attempt the platform accepted to run asynchronously.
 ACCEPTED = "accepted"
+#: Calls of a job whose recent calls ran at most this long (seconds, in the worker) are sent
+#: several to a request where the backend takes that (``batch_limit``), and together they keep a
+#: worker busy for about ``BATCH_SECONDS`` at most.  Calls with a timeout or a memory limit, and the
+#: first ``BATCH_AFTER_CALLS`` calls of a job (nothing is known of them yet), go one a request.
+BATCH_CALL_SECONDS = 0.02
+BATCH_SECONDS = 0.1
+BATCH_AFTER_CALLS = 4
 
 
 @dataclass(slots=True)
@@ -88,6 +95,10 @@ class Dispatch:
 
     def _send(self, job, state) -> None:
         """One attempt of one call: begin it, deliver it, decide on its answer."""
+        company = self._company(job)
+        if company:
+            self._send_together(job, [state, *company])
+            return
         attempt = self._begin(job, state)
         if attempt is None:
             return
@@ -107,6 +118,58 @@ class Dispatch:
             return
         self._release_slot(False, ticket)
         self._decide(job, state, attempt, self._read(answer))
+
+    def _company(self, job) -> list:
+        """Calls of ``job`` waiting in the queue that may go in one request with the one being sent:
+        the job's calls are short, the backend takes several a request, and enough are queued that
+        every dispatch thread has some (else none: the calls spread over the workers one by one)."""
+        limit = getattr(self.backend, "batch_limit", 0)
+        if limit < 2 or job.config.timeout is not None or job.config.memory:
+            return []
+        recent = job.run.durations[-8:]
+        if len(recent) < BATCH_AFTER_CALLS:
+            return []
+        typical = sum(recent) / len(recent)
+        if typical > BATCH_CALL_SECONDS:
+            return []
+        wanted = min(limit - 1, int(BATCH_SECONDS / max(typical, 1e-4)), self._sends.qsize() // self.max_workers)
+        company = []
+        while len(company) < wanted:
+            try:
+                item = self._sends.get_nowait()
+            except queue.Empty:
+                break
+            if item is None or item[0] != self._send or item[1] is not job:  # not a call of this job: back
+                self._sends.put(item)
+                break
+            company.append(item[2])
+        return company
+
+    def _send_together(self, job, states: list) -> None:
+        """Short calls in one request (``backend.invoke_batch``); each answer is decided as in ``_send``."""
+        ready = []
+        for state in states:
+            attempt = self._begin(job, state)
+            if attempt is not None and (invocation := self._invocation(job, state, attempt)) is not None:
+                ready.append((state, attempt, invocation))
+        if not ready:
+            return
+        ticket, at_floor = self._acquire_slot()
+        try:
+            answers = self.backend.invoke_batch([invocation for _, _, invocation in ready])
+        except Exception as e:
+            fault = e if isinstance(e, PlatformFault) else PlatformFault("server", f"{type(e).__name__}: {e}")
+            self._release_slot(fault.kind == FaultKind.THROTTLED, ticket)
+            for state, attempt, _ in ready:
+                self._decide(job, state, attempt, fault, charge=policy.charges_retry(fault.kind, at_floor))
+            return
+        throttled = any(isinstance(a, PlatformFault) and a.kind == FaultKind.THROTTLED for a in answers)
+        self._release_slot(throttled, ticket)
+        for (state, attempt, _), answer in zip(ready, answers, strict=True):
+            if isinstance(answer, PlatformFault):
+                self._decide(job, state, attempt, answer, charge=policy.charges_retry(answer.kind, at_floor))
+            else:
+                self._decide(job, state, attempt, self._read(answer))
 
     def _send_many(self, job, states: list) -> None:
         """One platform request for many calls (an array job); each answer is decided as in ``_send``."""

@@ -102,6 +102,8 @@ class BaseBackend:
     secret: bytes | None = None
     #: True when ``invoke_many`` delivers all of a job's calls in one platform request (an array job).
     batches_calls = False
+    #: The most calls ``invoke_batch`` takes in one platform request (0 or 1: one call a request).
+    batch_limit = 0
     #: True when ``poll_failures`` reports every accepted call that fails on the platform; the client
     #: then never declares such calls lost on a timer (a container job may queue for a long time).
     watches_calls = False
@@ -118,6 +120,19 @@ class BaseBackend:
         Raises :class:`PlatformFault` when the platform refused them all.
         """
         return [self.invoke(invocation) for invocation in invocations]
+
+    def invoke_batch(self, invocations: list[Invocation]) -> list[Answer | PlatformFault]:
+        """Deliver several short calls in as few requests as the platform takes (``batch_limit``
+        at most): for each invocation its answer, or the fault that ended it alone.  Raises
+        :class:`PlatformFault` for a fault that ended them all (the connection).  By default
+        one request each."""
+        answers: list[Answer | PlatformFault] = []
+        for invocation in invocations:
+            try:
+                answers.append(self.invoke(invocation))
+            except PlatformFault as fault:
+                answers.append(fault)
+        return answers
 
     def poll_failures(self) -> list[Failure]:
         """Accepted calls that failed on the platform since the last poll (the client's monitor asks)."""

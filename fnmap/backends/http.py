@@ -128,17 +128,22 @@ class HttpBackend(BaseBackend):
 
     def _post_plain(self, target: tuple[str, int, str], invocation: Invocation,
                     read_timeout: float | None) -> bytes:
-        try:
-            r = self._post_plain_once(target, invocation, read_timeout)
-        except rawhttp.StaleConnection:
-            # The server closed the reused connection while idle, before reading the request:
-            # it was not served; send it once more, on a new connection.
-            r = self._post_plain_once(target, invocation, read_timeout)
+        headers = {SIGNATURE_HEADER: invocation.signature, "Content-Type": "application/octet-stream"}
+        r = self._post_plain_body(target, invocation.body, headers, read_timeout)
         if r.status == 200:
             return r.body
         raise fault_from_status(r.status, r.headers, r.body.decode(errors="replace"), self.invoke_url)
 
-    def _post_plain_once(self, target: tuple[str, int, str], invocation: Invocation,
+    def _post_plain_body(self, target: tuple[str, int, str], body: bytes, headers: dict,
+                         read_timeout: float | None) -> rawhttp.Response:
+        try:
+            return self._post_plain_once(target, body, headers, read_timeout)
+        except rawhttp.StaleConnection:
+            # The server closed the reused connection while idle, before reading the request:
+            # it was not served; send it once more, on a new connection.
+            return self._post_plain_once(target, body, headers, read_timeout)
+
+    def _post_plain_once(self, target: tuple[str, int, str], body: bytes, headers: dict,
                          read_timeout: float | None) -> rawhttp.Response:
         host, port, path = target
         conn = getattr(self._local, "conn", None)
@@ -152,9 +157,7 @@ class HttpBackend(BaseBackend):
                 raise PlatformFault("connection", f"cannot reach {self.invoke_url}: {e!r}") from e
             self._local.conn = conn
         try:
-            r = conn.post(path, invocation.body, {
-                SIGNATURE_HEADER: invocation.signature, "Content-Type": "application/octet-stream"},
-                read_timeout)
+            r = conn.post(path, body, headers, read_timeout)
         except TimeoutError as e:
             self._forget(conn)
             raise PlatformFault("lost", f"no answer from {self.invoke_url} within {read_timeout} s") from e

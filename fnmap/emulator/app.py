@@ -17,9 +17,11 @@ import json
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 from flask import Response, jsonify, request
 
+from ..runtime.batch_frames import pack_answers, unpack_calls
 from ..runtime.http_app import create_app
 from ..runtime.signing import REFUSED, ROUTE_CALL, ROUTE_CANCEL, SECRET_ENV, SIGNATURE_HEADER, verify_request
 from ..runtime.wire import ERROR_KIND_HEADER, decode_header
@@ -76,6 +78,19 @@ def _answer(outcome: str, status: int, out: bytes, info: dict, timeout: float | 
     return status, message(info, timeout).encode(), ({ERROR_KIND_HEADER: kind} if kind else {})
 
 
+@dataclass(slots=True)
+class _Accepted:
+    """An invocation that passed the checks and was admitted (:meth:`Emulator._accept`)."""
+
+    timeout: float | None
+    memory: int | None
+    fate: object
+    record: dict
+    key: tuple | None
+    stopper: Stopper
+    unwatch: object
+
+
 class Emulator:
     """State shared by the routes: the pool and the log of recent calls."""
 
@@ -110,6 +125,62 @@ class Emulator:
         self.stop_on_hangup = False
 
     def execute(self, body: bytes, signature: str | None) -> tuple[int, bytes, dict]:
+        call = self._accept(body, signature)
+        if not isinstance(call, _Accepted):
+            return call  # refused
+        return self._run_accepted(call, body, signature)
+
+    def _run_accepted(self, call: _Accepted, body: bytes, signature: str | None) -> tuple[int, bytes, dict]:
+        try:
+            result = self._run(body, signature, call.timeout, call.fate, call.stopper, call.memory)
+        except BaseException:
+            self._release(call, "error")
+            raise
+        return self._answered(call, *result)
+
+    def execute_many(self, data: bytes) -> tuple[int, bytes, dict]:
+        """``POST /invoke-many``: several invocations (:mod:`fnmap.runtime.batch_frames`), each
+        verified and answered exactly as ``POST /invoke`` would; their answers in one body.
+
+        The calls run one after another: the client sends short calls together, several requests
+        at once.  Calls with no timeout, memory limit or fault to inject go to one worker in one
+        message (``WorkerPool.execute_many``); with faults injected, each runs as if sent alone.
+        """
+        try:
+            calls = unpack_calls(data)
+        except ValueError as e:
+            return 400, f"malformed batch of invocations: {e}".encode(), {}
+        if self.faults.active or self.faults.max_concurrency is not None or not self.workers_trust_front:
+            answers = [self.execute(body, signature) for signature, body in calls]
+        else:
+            answers = self._execute_plain(calls)
+        return 200, pack_answers(answers), {}
+
+    def _execute_plain(self, calls: list) -> list[tuple[int, bytes, dict]]:
+        answers: list = [None] * len(calls)
+        together: list[tuple[int, _Accepted, str | None, bytes]] = []
+        for index, (signature, body) in enumerate(calls):
+            call = self._accept(body, signature)
+            if not isinstance(call, _Accepted):
+                answers[index] = call
+            elif call.timeout is None and call.memory is None:
+                together.append((index, call, signature, body))
+            else:
+                answers[index] = self._run_accepted(call, body, signature)
+        if together:
+            try:
+                results = self.pool.execute_many(
+                    [(signature, body, call.stopper) for _, call, signature, body in together], verified=True)
+            except BaseException:
+                for _, call, _, _ in together:
+                    self._release(call, "error")
+                raise
+            for (index, call, _, _), result in zip(together, results, strict=True):
+                answers[index] = self._answered(call, *result)
+        return answers
+
+    def _accept(self, body: bytes, signature: str | None) -> _Accepted | tuple[int, bytes, dict]:
+        """Check and admit one invocation: what it needs to run, or the answer that refuses it."""
         header, timeout, memory = _read_header(body)
         # Authenticated before any fault is injected or any worker touched (issue 26).  This check
         # is the one a call gets on the emulator (workers_trust_front): the worker runs what its
@@ -142,22 +213,25 @@ class Emulator:
                 f"too many calls at once: the emulator runs at most {self.faults.max_concurrency} "
                 "(--max-concurrency); slow down and retry"
             ).encode(), {}
-        outcome = "error"
         # The shared emulator stops the calls of a client that went away (SIGKILL), as an
         # emulator of its own would have died with it (.hangup).
         unwatch = on_hangup(stopper.stop) if self.stop_on_hangup else None
-        try:
-            if fate is not None and fate.labels:
-                self.injected.update(fate.labels)
-                record["faults"] = fate.labels
-            outcome, status, out, info = self._run(body, signature, timeout, fate, stopper, memory)
-        finally:
-            if unwatch is not None:
-                unwatch()
-            self._done(key, stopper, outcome)
-        record.update(info, outcome=outcome, status=status, duration=time.time() - record["received"])
-        self.recent.append(record)
-        return _answer(outcome, status, out, info, timeout)
+        if fate is not None and fate.labels:
+            self.injected.update(fate.labels)
+            record["faults"] = fate.labels
+        return _Accepted(timeout, memory, fate, record, key, stopper, unwatch)
+
+    def _release(self, call: _Accepted, outcome: str) -> None:
+        if call.unwatch is not None:
+            call.unwatch()
+        self._done(call.key, call.stopper, outcome)
+
+    def _answered(self, call: _Accepted, outcome: str, status: int, out: bytes, info: dict) -> tuple[int, bytes, dict]:
+        """Release an admitted call, log it and turn its outcome into the answer."""
+        self._release(call, outcome)
+        call.record.update(info, outcome=outcome, status=status, duration=time.time() - call.record["received"])
+        self.recent.append(call.record)
+        return _answer(outcome, status, out, info, call.timeout)
 
     def _admit(self, key, stopper: Stopper) -> bool:
         """Count the request in flight (False: --max-concurrency throttles it)."""
@@ -290,7 +364,7 @@ ROUTES = [
 
 
 def create_emulator_app(emulator: Emulator):
-    app = create_app(emulator.execute, name="fnmap-emulator")
+    app = create_app(emulator.execute, name="fnmap-emulator", execute_many=emulator.execute_many)
     add_routes(app, ROUTES, emulator)
     for name in EXTENSIONS:
         importlib.import_module(name).register(app, emulator)

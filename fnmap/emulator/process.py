@@ -21,6 +21,9 @@ REQUEST_HEAD = struct.Struct(">BI")
 #: Flag: the emulator verified the request's signature with the worker's own secret (see
 #: :meth:`fnmap.emulator.app.Emulator.execute`); the worker does not verify it again.
 VERIFIED = 1
+#: Flag: the message holds several calls (:func:`fnmap.runtime.batch_frames.pack_calls`), answered
+#: one message each, in order (the pool's ``execute_many``).
+MANY = 2
 #: Bytes asked for by the first read of a message (most are far smaller: one read).
 FIRST_READ = 1 << 16
 
@@ -71,6 +74,7 @@ def serve(conn, env: dict | None) -> None:
     import socket
 
     from ..runtime import worker
+    from ..runtime.batch_frames import unpack_calls
     from ..runtime.signing import secret_from_env
 
     worker.WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"  # imported before the fork
@@ -86,7 +90,13 @@ def serve(conn, env: dict | None) -> None:
             body = message[start:]
             # VERIFIED: the emulator that is this process's parent, the only writer of this pipe,
             # checked the signature with this process's secret (Emulator.execute says why that is enough)
-            status, out = worker.handle(body, signature or None, secret, verified=bool(flags & VERIFIED))
+            verified = bool(flags & VERIFIED)
+            if flags & MANY:
+                for signature, call in unpack_calls(body):
+                    status, out = worker.handle(call, signature, secret, verified=verified)
+                    write_message(fd, _LEN.pack(status), out)
+                continue
+            status, out = worker.handle(body, signature or None, secret, verified=verified)
             write_message(fd, _LEN.pack(status), out)
     except (EOFError, OSError):  # the emulator closed the pipe, or died: nothing left to serve
         return

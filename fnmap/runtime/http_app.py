@@ -12,19 +12,23 @@ from collections.abc import Callable
 
 from flask import Flask, Response, request
 
+from .batch_frames import MANY_PATH
 from .frontdoor import FrontDoor
 from .httpwire import reason_phrase
 from .signing import SIGNATURE_HEADER
 
 Execute = Callable[[bytes, "str | None"], "tuple[int, bytes, dict]"]
+ExecuteMany = Callable[[bytes], "tuple[int, bytes, dict]"]
 
 #: Requests larger than this are refused before they are read (arguments this big go through storage).
 MAX_BODY_BYTES = 64 << 20
 
 
-def create_app(execute: Execute, name: str = "fnmap") -> Flask:
+def create_app(execute: Execute, name: str = "fnmap", execute_many: ExecuteMany | None = None) -> Flask:
     """The app; ``app.extensions["fnmap_front_door"]`` is its :class:`~.frontdoor.FrontDoor` (the
-    emulator tells it the addresses it serves).  No static route: nothing is served from files."""
+    emulator tells it the addresses it serves).  No static route: nothing is served from files.
+    ``execute_many`` (the emulator's) serves ``POST /invoke-many``: several invocations in one
+    request (:mod:`.batch_frames`), each verified on its own."""
     app = Flask(name, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
 
@@ -35,7 +39,14 @@ def create_app(execute: Execute, name: str = "fnmap") -> Flask:
 
     app.add_url_rule("/", "invoke_root", invoke, methods=["POST"])
     app.add_url_rule("/invoke", "invoke", invoke, methods=["POST"])
-    door = FrontDoor(_InvokeFastPath(app.wsgi_app, execute))
+    if execute_many is not None:
+        def invoke_many():
+            status, body, headers = execute_many(request.get_data(cache=False))
+            mimetype = "application/octet-stream" if status == 200 else "text/plain"
+            return Response(body, status=status, headers=headers, mimetype=mimetype)
+
+        app.add_url_rule(MANY_PATH, "invoke_many", invoke_many, methods=["POST"])
+    door = FrontDoor(_InvokeFastPath(app.wsgi_app, execute, execute_many))
     app.wsgi_app = app.extensions["fnmap_front_door"] = door
     return app
 
@@ -49,17 +60,23 @@ class _InvokeFastPath:
     answer; any other request, and a body of unknown length, go to Flask.
     """
 
-    def __init__(self, wsgi_app, execute: Execute):
+    def __init__(self, wsgi_app, execute: Execute, execute_many: ExecuteMany | None = None):
         self.wsgi_app = wsgi_app
         self.execute = execute
+        self.paths = ("/", "/invoke", MANY_PATH) if execute_many is not None else ("/", "/invoke")
+        self.execute_many = execute_many
 
     def __call__(self, environ, start_response):
         length = environ.get("CONTENT_LENGTH")
-        if (environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") not in ("/", "/invoke")
+        path = environ.get("PATH_INFO")
+        if (environ.get("REQUEST_METHOD") != "POST" or path not in self.paths
                 or not length or not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY_BYTES):
             return self.wsgi_app(environ, start_response)
         body = environ["wsgi.input"].read(int(length))
-        status, out, headers = self.execute(body, environ.get(_SIGNATURE_ENVIRON))
+        if path == MANY_PATH:
+            status, out, headers = self.execute_many(body)
+        else:
+            status, out, headers = self.execute(body, environ.get(_SIGNATURE_ENVIRON))
         mimetype = "application/octet-stream" if status == 200 else "text/plain; charset=utf-8"
         start_response(f"{status} {reason_phrase(status)}", [
             ("Content-Type", mimetype), ("Content-Length", str(len(out))), *headers.items()])
