@@ -361,7 +361,7 @@ class WorkerPool:
         except WorkerDied:
             return [self._died(worker, {"pid": worker.pid, "cold": worker.calls == 0}, None, None, None)]
         for _signature, _body, stopper in calls:
-            info = {"pid": worker.pid, "cold": worker.calls == 0}
+            info = {"pid": worker.pid, "cold": worker.calls == 0, "together": len(calls)}
             worker.calls += 1
             if not stopper.attach(worker):  # stopped before its turn, which may have come: not run
                 results.append(self._stopped(worker, None, info))

@@ -1,0 +1,104 @@
+"""Short calls go to the emulator several a request (``POST /invoke-many``) and to a worker several a
+message (issue 25): each is still signed, verified, run, committed and answered as if sent alone."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+import requests
+
+import fnmap
+from fnmap.runtime.batch_frames import MAX_CALLS, pack_calls
+
+N = 600
+
+
+def ident(x):
+    return x
+
+
+def crash_on_300(x):
+    if x == 300:
+        os._exit(3)
+    return x
+
+
+def _calls(emu) -> list[dict]:
+    return requests.get(emu.url + "/calls", timeout=10).json()
+
+
+def test_short_calls_share_requests_and_every_call_runs_once(use_emulator):
+    emu = use_emulator(workers=2)
+    assert fnmap.map(ident, range(N), chunksize=1, progress=False) == list(range(N))
+    calls = _calls(emu)
+    assert sorted(c["call_id"] for c in calls) == list(range(N))  # each call once, none lost
+    assert all(c["outcome"] == "ok" and c["status"] == 200 for c in calls)
+    together = [c.get("together", 1) for c in calls]
+    assert max(together) > 1, "no call was sent with another"
+    assert sum(t > 1 for t in together) > N // 2  # after the first few, short calls travel together
+
+
+def test_a_crash_inside_a_batch_fails_its_call_only(use_emulator):
+    emu = use_emulator(workers=2)
+    out = fnmap.map(crash_on_300, range(N), chunksize=1, retries=0, progress=False, return_exceptions=True)
+    assert isinstance(out[300], fnmap.FnmapError) and "died" in str(out[300])
+    assert out[:300] + out[301:] == [x for x in range(N) if x != 300]
+    calls = _calls(emu)
+    crashed = [c for c in calls if c["outcome"] == "crashed"]
+    assert [c["call_id"] for c in crashed] == [300]
+    assert crashed[0].get("together", 1) > 1, "the crash was not inside a batch: the test proves nothing"
+    assert emu.health()["status"] == "ok" and len(emu.health()["worker_pids"]) == 2  # replaced
+
+
+def test_each_call_of_a_batch_is_verified_alone(use_emulator):
+    emu = use_emulator(workers=2)
+    pids = emu.health()["worker_pids"]
+    body = pack_calls([(None, b'{"job_id": "a", "call_id": 1, "attempt": 1}\n'),
+                       ("0:" + "0" * 64, b'{"job_id": "a", "call_id": 2, "attempt": 1}\n')])
+    r = requests.post(emu.url + "/invoke-many", data=body, timeout=10)
+    assert r.status_code == 200
+    statuses = []
+    offset = 0
+    for _ in range(2):
+        status, head, size = struct.unpack_from(">III", r.content, offset)
+        statuses.append(status)
+        offset += 12 + head + size
+    assert statuses == [401, 403] and offset == len(r.content)
+    assert _calls(emu) == [] and emu.health()["worker_pids"] == pids  # nothing reached a worker
+
+
+@pytest.mark.parametrize("body", [
+    b"",
+    struct.pack(">I", 0),
+    struct.pack(">I", MAX_CALLS + 1),
+    struct.pack(">I", 1) + struct.pack(">I", 4) + b"ab",  # a signature cut short
+    pack_calls([("s", b"{}")]) + b"extra",
+    struct.pack(">I", 1) + struct.pack(">I", 2) + b"\xff\xfe" + struct.pack(">I", 0),  # not ASCII
+])
+def test_a_malformed_batch_is_refused_with_a_reason(use_emulator, body):
+    emu = use_emulator(workers=2)
+    r = requests.post(emu.url + "/invoke-many", data=body, timeout=10)
+    assert r.status_code == 400 and "malformed batch" in r.text
+    assert emu.health()["status"] == "ok" and _calls(emu) == []
+
+
+def test_an_emulator_without_batches_gets_one_call_a_request(use_emulator, monkeypatch):
+    """An older emulator answers 404 to ``/invoke-many``: the client sends each call alone from then on."""
+    import fnmap.backends.emulator as emulator_backend
+
+    emu = use_emulator(workers=2)
+    monkeypatch.setattr(emulator_backend, "MANY_PATH", "/no-such-route")
+    assert fnmap.map(ident, range(200), chunksize=1, progress=False) == list(range(200))
+    calls = _calls(emu)
+    assert sorted(c["call_id"] for c in calls) == list(range(200))
+    assert all("together" not in c for c in calls)
+
+
+def test_calls_with_a_timeout_reach_their_worker_alone(use_emulator):
+    """A worker enforces one call's timeout at a time (it kills the process): such calls never share a message."""
+    emu = use_emulator(workers=2)
+    assert fnmap.map(ident, range(200), chunksize=1, timeout=30, progress=False) == list(range(200))
+    calls = _calls(emu)
+    assert len(calls) == 200 and all("together" not in c for c in calls)
