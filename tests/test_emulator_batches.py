@@ -102,3 +102,23 @@ def test_calls_with_a_timeout_reach_their_worker_alone(use_emulator):
     assert fnmap.map(ident, range(200), chunksize=1, timeout=30, progress=False) == list(range(200))
     calls = _calls(emu)
     assert len(calls) == 200 and all("together" not in c for c in calls)
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_the_emulator_hands_a_worker_together_only_calls_without_a_timeout(use_emulator, tmp_path, timeout):
+    """Whatever a client sends together: a call with a timeout reaches its worker alone."""
+    from fnmap.runtime.signing import ROUTE_CALL, sign_request
+    from fnmap.runtime.wire import CallRequest, encode
+
+    emu = use_emulator(workers=2)
+    calls = []
+    for call_id in range(3):  # a job with no record: each worker refuses its call, after it got it
+        req = CallRequest(job_id="f" * 32, call_id=call_id, func_key="functions/x", store_url=tmp_path.as_uri(),
+                          timeout=timeout)
+        body = encode(req, b"")
+        calls.append((sign_request(emu.secret.encode(), ROUTE_CALL, req.job_id, call_id, 1, body), body))
+    r = requests.post(emu.url + "/invoke-many", data=pack_calls(calls), timeout=30)
+    assert r.status_code == 200
+    records = _calls(emu)
+    assert sorted(c["call_id"] for c in records) == [0, 1, 2] and all(c["status"] == 200 for c in records)
+    assert [c.get("together") for c in records] == ([3, 3, 3] if timeout is None else [None, None, None])
