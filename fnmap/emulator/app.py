@@ -1,6 +1,7 @@
 """The emulator's Flask app: the shared invocation app plus the emulator's own routes.
 
 Routes: ``POST /invoke`` (and ``/``), the same as a deployed HTTP handler;
+``POST /invoke-many`` (several short calls in one request, each signed and answered as alone);
 ``POST /cancel`` (stop attempts whose call the client decided by another
 attempt; signed with the secret as an invocation is); ``GET /health``;
 ``GET /calls`` (recent calls, newest last, without their job ids: anyone who reaches
@@ -143,18 +144,19 @@ class Emulator:
         verified and answered exactly as ``POST /invoke`` would; their answers in one body.
 
         The calls run one after another: the client sends short calls together, several requests
-        at once.  Calls with no timeout, memory limit or fault to inject go to one worker in one
-        message (``WorkerPool.execute_many``); with faults injected, each runs as if sent alone.
+        at once.  Calls with no timeout or memory limit go to one worker in one message
+        (``WorkerPool.execute_many``).  An emulator that injects faults (planned per request, and
+        counted per request by its tests) or whose workers check signatures themselves answers 404:
+        its clients send one call a request.
         """
+        if self.faults.active or self.faults.max_concurrency is not None or not self.workers_trust_front:
+            return 404, (b"this emulator takes one call a request (it injects faults, or its workers "
+                         b"verify every call): POST /invoke"), {}
         try:
             calls = unpack_calls(data)
         except ValueError as e:
             return 400, f"malformed batch of invocations: {e}".encode(), {}
-        if self.faults.active or self.faults.max_concurrency is not None or not self.workers_trust_front:
-            answers = [self.execute(body, signature) for signature, body in calls]
-        else:
-            answers = self._execute_plain(calls)
-        return 200, pack_answers(answers), {}
+        return 200, pack_answers(self._execute_plain(calls)), {}
 
     def _execute_plain(self, calls: list) -> list[tuple[int, bytes, dict]]:
         answers: list = [None] * len(calls)

@@ -76,6 +76,11 @@ class Stopper:
                 _sigkill(self._worker.proc)
                 self._killed = True
 
+    @property
+    def requested(self) -> bool:
+        """Whether the invocation was asked to stop."""
+        return self._requested
+
     def attach(self, worker: WorkerProcess) -> bool:
         """The invocation is about to run on ``worker``; False when it was stopped already."""
         with self._lock:
@@ -166,6 +171,7 @@ class WorkerProcess:
             raise WorkerDied() from None
         answer = bytes(buffered[_LEN.size:end])
         del buffered[:end]
+        self.calls += 1
         (status,) = _LEN.unpack_from(answer)
         return status, answer[_LEN.size:]
 
@@ -354,6 +360,8 @@ class WorkerPool:
 
     def _run_on_one_worker(self, calls: list, verified: bool) -> list[tuple[str, int, bytes, dict]]:
         """Hand ``calls`` to one idle worker; the results of those it got to (one at least)."""
+        if calls[0][2].requested:  # stopped before any worker got it (its client hung up): run nowhere
+            return [("stopped", 0, b"", {})]
         worker = self._idle.get()
         results = []
         try:
@@ -362,7 +370,6 @@ class WorkerPool:
             return [self._died(worker, {"pid": worker.pid, "cold": worker.calls == 0}, None, None, None)]
         for _signature, _body, stopper in calls:
             info = {"pid": worker.pid, "cold": worker.calls == 0, "together": len(calls)}
-            worker.calls += 1
             if not stopper.attach(worker):  # stopped before its turn, which may have come: not run
                 results.append(self._stopped(worker, None, info))
                 return results
