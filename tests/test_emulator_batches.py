@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 
 import pytest
 import requests
+from conftest import until
 
 import fnmap
 from fnmap.runtime.batch_frames import MAX_CALLS, pack_calls
@@ -22,6 +24,15 @@ def ident(x):
 def crash_on_300(x):
     if x == 300:
         os._exit(3)
+    return x
+
+
+def sleep_on_300(arg):
+    x, marker = arg
+    if x == 300:
+        with open(marker, "w"):
+            pass
+        time.sleep(60)
     return x
 
 
@@ -122,3 +133,22 @@ def test_the_emulator_hands_a_worker_together_only_calls_without_a_timeout(use_e
     records = _calls(emu)
     assert sorted(c["call_id"] for c in records) == [0, 1, 2] and all(c["status"] == 200 for c in records)
     assert [c.get("together") for c in records] == ([3, 3, 3] if timeout is None else [None, None, None])
+
+
+def test_a_call_stopped_inside_a_batch_ends_at_once_and_those_after_it_run_nowhere(use_emulator, tmp_path):
+    emu = use_emulator(workers=2)
+    marker = str(tmp_path / "300 started")
+    job = fnmap.map(sleep_on_300, [(x, marker) for x in range(N)], chunksize=1, progress=False, return_job=True)
+    until(lambda: os.path.exists(marker), 60)
+    cancelled = time.monotonic()
+    job.cancel(stop_platform=True)
+    until(lambda: any(c["call_id"] == 300 for c in _calls(emu)), 30)
+    assert time.monotonic() - cancelled < 20  # its worker was killed, not waited for (60 s)
+    calls = {c["call_id"]: c for c in _calls(emu)}
+    assert calls[300]["outcome"] == "stopped" and calls[300]["together"] > 1
+    # the calls after it in its batch (and in the batches waiting for a worker) were stopped before any
+    # worker ran them: a worker was killed for each call running on one (two workers), for no other
+    killed_for = [i for i, c in calls.items() if c["outcome"] == "stopped" and "pid" in c]
+    assert 300 in killed_for and len(killed_for) <= 2, killed_for
+    assert sum(c["outcome"] == "stopped" for c in calls.values()) > len(killed_for)
+    until(lambda: len(emu.health()["worker_pids"]) == 2 and calls[300]["pid"] not in emu.health()["worker_pids"])

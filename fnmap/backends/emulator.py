@@ -51,9 +51,12 @@ class EmulatorBackend(HttpBackend):
         #: Set once the emulator answered that it has no ``POST /invoke-many`` (an older one).
         self._cannot_batch = False
 
-    #: Short calls go to the emulator together, this many at most a request (``fnmap.dispatch``
-    #: decides when): a request and a worker message each, not one per call (issue 25).
-    batch_limit = min(32, MAX_CALLS)
+    @property
+    def batch_limit(self) -> int:
+        """Short calls go to the emulator together, this many at most a request (``fnmap.dispatch``
+        decides when): a request and a worker message each, not one per call (issue 25).  None once
+        the emulator said it takes one call a request: each call then gets the throttle's own answer."""
+        return 0 if self._cannot_batch else min(32, MAX_CALLS)
 
     def invoke_batch(self, invocations: list) -> list:
         """``POST /invoke-many``: the calls in one request, each signed as alone; each call's answer
