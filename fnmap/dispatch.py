@@ -145,13 +145,18 @@ class Dispatch:
             company.append(item[2])
         return company
 
-    def _send_together(self, job, states: list) -> None:
-        """Short calls in one request (``backend.invoke_batch``); each answer is decided as in ``_send``."""
+    def _begin_all(self, job, states: list) -> list[tuple]:
+        """``(state, attempt, invocation)`` of each of ``states`` that is still to be sent."""
         ready = []
         for state in states:
             attempt = self._begin(job, state)
             if attempt is not None and (invocation := self._invocation(job, state, attempt)) is not None:
                 ready.append((state, attempt, invocation))
+        return ready
+
+    def _send_together(self, job, states: list) -> None:
+        """Short calls in one request (``backend.invoke_batch``); each answer is decided as in ``_send``."""
+        ready = self._begin_all(job, states)
         if not ready:
             return
         ticket, at_floor = self._acquire_slot()
@@ -173,11 +178,7 @@ class Dispatch:
 
     def _send_many(self, job, states: list) -> None:
         """One platform request for many calls (an array job); each answer is decided as in ``_send``."""
-        ready = []
-        for state in states:
-            attempt = self._begin(job, state)
-            if attempt is not None and (invocation := self._invocation(job, state, attempt)) is not None:
-                ready.append((state, attempt, invocation))
+        ready = self._begin_all(job, states)
         if not ready:
             return
         ticket, _at_floor = self._acquire_slot()

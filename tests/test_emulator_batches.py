@@ -135,10 +135,11 @@ def test_the_emulator_hands_a_worker_together_only_calls_without_a_timeout(use_e
     assert [c.get("together") for c in records] == ([3, 3, 3] if timeout is None else [None, None, None])
 
 
-def test_a_call_stopped_inside_a_batch_ends_at_once_and_those_after_it_run_nowhere(use_emulator, tmp_path):
+def test_a_call_stopped_inside_a_batch_ends_at_once_and_no_worker_dies_for_the_others(use_emulator, tmp_path):
     emu = use_emulator(workers=2)
     marker = str(tmp_path / "300 started")
-    job = fnmap.map(sleep_on_300, [(x, marker) for x in range(N)], chunksize=1, progress=False, return_job=True)
+    job = fnmap.map(sleep_on_300, [(x, marker) for x in range(N)], chunksize=1, progress=False, return_job=True,
+                    speculation=False)  # only the cancel stops calls: no copy of a slow one superseded
     until(lambda: os.path.exists(marker), 60)
     cancelled = time.monotonic()
     job.cancel(stop_platform=True)
@@ -146,9 +147,10 @@ def test_a_call_stopped_inside_a_batch_ends_at_once_and_those_after_it_run_nowhe
     assert time.monotonic() - cancelled < 20  # its worker was killed, not waited for (60 s)
     calls = {c["call_id"]: c for c in _calls(emu)}
     assert calls[300]["outcome"] == "stopped" and calls[300]["together"] > 1
-    # the calls after it in its batch (and in the batches waiting for a worker) were stopped before any
-    # worker ran them: a worker was killed for each call running on one (two workers), for no other
-    killed_for = [i for i, c in calls.items() if c["outcome"] == "stopped" and "pid" in c]
-    assert 300 in killed_for and len(killed_for) <= 2, killed_for
-    assert sum(c["outcome"] == "stopped" for c in calls.values()) > len(killed_for)
+    # the calls after it in its batch and in the batches waiting for a worker were stopped too, and a
+    # worker was killed only for a call running on one (two workers): neither those handed to no worker
+    # nor those stopped while queued behind another in a worker's message cost a worker
+    # (mutation checked: both rules undone, kills for most of the stopped calls)
+    stopped = [c for c in calls.values() if c["outcome"] == "stopped"]
+    assert len(stopped) > 2 and sum("pid" in c and c["call_id"] != 300 for c in stopped) <= 1, stopped
     until(lambda: len(emu.health()["worker_pids"]) == 2 and calls[300]["pid"] not in emu.health()["worker_pids"])

@@ -370,9 +370,16 @@ class WorkerPool:
             return [self._died(worker, {"pid": worker.pid, "cold": worker.calls == 0}, None, None, None)]
         for _signature, _body, stopper in calls:
             info = {"pid": worker.pid, "cold": worker.calls == 0, "together": len(calls)}
-            if not stopper.attach(worker):  # stopped before its turn, which may have come: not run
-                results.append(self._stopped(worker, None, info))
-                return results
+            if not stopper.attach(worker):
+                # Stopped before its turn, which may have come: a batch's calls are short, so its end
+                # costs less than killing and replacing the worker; its answer is dropped.
+                try:
+                    worker.receive()
+                except WorkerDied:
+                    results.append(self._died(worker, info, None, None, None))
+                    return results
+                results.append(("stopped", 0, b"", {"together": len(calls)}))  # no pid: none was killed
+                continue
             started = time.monotonic()
             try:
                 status, out = worker.receive()
