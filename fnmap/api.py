@@ -221,6 +221,7 @@ def _start(
     index = 0
     states = []
     stores: list = []  # large inputs being stored meanwhile, by the client's input threads
+    pending: list = []  # with chunksize set: each call's input store (None: its input travels inline)
     try:
         func_key = client.upload_function(func, job)  # a function that does not pickle: recorded too
         if config.chunksize is None:
@@ -230,12 +231,16 @@ def _start(
             client.use_feed(job, ChunkFeed(client, job, func_key, mode, items, size, plain))
             states = job.feed.start(stores)
             index = len(items)
+            client.finish_stores(stores)
         else:
             for chunk in policy.chunks(make_items(job.id), config.chunksize):
+                stored_before = len(stores)
                 states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), CallOutcome(),
                                               stores=stores))
+                pending.append(stores[stored_before] if len(stores) > stored_before else None)
                 index += len(chunk)
-        client.finish_stores(stores)
+            if stores:  # a storage that refuses the inputs refuses the first: then nothing has run
+                stores[0].result()
     except BaseException as e:
         client.finish_stores(stores, abandon=True)  # nothing is left writing for a job that will not run
         client.setup_failed(job, e)  # nothing runs; the record says why
@@ -246,8 +251,32 @@ def _start(
         client.seal(job)
     else:  # its "running" entry with every item counted: a re-attach after the client died aligns
         job.save_record(final=False)
-    client.submit(job, states)
+    if stores and config.chunksize is not None:
+        _submit_as_stored(client, job, states, pending, stores)
+    else:
+        client.submit(job, states)
     return job
+
+
+def _submit_as_stored(client, job, states: list, pending: list, stores: list) -> None:
+    """Send the calls in order, each once its input is stored: the first calls run while the
+    client's input threads still hash and write the last inputs (a map of 200 one-megabyte items
+    waited for all 200 before its first call).  A store that fails after calls were sent abandons
+    the job (its unsent calls are cancelled, the sent ones stopped) and raises its error."""
+    ready = []
+    try:
+        for state, store in zip(states, pending, strict=True):
+            if store is not None and not store.done() and ready:
+                client.submit(job, ready)  # what is stored so far goes while the rest is written
+                ready = []
+            if store is not None:
+                store.result()
+            ready.append(state)
+    except BaseException:
+        client.finish_stores(stores, abandon=True)
+        job.cancel(stop_platform=True)
+        raise
+    client.submit(job, ready)
 
 
 def map_reduce(

@@ -1,0 +1,22 @@
+"""A map of large items sends each call as soon as its input is stored (issue 25): the first calls
+run while the client's input threads still hash and write the last inputs."""
+
+from __future__ import annotations
+
+import os
+
+import fnmap
+
+N = 200
+
+
+def test_the_first_calls_run_while_the_last_inputs_are_stored(tmp_path):
+    inputs = tmp_path / "store" / "inputs"
+
+    def inputs_stored(blob):  # how many input objects the storage holds when this call runs
+        return sum(len(files) for _, _, files in os.walk(inputs))
+
+    items = [os.urandom(16) + bytes(1 << 20) for _ in range(N)]  # 1 MB each, all different
+    counts = fnmap.map(inputs_stored, items, chunksize=1, storage=(tmp_path / "store").as_uri(), progress=False)
+    assert counts[0] < N, f"the first call waited until every input was stored: {counts[:5]}"
+    assert sum(len(files) for _, _, files in os.walk(inputs)) == N  # and every input was stored
