@@ -4,7 +4,7 @@ Every measurement runs in a fresh Python process (``--child``) that starts the
 system, runs the workload once (the *cold* time: start included) and again (the
 *warm* time: a second job in the same process), checks both results, and
 reports the peak resident memory of its whole process tree (sampled every
-20 ms with psutil; shared pages count once per process).  The parent runs every
+20 ms from /proc, psutil elsewhere; shared pages count once per process).  The parent runs every
 system on every workload in turn, rotating the order each repetition so that
 background load falls on all systems alike, and prints medians with each
 system's ratio to ``multiprocessing.Pool`` measured in the same run.
