@@ -105,6 +105,10 @@ class Dispatch:
         invocation = self._invocation(job, state, attempt)
         if invocation is None:  # finished by another copy meanwhile
             return
+        self._deliver_one(job, state, attempt, invocation)
+
+    def _deliver_one(self, job, state, attempt: int, invocation) -> None:
+        """Send one begun attempt under the throttle and decide on its answer."""
         ticket, at_floor = self._acquire_slot()
         try:
             answer = self.backend.invoke(invocation)
@@ -156,17 +160,29 @@ class Dispatch:
 
     def _send_together(self, job, states: list) -> None:
         """Short calls in one request (``backend.invoke_batch``); each answer is decided as in ``_send``."""
+        self._send_group(job, states, self.backend.invoke_batch)
+
+    def _send_many(self, job, states: list) -> None:
+        """One platform request for many calls (an array job); each answer is decided as in ``_send``."""
+        self._send_group(job, states, self.backend.invoke_many)
+
+    def _send_group(self, job, states: list, deliver) -> None:
+        """Begin ``states``, hand their invocations to ``deliver`` at once, decide each answer: an
+        ``Answer``, or the ``PlatformFault`` that ended that call alone; a fault ``deliver`` raises
+        ends them all; None (the platform takes no groups) sends each alone."""
         ready = self._begin_all(job, states)
         if not ready:
             return
         ticket, at_floor = self._acquire_slot()
         try:
-            answers = self.backend.invoke_batch([invocation for _, _, invocation in ready])
+            answers = deliver([invocation for _, _, invocation in ready])
         except Exception as e:
             fault = e if isinstance(e, PlatformFault) else PlatformFault("server", f"{type(e).__name__}: {e}")
-            self._release_slot(fault.kind == FaultKind.THROTTLED, ticket)
-            for state, attempt, _ in ready:
-                self._decide(job, state, attempt, fault, charge=policy.charges_retry(fault.kind, at_floor))
+            answers = [fault] * len(ready)
+        if answers is None:  # the platform takes no groups (it just said so): one request each, throttled
+            self._release_slot(False, ticket)
+            for state, attempt, invocation in ready:
+                self._deliver_one(job, state, attempt, invocation)
             return
         throttled = any(isinstance(a, PlatformFault) and a.kind == FaultKind.THROTTLED for a in answers)
         self._release_slot(throttled, ticket)
@@ -175,24 +191,6 @@ class Dispatch:
                 self._decide(job, state, attempt, answer, charge=policy.charges_retry(answer.kind, at_floor))
             else:
                 self._decide(job, state, attempt, self._read(answer))
-
-    def _send_many(self, job, states: list) -> None:
-        """One platform request for many calls (an array job); each answer is decided as in ``_send``."""
-        ready = self._begin_all(job, states)
-        if not ready:
-            return
-        ticket, _at_floor = self._acquire_slot()
-        try:
-            answers = self.backend.invoke_many([invocation for _, _, invocation in ready])
-        except Exception as e:
-            fault = e if isinstance(e, PlatformFault) else PlatformFault("server", f"{type(e).__name__}: {e}")
-            self._release_slot(fault.kind == FaultKind.THROTTLED, ticket)
-            for state, attempt, _ in ready:
-                self._decide(job, state, attempt, fault)
-            return
-        self._release_slot(False, ticket)
-        for (state, attempt, _), answer in zip(ready, answers, strict=True):
-            self._decide(job, state, attempt, self._read(answer))
 
     def _coalesce(self, job, states: list) -> None:
         """Hold calls submitted one at a time until none has come for ``COALESCE_SECONDS`` (at most

@@ -9,9 +9,11 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import requests
+from conftest import until
 
 from fnmap.emulator.httpserver import WSGIServer
 from fnmap.runtime.deadlines import TimeLimits
@@ -208,13 +210,26 @@ def test_silent_and_byte_a_second_connections_are_closed(parser):
             assert r.status_code == 200
 
 
+def _idle_since(srv, sock: socket.socket) -> float:
+    """When the server last marked the connection of this client socket idle (0: it is not idle)."""
+    with srv._lock:
+        for conn in srv._connections.values():
+            if conn.sock.getpeername() == sock.getsockname():
+                return conn.since if conn.phase == conn.IDLE else 0.0
+    return 0.0
+
+
 def test_the_connection_idle_longest_is_given_up_for_a_new_one():
     with _serving(limits=TimeLimits(idle=60, head=60), max_connections=3) as srv:
         socks = [socket.create_connection((srv.host, srv.port), timeout=10) for _ in range(3)]
         try:
             for sock in socks:  # each served once, then idle (keep-alive), oldest first
+                sent = time.monotonic()
                 sock.sendall(b"GET /once HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+                # the server marks it idle just after the answer, on its own thread: under load that
+                # came after the next request, and another socket was the one idle longest
+                until(lambda sock=sock, sent=sent: _idle_since(srv, sock) > sent, 10)
             with requests.get(f"http://{srv.host}:{srv.port}/new", timeout=10) as r:
                 assert r.status_code == 200  # not 503: room was made
             assert _closed_by_server(socks[0])

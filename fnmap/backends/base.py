@@ -121,18 +121,12 @@ class BaseBackend:
         """
         return [self.invoke(invocation) for invocation in invocations]
 
-    def invoke_batch(self, invocations: list[Invocation]) -> list[Answer | PlatformFault]:
-        """Deliver several short calls in as few requests as the platform takes (``batch_limit``
-        at most): for each invocation its answer, or the fault that ended it alone.  Raises
-        :class:`PlatformFault` for a fault that ended them all (the connection).  By default
-        one request each."""
-        answers: list[Answer | PlatformFault] = []
-        for invocation in invocations:
-            try:
-                answers.append(self.invoke(invocation))
-            except PlatformFault as fault:
-                answers.append(fault)
-        return answers
+    def invoke_batch(self, invocations: list[Invocation]) -> list[Answer | PlatformFault] | None:
+        """Deliver several short calls in one platform request (``batch_limit`` at most): for each
+        invocation its answer, or the fault that ended it alone; raises :class:`PlatformFault` for
+        a fault that ended them all (the connection).  None: the platform takes no groups (by
+        default; the client then sends each alone, under its throttle)."""
+        return None
 
     def poll_failures(self) -> list[Failure]:
         """Accepted calls that failed on the platform since the last poll (the client's monitor asks)."""
