@@ -54,8 +54,8 @@ class EmulatorBackend(HttpBackend):
     @property
     def batch_limit(self) -> int:
         """Short calls go to the emulator together, this many at most a request (``fnmap.dispatch``
-        decides when): a request and a worker message each, not one per call (issue 25).  None once
-        the emulator said it takes one call a request: each call then gets the throttle's own answer."""
+        decides when): a request and a worker message each, not one per call (issue 25).  0 once the
+        emulator said it takes one call a request."""
         return 0 if self._cannot_batch else min(32, MAX_CALLS)
 
     def invoke_batch(self, invocations: list) -> list | None:

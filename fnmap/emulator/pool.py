@@ -25,7 +25,7 @@ import time
 
 from ..runtime.batch_frames import pack_calls
 from .memlimit import MemoryWatch, reset_peak
-from .process import FIRST_READ, MANY, REQUEST_HEAD, VERIFIED, read_message, serve, write_message
+from .process import FIRST_READ, MANY, REQUEST_HEAD, VERIFIED, serve, write_message
 
 _LEN = struct.Struct(">I")
 #: The longest wait one poll(2) takes (its timeout is a C int of milliseconds).
@@ -132,48 +132,27 @@ class WorkerProcess:
     def call(self, signature: str | None, body: bytes, timeout: float | None,
              verified: bool = False) -> tuple[int, bytes]:
         deadline = time.monotonic() + timeout if timeout else None
-        self.wait_ready()
         signed = (signature or "").encode()
-        try:
-            write_message(self._live_fd(), REQUEST_HEAD.pack(VERIFIED if verified else 0, len(signed)), signed, body)
-        except (BrokenPipeError, OSError, ValueError) as e:
-            raise WorkerDied(str(e)) from None
-        self.calls += 1
-        answer = self._recv(deadline)
-        (status,) = _LEN.unpack_from(answer)
-        return status, answer[_LEN.size:]
+        self._send(REQUEST_HEAD.pack(VERIFIED if verified else 0, len(signed)), signed, body)
+        return self.receive(deadline)
 
     def send_many(self, calls: list[tuple[str | None, bytes]], verified: bool) -> None:
         """Hand the worker several calls in one message; it answers each, in order (:meth:`receive`)."""
-        self.wait_ready()
-        flags = MANY | (VERIFIED if verified else 0)
-        try:
-            write_message(self._live_fd(), REQUEST_HEAD.pack(flags, 0), pack_calls(calls))
-        except (BrokenPipeError, OSError, ValueError) as e:
-            raise WorkerDied(str(e)) from None
+        self._send(REQUEST_HEAD.pack(MANY | (VERIFIED if verified else 0), 0), pack_calls(calls))
 
-    def receive(self) -> tuple[int, bytes]:
-        """The next answer of the calls handed over by :meth:`send_many`.  The worker may have
-        written several answers by the time this reads: what follows the first is kept for the next."""
-        buffered = self._buffered
-        try:
-            fd = self._live_fd()
-            while True:
-                if len(buffered) >= _LEN.size:
-                    end = _LEN.size + _LEN.unpack_from(buffered)[0]
-                    if len(buffered) >= end:
-                        break
-                chunk = os.read(fd, FIRST_READ)
-                if not chunk:
-                    raise EOFError
-                buffered += chunk
-        except (EOFError, OSError, ValueError, TypeError):
-            raise WorkerDied() from None
-        answer = bytes(buffered[_LEN.size:end])
-        del buffered[:end]
+    def receive(self, deadline: float | None = None) -> tuple[int, bytes]:
+        """The answer to the next call handed over: ``(status, the worker's response)``."""
+        answer = self._recv(deadline)
         self.calls += 1
         (status,) = _LEN.unpack_from(answer)
         return status, answer[_LEN.size:]
+
+    def _send(self, *parts) -> None:
+        self.wait_ready()
+        try:
+            write_message(self._live_fd(), *parts)
+        except (BrokenPipeError, OSError, ValueError) as e:
+            raise WorkerDied(str(e)) from None
 
     def _live_fd(self) -> int:
         if self._conn.closed:  # never read or write a number the closed pipe's may have been reused for
@@ -181,15 +160,29 @@ class WorkerProcess:
         return self._fd
 
     def _recv(self, deadline: float | None) -> bytes:
+        """The next message from the worker.  It may have written several by the time this reads (a
+        batch's answers come back to back): what follows the first is kept for the next."""
+        buffered = self._buffered
         try:
             fd = self._live_fd()
-            if deadline is not None:
-                while not self._poll.poll(min(_LONGEST_POLL_MS, math.ceil(max(0, deadline - time.monotonic()) * 1e3))):
-                    if time.monotonic() >= deadline:
-                        raise WorkerHung()
-            return read_message(fd)
+            while True:
+                end = _LEN.size + _LEN.unpack_from(buffered)[0] if len(buffered) >= _LEN.size else 0
+                if end and len(buffered) >= end:
+                    break
+                if deadline is not None:
+                    while not self._poll.poll(min(_LONGEST_POLL_MS,
+                                                  math.ceil(max(0, deadline - time.monotonic()) * 1e3))):
+                        if time.monotonic() >= deadline:
+                            raise WorkerHung()
+                chunk = os.read(fd, max(FIRST_READ, end - len(buffered)))
+                if not chunk:
+                    raise EOFError
+                buffered += chunk
         except (EOFError, OSError, ValueError, TypeError):  # TypeError: the pipe was closed under this read
             raise WorkerDied() from None
+        message = bytes(buffered[_LEN.size:end])
+        del buffered[:end]
+        return message
 
     def exit_description(self) -> str:
         self.proc.join(timeout=5)

@@ -33,22 +33,21 @@ def create_app(execute: Execute, name: str = "fnmap", execute_many: ExecuteMany 
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
 
     def invoke():
-        status, body, headers = execute(request.get_data(cache=False), request.headers.get(SIGNATURE_HEADER))
-        mimetype = "application/octet-stream" if status == 200 else "text/plain"
-        return Response(body, status=status, headers=headers, mimetype=mimetype)
+        return _response(*execute(request.get_data(cache=False), request.headers.get(SIGNATURE_HEADER)))
 
     app.add_url_rule("/", "invoke_root", invoke, methods=["POST"])
     app.add_url_rule("/invoke", "invoke", invoke, methods=["POST"])
     if execute_many is not None:
-        def invoke_many():
-            status, body, headers = execute_many(request.get_data(cache=False))
-            mimetype = "application/octet-stream" if status == 200 else "text/plain"
-            return Response(body, status=status, headers=headers, mimetype=mimetype)
-
-        app.add_url_rule(MANY_PATH, "invoke_many", invoke_many, methods=["POST"])
+        app.add_url_rule(MANY_PATH, "invoke_many", lambda: _response(*execute_many(request.get_data(cache=False))),
+                         methods=["POST"])
     door = FrontDoor(_InvokeFastPath(app.wsgi_app, execute, execute_many))
     app.wsgi_app = app.extensions["fnmap_front_door"] = door
     return app
+
+
+def _response(status: int, body: bytes, headers: dict) -> Response:
+    mimetype = "application/octet-stream" if status == 200 else "text/plain"
+    return Response(body, status=status, headers=headers, mimetype=mimetype)
 
 
 class _InvokeFastPath:
