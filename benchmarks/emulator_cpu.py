@@ -35,10 +35,12 @@ def measure(kind: str, n: int, reps: int, chunksize: int | None = 1) -> dict:
     fnmap.map(noop, range(20), progress=False)  # start the emulator and warm its workers
     me = psutil.Process()
     emulator = next(c for c in me.children() if "emulator" in " ".join(c.cmdline()))
-    items = list(range(n)) if kind == "noop" else [bytes([i % 256]) * (1 << 20) for i in range(n)]
     func = noop if kind == "noop" else len
     rows = []
     for _ in range(reps):
+        # New bytes each repetition (a random head), so that no input is found stored already.
+        items = list(range(n)) if kind == "noop" else [os.urandom(16) + bytes([i % 256]) * ((1 << 20) - 16)
+                                                      for i in range(n)]
         workers = emulator.children(recursive=True)  # forked from a fork server
         c0, s0, w0 = _cpu(me), _cpu(emulator), sum(_cpu(w) for w in workers)
         t0 = time.perf_counter()

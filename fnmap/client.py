@@ -86,7 +86,7 @@ class Client:
         return key
 
     def _put_shared(self, key: str, data: bytes | list, job: Job, doing: str) -> None:
-        """Store a content-addressed object (a function, a large input) unless it is there, looked
+        """Store a content-addressed object (a function) unless it is there, looked
         up once per job: ``fnmap gc`` removes those no job uses, so a later job looks again.  A job
         names it in its index entry from its first call on, and gc keeps what kept jobs name."""
         if self._uploaded.get(key) == job.id:
@@ -140,13 +140,15 @@ class Client:
             _raise_unpicklable((mode, items), 0)
 
     def _store_input(self, state: CallRun, parts: list, job: Job) -> None:
-        """Store a call's chunk once by content and name it in the call (its signed request names it);
-        its large buffers go from the caller's memory to storage without a copy (``dump_parts``)."""
+        """Store a call's chunk for that call, named by its SHA-256, and name it in the call (its
+        signed request names it); its large buffers go from the caller's memory to storage without
+        a copy (``dump_parts``).  The worker that commits the call's result deletes it."""
         digest = hashlib.sha256()
         for part in parts:
             digest.update(part)
-        items_key = keys.shared_input_key(digest.hexdigest())
-        self._put_shared(items_key, parts, job, "store the input of the call")
+        items_key = keys.input_key(job.id, state.call_id, digest.hexdigest())
+        with self.storage_errors("store the input of the call"):
+            self.store.put(items_key, parts)
         self.scheduler.input_stored(state, items_key)
 
     @staticmethod

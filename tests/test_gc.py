@@ -1,7 +1,8 @@
-"""Storage that does not grow without bound: large inputs stored once, gc of what no job uses."""
+"""Storage that does not grow without bound: gc of old jobs and of the shared objects no job uses."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -40,16 +41,13 @@ def gc_cli(url: str, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def test_the_same_large_argument_is_stored_once_across_jobs(tmp_path):
-    url = (tmp_path / "store").as_uri()
-    store = open_store(url)
-    big = os.urandom(2 * 1024 * 1024)
-    one = fnmap.map(first_byte, [big], storage=url, return_job=True, inline_limit=SMALL)
-    two = fnmap.map(first_byte, [big], storage=url, return_job=True, inline_limit=SMALL)
-    assert one.results() == two.results() == [big[0]]
-    inputs = store.list("inputs/")
-    assert len(inputs) == 1 and one.calls[0].items_key == two.calls[0].items_key == inputs[0]
-    assert inputs[0] in records.load(store, one.id)["shared"]
+def plant_legacy_input(store) -> str:
+    """An input as clients before per-call inputs stored it (``inputs/xx/<SHA-256>``, shared by
+    jobs); now only an older client's job leaves one, and gc removes it once no kept job names it."""
+    blob = os.urandom(1024 * 1024)
+    key = keys.shared_input_key(hashlib.sha256(blob).hexdigest())
+    store.put(key, blob)
+    return key
 
 
 def test_gc_removes_shared_objects_no_kept_job_uses_and_reports_bytes(tmp_path):
@@ -58,21 +56,20 @@ def test_gc_removes_shared_objects_no_kept_job_uses_and_reports_bytes(tmp_path):
     big = os.urandom(1024 * 1024)
     old = fnmap.map(first_byte, [big], storage=url, return_job=True, inline_limit=SMALL)
     old.results()
+    old_input = [plant_legacy_input(store)]
     time.sleep(0.05)
     between = time.time()
     time.sleep(0.05)
     new = fnmap.map(first_byte, [b"small"], storage=url, return_job=True)  # the same function
     new.results()
-    old_shared = records.load(store, old.id)["shared"]
-    function = [k for k in old_shared if k.startswith("functions/")]
-    old_input = [k for k in old_shared if k.startswith("inputs/")]
-    assert len(function) == 1 and len(old_input) == 1
+    function = records.load(store, old.id)["shared"]  # its input went once its call committed
+    assert len(function) == 1 and function[0].startswith("functions/")
     assert records.load(store, new.id)["shared"] == function
 
     dry = gc_since(store, between, dry_run=True)
     assert dry["deleted_jobs"] == [old.id]
-    # The old job's 1 MB input goes; the function stays, though written before the cutoff: the
-    # kept job uses it.
+    # The old 1 MB input no job names goes; the function stays, though written before the cutoff:
+    # the kept job uses it.
     assert dry["deleted_shared"] == old_input
     assert dry["deleted_bytes"] > 1024 * 1024 and dry["deleted_job_bytes"][old.id] > 0
     assert store.list(keys.job_prefix(old.id)) and store.list("inputs/") == old_input
@@ -94,6 +91,7 @@ def test_while_a_kept_job_runs_no_shared_object_is_removed(tmp_path):
     store = open_store(url)
     old = fnmap.map(first_byte, [os.urandom(1024 * 1024)], storage=url, inline_limit=SMALL, return_job=True)
     old.results()
+    plant_legacy_input(store)
     time.sleep(0.05)
     between = time.time()
     time.sleep(0.05)
@@ -106,7 +104,7 @@ def test_while_a_kept_job_runs_no_shared_object_is_removed(tmp_path):
         assert report["kept_shared_because_running"] and report["deleted_shared"] == []
         assert store.list("inputs/")
     after = gc_since(store, between)
-    assert after["deleted_jobs"] == [] and len(after["deleted_shared"]) == 2  # old's input and function
+    assert after["deleted_jobs"] == [] and len(after["deleted_shared"]) == 2  # the old input and old's function
     assert store.list("inputs/") == []
 
 
@@ -148,8 +146,8 @@ def store_keys(url: str, prefix: str) -> list[str]:
 
 
 def test_a_job_being_submitted_keeps_the_old_objects_it_reuses(tmp_path):
-    """A map still storing its inputs has no record yet; the function and an input it found already stored
-    (written by an older job, before the cutoff) must survive a gc that runs meanwhile."""
+    """A map still storing its inputs has no record yet; the function it found already stored (written
+    by an older job, before the cutoff) must survive a gc that runs meanwhile."""
     url = (tmp_path / "store").as_uri()
     store = open_store(url)
     big = os.urandom(1024 * 1024)
@@ -160,7 +158,7 @@ def test_a_job_being_submitted_keeps_the_old_objects_it_reuses(tmp_path):
     reports = []
 
     def items():
-        yield big  # stored already: found, not written again
+        yield big
         reports.append(gc_since(store, between))  # another process's gc
         yield os.urandom(1024 * 1024)
 
@@ -174,7 +172,7 @@ def second_byte(blob: bytes) -> int:
 
 def test_a_gc_while_a_job_is_being_submitted_keeps_every_shared_object(tmp_path):
     """A map still storing its inputs has only its "running" index entry: a gc meanwhile removes the
-    old job but no function or input (the new job may use any of them); once it is done, they go."""
+    old job but no shared object (the new job may use any of them); once it is done, they go."""
     url = (tmp_path / "store").as_uri()
     store = open_store(url)
     old = fnmap.map(first_byte, [os.urandom(1024 * 1024)], storage=url, inline_limit=SMALL, return_job=True)

@@ -32,20 +32,6 @@ def test_a_planted_function_object_is_refused_by_the_worker(use_emulator, storag
     assert not os.path.exists(marker)
 
 
-def test_a_planted_input_object_is_refused_by_the_worker(use_emulator, storage_root, tmp_path):
-    use_emulator(workers=1)
-    arg = os.urandom(300 << 10)  # over inline_limit: stored under its content hash, new to this store
-    store = open_store(storage_root.as_uri())
-    before = set(store.list("inputs/"))  # the store is the session's: other tests' inputs are there
-    assert fnmap.map(len, [arg]) == [len(arg)]
-    [key] = set(store.list("inputs/")) - before
-    marker = str(tmp_path / "unpickled")
-    store.put(key, pickle.dumps(_TouchOnUnpickle(marker)))
-    with pytest.raises(fnmap.PlatformError, match=rf"input object {key!r}.*refused, not unpickled"):
-        fnmap.map(len, [arg], retries=0)
-    assert not os.path.exists(marker)
-
-
 def triple(x):
     return 3 * x
 

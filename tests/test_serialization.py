@@ -166,14 +166,23 @@ def _scaled_in_place(array):
     return float(array.sum())
 
 
+def _inputs_in_storage(value, root: str) -> list:
+    """``(size, framed)`` of every call input in the storage at ``root`` while this call runs."""
+    from pathlib import Path
+
+    from fnmap.runtime.serialization import FRAMED_MAGIC
+
+    return [(p.stat().st_size, p.read_bytes()[:4] == FRAMED_MAGIC)
+            for p in sorted(Path(root).glob("jobs/*/in/*/*")) if p.is_file()]
+
+
 @pytest.mark.parametrize("backend", ["emulator", "local"])
 def test_large_arguments_go_through_storage_by_reference(backend, tmp_path):
-    """Arguments over ``inline_limit`` (256 KiB by default) are stored once, framed, and named by
-    the signed request; the worker reads them back as the types they were."""
+    """Arguments over ``inline_limit`` (256 KiB by default) are stored for their call, framed, and
+    named by the signed request; the worker reads them back as the types they were."""
     import numpy as np
 
     import fnmap
-    from fnmap.runtime.serialization import FRAMED_MAGIC
 
     storage = tmp_path.as_uri()
     blobs = [_big_bytes(i) for i in (3, 4, 5)]
@@ -182,10 +191,12 @@ def test_large_arguments_go_through_storage_by_reference(backend, tmp_path):
     with fnmap.Executor(backend=backend, storage=storage) as ex:
         assert ex.submit(_length_and_first, blobs[0]).result() == (1 << 20, 3, "bytes")
         assert ex.submit(_scaled_in_place, np.ones(100_000)).result() == 200_000.0
-    stored = sorted((tmp_path / "inputs").rglob("*"))
-    framed = [p for p in stored if p.is_file() and p.read_bytes()[:4] == FRAMED_MAGIC]
-    # three map inputs; the Executor's first blob is its own chunk (args mode); the array its own
-    assert len(framed) == 5 and all(p.stat().st_size < (1 << 20) + 4096 for p in framed)
+        # While a call runs its input is stored, framed (the buffer after the pickle, not copied
+        # into it); the calls before it left nothing (their workers deleted theirs).
+        [(size, framed)] = ex.submit(_inputs_in_storage, blobs[1], str(tmp_path)).result()
+        assert framed and (1 << 20) < size < (1 << 20) + 4096
+        [(size, framed)] = ex.submit(_inputs_in_storage, np.ones(100_000), str(tmp_path)).result()
+        assert framed and 800_000 < size < 800_000 + 4096
 
 
 def _exits_with_4(x):

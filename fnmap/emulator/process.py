@@ -75,7 +75,10 @@ def serve(conn, env: dict | None) -> None:
 
     from ..runtime import worker
     from ..runtime.batch_frames import unpack_calls
+    from ..runtime.heap import keep_freed_memory
     from ..runtime.signing import secret_from_env
+
+    keep_freed_memory()
 
     worker.WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"  # imported before the fork
     secret = secret_from_env()

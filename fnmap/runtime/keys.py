@@ -62,8 +62,17 @@ def function_key(digest: str) -> str:
     return f"functions/{digest}.pkl"
 
 
-def input_key(job_id: str, call_id: int) -> str:
-    return f"jobs/{job_id}/in/{spread(call_id)}/{call_id}"
+def input_key(job_id: str, call_id: int, digest: str) -> str:
+    """A call's input over the inline limit, stored for that call alone and named by its SHA-256
+    (the worker checks the bytes against it before unpickling).  The worker that commits the
+    call's result deletes it: nothing runs the call again once a result is committed."""
+    return f"jobs/{job_id}/in/{spread(call_id)}/{call_id}-{digest}"
+
+
+def is_input_of(key: str, job_id: str, call_id: int) -> bool:
+    """Whether ``key`` is the :func:`input_key` of this call (the one input its worker may delete)."""
+    prefix = f"jobs/{job_id}/in/{spread(call_id)}/{call_id}-"
+    return key.startswith(prefix) and len(key) == len(prefix) + 64
 
 
 def result_key(job_id: str, call_id: int) -> str:
@@ -94,18 +103,24 @@ def call_id_from_key(key: str) -> int:
 
 
 def shared_input_key(digest: str) -> str:
-    """A call's input over the inline limit, stored once by content hash: the same 500 MB
-    argument passed to two jobs is one object.  ``fnmap gc`` removes it once no kept job uses it."""
+    """Where clients before per-call inputs stored a call's input, once by content hash and shared
+    by jobs; a redrive of such a job still names them, so workers still read (and check) them.
+    ``fnmap gc`` removes one once no kept job uses it."""
     return f"inputs/{digest[:2]}/{digest}"
 
 
 def content_digest(key: str) -> str | None:
-    """The SHA-256 hex digest (or, for a function, its first 32 digits) a content-addressed key
-    names (inverse of :func:`function_key` and :func:`shared_input_key`); None for any other key."""
+    """The SHA-256 hex digest (or, for a function, its first 32 digits) a key names: a function's
+    (:func:`function_key`), a call's input (:func:`input_key`, :func:`shared_input_key`), a joblib
+    argument's; None for any other key."""
     name = key.rsplit("/", 1)[-1]
     if key.startswith("functions/") and name.endswith(".pkl") and len(name) == 36:
         return name[:32]
-    if (key.startswith("inputs/") or key == joblib_argument_key(job_of(key) or "", name)) and len(name) == 64:
+    job_id = job_of(key)
+    if job_id is not None and key.startswith(f"jobs/{job_id}/in/"):
+        name = name.partition("-")[2]
+        return name if len(name) == 64 else None
+    if (key.startswith("inputs/") or key == joblib_argument_key(job_id or "", name)) and len(name) == 64:
         return name
     return None
 

@@ -132,11 +132,14 @@ def _load_call(store, req: CallRequest, resp: CallResponse, payload, result_key:
     user's function or chunk failed to load (every item fails with it), or the response to give."""
     try:
         if _refused_as_final(store, req, resp, result_key):  # a replay, a late copy, or a job removed by gc
+            _forget_input(store, req)  # left by a worker stopped between its commit and the delete
             return resp
         return (*_load(store, req, payload), None, time.time())
     # An unpicklable/unimportable function or chunk fails every item alike; a sys.exit or
     # KeyboardInterrupt while it loads (module code, __setstate__) is the user's code too.
     except BaseException as e:  # noqa: B036
+        if _input_taken_by_commit(store, req, resp, result_key, e):
+            return resp
         if is_unreachable(e):  # botocore has retried already; more attempts only wait longer
             return _platform_error(resp, "storage", _unreachable_message(req.store_url, e))
         if isinstance(e, signing.UnauthenticatedObject):
@@ -178,7 +181,34 @@ def _commit(store, resp: CallResponse, data: bytes, observed: tuple, result_key:
     resp.committed = committed
     resp.result_key = result_key
     resp.inline = len(data) <= req.inline_result_limit
+    _forget_input(store, req)
     return resp, data if resp.inline else b""
+
+
+def _forget_input(store, req: CallRequest) -> None:
+    """Delete the call's stored input once its result is committed (by this attempt or another):
+    no attempt runs it again (a late one is answered from the result, see :func:`_refused_as_final`),
+    so storage holds a map's inputs only while their calls run.  Only the call's own input
+    (:func:`keys.input_key`); one shared by jobs (an older client's ``inputs/``) is gc's to remove.
+    Best effort: what a failed delete leaves goes with its job at ``fnmap gc``."""
+    if req.items_key and keys.is_input_of(req.items_key, req.job_id, req.call_id):
+        with contextlib.suppress(Exception):
+            store.delete([req.items_key])
+
+
+def _input_taken_by_commit(store, req: CallRequest, resp: CallResponse, result_key: str,
+                           error: BaseException) -> bool:
+    """Whether the call's input could not be read because another attempt committed the result
+    and deleted it meanwhile (a speculative copy, a redrive beside the stopped client's attempt):
+    then this attempt is answered from the committed result, as a late copy is."""
+    from ..errors import KeyNotFound
+
+    if not (isinstance(error, KeyNotFound) and req.items_key):
+        return False
+    try:
+        return _refused_as_final(store, req, resp, result_key)
+    except Exception:
+        return False
 
 
 def _platform_error(resp: CallResponse, kind: str, message: str) -> CallResponse:
@@ -287,7 +317,7 @@ class _HashingReader:
             if not rest:
                 break
             self._hash.update(rest)
-        if key != keys.shared_input_key(self._hash.hexdigest()):  # inputs/xx/<its SHA-256>
+        if keys.content_digest(key) != self._hash.hexdigest():  # .../<call>-<its SHA-256>
             raise signing.UnauthenticatedObject(
                 f"input object {key!r} does not have the SHA-256 its key names: it was planted or "
                 "altered; refused, not unpickled")
