@@ -11,12 +11,15 @@ N = 200
 
 
 def test_the_first_calls_run_while_the_last_inputs_are_stored(tmp_path):
-    inputs = tmp_path / "store" / "inputs"
+    jobs = tmp_path / "store" / "jobs"
 
-    def inputs_stored(blob):  # how many input objects the storage holds when this call runs
-        return sum(len(files) for _, _, files in os.walk(inputs))
+    def inputs_stored(blob):  # how many call inputs the storage holds when this call runs
+        return sum(len(files) for folder, _, files in os.walk(jobs) if f"{os.sep}in{os.sep}" in folder + os.sep)
 
     items = [os.urandom(16) + bytes(1 << 20) for _ in range(N)]  # 1 MB each, all different
-    counts = fnmap.map(inputs_stored, items, chunksize=1, storage=(tmp_path / "store").as_uri(), progress=False)
+    job = fnmap.map(inputs_stored, items, chunksize=1, storage=(tmp_path / "store").as_uri(), progress=False,
+                    return_job=True)
+    counts = job.results()
+    # No call has committed (and deleted its input) before the first runs: what it counts was stored.
     assert counts[0] < N, f"the first call waited until every input was stored: {counts[:5]}"
-    assert sum(len(files) for _, _, files in os.walk(inputs)) == N  # and every input was stored
+    assert all(call.items_key for call in job.calls)  # and every input went through storage
