@@ -124,7 +124,7 @@ def test_every_key_of_a_job_lives_under_its_own_prefix():
     job_id = keys.new_job_id()
     prefix = keys.job_prefix(job_id)
     for key in (
-        keys.input_key(job_id, 3),
+        keys.input_key(job_id, 3, "0" * 64),
         keys.result_key(job_id, 3),
         keys.status_key(job_id, 3, 1),
         keys.log_key(job_id, 3, 1),
