@@ -20,7 +20,7 @@ from .backends import create_backend
 from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageError, storage_fix
 from .jobs import Job
 from .run import CallRun
-from .runtime import cancel, keys
+from .runtime import cancel, input_mac, keys
 from .runtime.serialization import dump_parts, dumps_checked, out_of_band, parts_size, pickle_function
 from .runtime.setup import WithInitializer
 from .runtime.wire import MODE_ARGS, MODE_ONE
@@ -140,13 +140,14 @@ class Client:
             _raise_unpicklable((mode, items), 0)
 
     def _store_input(self, state: CallRun, parts: list, job: Job) -> None:
-        """Store a call's chunk for that call, named by its SHA-256, and name it in the call (its
-        signed request names it); its large buffers go from the caller's memory to storage without
-        a copy (``dump_parts``).  The worker that commits the call's result deletes it."""
-        digest = hashlib.sha256()
-        for part in parts:
-            digest.update(part)
-        items_key = keys.input_key(job.id, state.call_id, digest.hexdigest())
+        """Store a call's chunk for that call under the name that authenticates it (a GMAC tag where
+        the workers run with this installation, else its SHA-256: :mod:`fnmap.runtime.input_mac`)
+        and name it in the call (its signed request names it); its large buffers go from the
+        caller's memory to storage without a copy (``dump_parts``).  The worker that commits the
+        call's result deletes it."""
+        tagged = self.backend.workers_share_installation
+        name = input_mac.name(parts, self.secret if tagged else None, job.id)
+        items_key = keys.input_key(job.id, state.call_id, name)
         with self.storage_errors("store the input of the call"):
             self.store.put(items_key, parts)
         self.scheduler.input_stored(state, items_key)

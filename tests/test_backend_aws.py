@@ -141,6 +141,20 @@ def test_request_over_the_payload_limit_travels_by_reference(aws):
     assert aws.stats()["by_reference"] == 4
 
 
+def test_a_large_input_is_named_by_its_sha256_and_deleted_from_s3_by_the_lambda_that_commits(aws, s3_env):
+    """A Lambda function's zip carries no compiled libraries: its inputs are checked by SHA-256 (the
+    emulator's and the local backend's by a GMAC tag, tests/test_call_inputs.py); the worker deletes
+    each once its result is committed, in S3 as in a folder."""
+    blobs = [os.urandom(300_000) for _ in range(3)]
+    job = fnmap.map(size_of, blobs, chunksize=1, return_job=True)
+    assert job.results() == [300_000] * 3
+    names = [call.items_key.rsplit("-", 1)[1] for call in job.calls]
+    assert all(len(name) == 64 and int(name, 16) >= 0 for name in names), names
+    listed = s3_env.client.list_objects_v2(Bucket=aws.bucket, Prefix=f"fnmap/jobs/{job.id}/")
+    stored = [o["Key"] for o in listed.get("Contents", [])]
+    assert stored and not [key for key in stored if "/in/" in key], stored
+
+
 def test_remote_exception_keeps_its_type(aws):
     with pytest.raises(TwoArgError) as info:
         fnmap.map(fail_on_three, range(5), lambda_invocation="RequestResponse")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import secrets
 import zlib
 
+from . import input_mac
+
 
 def new_job_id() -> str:
     """A random, unguessable job id (128 bits), so one job cannot name another's objects."""
@@ -62,17 +64,31 @@ def function_key(digest: str) -> str:
     return f"functions/{digest}.pkl"
 
 
-def input_key(job_id: str, call_id: int, digest: str) -> str:
-    """A call's input over the inline limit, stored for that call alone and named by its SHA-256
-    (the worker checks the bytes against it before unpickling).  The worker that commits the
-    call's result deletes it: nothing runs the call again once a result is committed."""
-    return f"jobs/{job_id}/in/{spread(call_id)}/{call_id}-{digest}"
+def input_key(job_id: str, call_id: int, name: str) -> str:
+    """A call's input over the inline limit, stored for that call alone under the name that
+    authenticates it (:func:`fnmap.runtime.input_mac.name`: its SHA-256 or a GMAC tag), which the
+    worker checks before unpickling.  The worker that commits the call's result deletes it:
+    nothing runs the call again once a result is committed."""
+    return f"jobs/{job_id}/in/{spread(call_id)}/{call_id}-{name}"
 
 
 def is_input_of(key: str, job_id: str, call_id: int) -> bool:
     """Whether ``key`` is the :func:`input_key` of this call (the one input its worker may delete)."""
     prefix = f"jobs/{job_id}/in/{spread(call_id)}/{call_id}-"
-    return key.startswith(prefix) and len(key) == len(prefix) + 64
+    return key.startswith(prefix) and input_mac.is_name(key[len(prefix):])
+
+
+def stored_input_name(key: str) -> str | None:
+    """The name that authenticates a stored input (:func:`input_key`, or an older client's
+    :func:`shared_input_key`: its SHA-256), or None for any other key."""
+    job_id = job_of(key)
+    name = key.rsplit("/", 1)[-1]
+    if job_id is not None and key.startswith(f"jobs/{job_id}/in/"):
+        name = name.partition("-")[2]
+        return name if input_mac.is_name(name) else None
+    if key.startswith("inputs/") and len(name) == input_mac.SHA256_NAME_LENGTH and input_mac.is_name(name):
+        return name
+    return None
 
 
 def result_key(job_id: str, call_id: int) -> str:
@@ -110,17 +126,13 @@ def shared_input_key(digest: str) -> str:
 
 
 def content_digest(key: str) -> str | None:
-    """The SHA-256 hex digest (or, for a function, its first 32 digits) a key names: a function's
-    (:func:`function_key`), a call's input (:func:`input_key`, :func:`shared_input_key`), a joblib
-    argument's; None for any other key."""
+    """The SHA-256 hex digest (or, for a function, its first 32 digits) a content-addressed key
+    names (inverse of :func:`function_key`, :func:`shared_input_key` and :func:`joblib_argument_key`);
+    None for any other key."""
     name = key.rsplit("/", 1)[-1]
     if key.startswith("functions/") and name.endswith(".pkl") and len(name) == 36:
         return name[:32]
-    job_id = job_of(key)
-    if job_id is not None and key.startswith(f"jobs/{job_id}/in/"):
-        name = name.partition("-")[2]
-        return name if len(name) == 64 else None
-    if (key.startswith("inputs/") or key == joblib_argument_key(job_id or "", name)) and len(name) == 64:
+    if (key.startswith("inputs/") or key == joblib_argument_key(job_of(key) or "", name)) and len(name) == 64:
         return name
     return None
 

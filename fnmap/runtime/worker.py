@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import STORAGE_REFUSED_ERRNOS, storage_fix
 from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
-from . import compression, keys, setup, signing
+from . import compression, input_mac, keys, setup, signing
 from .capture import captured as _captured
 from .items import Deadline, Expired, run_items
 from .outcome import count, count_failed, dump_all, each, failure, for_client, from_exception, retry_outcome, succeeded
@@ -106,7 +106,7 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
     except Exception as e:
         return _platform_error(resp, "rejected", f"cannot open storage {req.store_url!r}: {e}"), b""
     result_key = keys.result_key(req.job_id, req.call_id)
-    loaded = _load_call(store, req, resp, payload, result_key)
+    loaded = _load_call(store, req, resp, payload, result_key, secret)
     if isinstance(loaded, CallResponse):  # refused as final, or a platform error
         return loaded, b""
     func, items, mode, error, loaded_at = loaded
@@ -127,14 +127,14 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
     return _commit(store, resp, data, observed, result_key)
 
 
-def _load_call(store, req: CallRequest, resp: CallResponse, payload, result_key: str):
+def _load_call(store, req: CallRequest, resp: CallResponse, payload, result_key: str, secret: bytes):
     """``(func, items, mode, None, when loaded)``, or ``(None, None, None, the error, when)`` when the
     user's function or chunk failed to load (every item fails with it), or the response to give."""
     try:
         if _refused_as_final(store, req, resp, result_key):  # a replay, a late copy, or a job removed by gc
             _forget_input(store, req)  # left by a worker stopped between its commit and the delete
             return resp
-        return (*_load(store, req, payload), None, time.time())
+        return (*_load(store, req, payload, secret), None, time.time())
     # An unpicklable/unimportable function or chunk fails every item alike; a sys.exit or
     # KeyboardInterrupt while it loads (module code, __setstate__) is the user's code too.
     except BaseException as e:  # noqa: B036
@@ -246,7 +246,7 @@ def _is_storage_error(e: BaseException) -> bool:
     return isinstance(e, (KeyNotFound, OSError)) or type(e).__module__.startswith("botocore")
 
 
-def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
+def _load(store, req: CallRequest, payload, secret: bytes) -> tuple[Any, list, str]:
     func = _functions.get(req.func_key)
     if func is None:
         with _functions_lock:  # threads (the local backend) share one load: one namespace, one setup
@@ -265,8 +265,8 @@ def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
             _functions.move_to_end(req.func_key)
     if req.items_key:
         with store.reader(req.items_key) as stream:  # large buffers read each into its own object
-            hashed = _HashingReader(stream)
-            chunk = load_stream(hashed, before_unpickle=lambda: hashed.check(req.items_key))
+            checked = _CheckingReader(stream, req.items_key, secret)
+            chunk = load_stream(checked, before_unpickle=checked.check)
     else:
         chunk = loads(payload)
     if not (isinstance(chunk, tuple) and len(chunk) == 2 and isinstance(chunk[1], (list, tuple))):
@@ -292,35 +292,40 @@ def _set_up(func, req: CallRequest) -> tuple[Any, BaseException | None]:
             deadline.armed = False
 
 
-class _HashingReader:
-    """A binary reader that hashes what passes through it, so a stored input is checked against
-    the digest its content-addressed key names after it is read and before it is unpickled."""
+class _CheckingReader:
+    """A binary reader that passes what it reads to the check its key names
+    (:mod:`fnmap.runtime.input_mac`: a SHA-256 or a GMAC tag), so a stored input is checked after it
+    is read and before it is unpickled."""
 
-    def __init__(self, stream):
-        import hashlib
-
-        self._stream, self._hash = stream, hashlib.sha256()
+    def __init__(self, stream, key: str, secret: bytes):
+        self._stream, self._key = stream, key
+        name = keys.stored_input_name(key)
+        self._checker = None if name is None else input_mac.Checker(name, secret, keys.job_of(key))
 
     def read(self, size: int = -1):
         data = self._stream.read(size)
-        self._hash.update(data)
+        self._update(data)
         return data
 
     def readinto(self, buffer) -> int:
         n = self._stream.readinto(buffer)
-        self._hash.update(memoryview(buffer)[:n])
+        self._update(memoryview(buffer)[:n])
         return n
 
-    def check(self, key: str) -> None:
+    def _update(self, data) -> None:
+        if self._checker is not None:
+            self._checker.update(data)
+
+    def check(self) -> None:
         while True:  # the rest of the object (nothing, for a well-formed one) counts too
             rest = self._stream.read(1 << 20)
             if not rest:
                 break
-            self._hash.update(rest)
-        if keys.content_digest(key) != self._hash.hexdigest():  # .../<call>-<its SHA-256>
+            self._update(rest)
+        if self._checker is None or not self._checker.matches():
             raise signing.UnauthenticatedObject(
-                f"input object {key!r} does not have the SHA-256 its key names: it was planted or "
-                "altered; refused, not unpickled")
+                f"input object {self._key!r} does not match the SHA-256 or GMAC tag its key names: it "
+                "was planted or altered; refused, not unpickled")
 
 
 def _wants_retry(req: CallRequest, outcomes) -> bool:
