@@ -122,3 +122,18 @@ def test_what_still_pickles_by_name_gets_a_hint_that_says_so(tmp_path):
     assert "pickles itself by name" in module_line
     assert main_line.startswith("AttributeError"), main_line
     assert "__main__.HERE was pickled by reference" in main_line and "plain function" in main_line
+
+
+def test_a_module_file_is_resolved_as_realpath_does_folder_by_folder(tmp_path):
+    """Which modules travel by value is decided on their resolved path: a folder resolved once for all
+    its modules must give what ``os.path.realpath`` gives, a linked folder or file included."""
+    from fnmap.runtime.serialization import _real_path
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "mod.py").write_text("x = 1\n")
+    (tmp_path / "linked_folder").symlink_to(project)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "linked_file.py").symlink_to(project / "mod.py")
+    for path in (project / "mod.py", tmp_path / "linked_folder" / "mod.py", tmp_path / "plain" / "linked_file.py"):
+        assert _real_path(str(path)) == os.path.realpath(path) == str((project / "mod.py").resolve())

@@ -322,9 +322,24 @@ def _install_roots() -> tuple[str, ...]:
     return _site_roots
 
 
+_real_folders: dict[str, str] = {}
+
+
+def _real_path(file: str) -> str:
+    """``os.path.realpath(file)``, resolving each folder once for all the modules in it (a first
+    map looked at some 200 modules, about eight system calls each: 12 ms)."""
+    if os.path.islink(file):
+        return os.path.realpath(file)
+    folder, base = os.path.split(os.path.abspath(file))
+    real = _real_folders.get(folder)
+    if real is None:
+        real = _real_folders[folder] = os.path.realpath(folder)
+    return os.path.join(real, base)
+
+
 def _is_local_module(name: str, module: Any) -> bool:
     file = getattr(module, "__file__", None)
-    if not file or name == "__main__" or os.path.realpath(file).startswith(_install_roots()):
+    if not file or name == "__main__" or _real_path(file).startswith(_install_roots()):
         return False
     # Only modules outside the install folders need the metadata scan (editable installs): it
     # reads every distribution's RECORD, 0.3-0.6 s of a cold first job (issue 9).
