@@ -127,7 +127,7 @@ def test_what_still_pickles_by_name_gets_a_hint_that_says_so(tmp_path):
 def test_a_module_file_is_resolved_as_realpath_does_folder_by_folder(tmp_path):
     """Which modules travel by value is decided on their resolved path: a folder resolved once for all
     its modules must give what ``os.path.realpath`` gives, a linked folder or file included."""
-    from fnmap.runtime.serialization import _real_path
+    from fnmap.runtime.local_modules import _real_path
 
     project = tmp_path / "project"
     project.mkdir()

@@ -321,11 +321,13 @@ class WorkerPool:
         after it was handed the call, and its answer, if it gave one, dies with it.
         ``verified``: the caller verified the signature with the workers' secret (the worker does not).
         """
+        if stopper is not None and stopper.requested:  # stopped before any worker got it: run nowhere
+            return "stopped", 0, b"", {}
         worker = self._idle.get()
         info = {"pid": worker.pid, "cold": worker.calls == 0}
-        if stopper is not None and not stopper.attach(worker):
+        if stopper is not None and not stopper.attach(worker):  # stopped while it waited for a worker
             self._idle.put(worker)
-            return "stopped", 0, b"", info
+            return "stopped", 0, b"", {}  # no pid: it ran on none, none was killed
         if not memory:
             return self._execute(worker, info, (signature, verified), body, timeout, kill_at, cold_start, stopper)
         try:
