@@ -1,7 +1,7 @@
 """A call's stored input: stored for that call alone, named by its SHA-256 or a GMAC tag (where the
-workers run with this installation), checked before unpickling, and
-deleted by the worker that commits the call's result, so storage holds a map's inputs only while
-their calls run (they took 27 GB of one user's cache, every map's inputs kept until `fnmap gc`)."""
+workers run with this installation), checked before unpickling, and deleted by the worker that
+commits the call's result, so storage holds a map's inputs only while their calls run (they took
+27 GB of one user's cache, every map's inputs kept until `fnmap gc`)."""
 
 from __future__ import annotations
 
