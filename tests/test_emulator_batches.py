@@ -154,3 +154,29 @@ def test_a_call_stopped_inside_a_batch_ends_at_once_and_no_worker_dies_for_the_o
     stopped = [c for c in calls.values() if c["outcome"] == "stopped"]
     assert len(stopped) > 2 and sum("pid" in c and c["call_id"] != 300 for c in stopped) <= 1, stopped
     until(lambda: len(emu.health()["worker_pids"]) == 2 and calls[300]["pid"] not in emu.health()["worker_pids"])
+
+
+def sleep_on_0(arg):
+    x, marker = arg
+    if x == 0:
+        with open(marker, "w"):
+            pass
+        time.sleep(60)
+    return x
+
+
+def test_a_single_call_stopped_while_it_waits_for_a_worker_names_none(use_emulator, tmp_path):
+    """One worker, calls sent alone (a timeout): call 1 waits for the worker call 0 holds.  Both are
+    stopped; call 0's worker is killed, call 1 then gets the replacement and runs nowhere, and its
+    record names no worker (it named the replacement's pid, as if that worker had been killed for it)."""
+    emu = use_emulator(workers=1)
+    marker = str(tmp_path / "0 started")
+    job = fnmap.map(sleep_on_0, [(x, marker) for x in range(4)], chunksize=1, timeout=120, progress=False,
+                    return_job=True, speculation=False)
+    until(lambda: os.path.exists(marker), 60)
+    until(lambda: emu.health()["in_flight"] >= 2)  # call 1 arrived: it waits for the one worker
+    job.cancel(stop_platform=True)
+    until(lambda: {0, 1} <= {c["call_id"] for c in _calls(emu)}, 30)
+    calls = {c["call_id"]: c for c in _calls(emu)}
+    assert calls[0]["outcome"] == "stopped" and "pid" in calls[0]
+    assert calls[1]["outcome"] == "stopped" and "pid" not in calls[1], calls[1]
