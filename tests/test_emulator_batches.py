@@ -156,27 +156,26 @@ def test_a_call_stopped_inside_a_batch_ends_at_once_and_no_worker_dies_for_the_o
     until(lambda: len(emu.health()["worker_pids"]) == 2 and calls[300]["pid"] not in emu.health()["worker_pids"])
 
 
-def sleep_on_0(arg):
-    x, marker = arg
-    if x == 0:
-        with open(marker, "w"):
-            pass
-        time.sleep(60)
-    return x
+def mark_and_sleep(marker):
+    with open(marker, "w"):
+        pass
+    time.sleep(60)
 
 
 def test_a_single_call_stopped_while_it_waits_for_a_worker_names_none(use_emulator, tmp_path):
-    """One worker, calls sent alone (a timeout): call 1 waits for the worker call 0 holds.  Both are
-    stopped; call 0's worker is killed, call 1 then gets the replacement and runs nowhere, and its
-    record names no worker (it named the replacement's pid, as if that worker had been killed for it)."""
+    """One worker, two calls sent alone (a timeout): one runs, the other waits for the worker.  Both
+    are stopped; the running one's worker is killed, the waiting one then gets the replacement and
+    runs nowhere, and its record names no worker (it named the replacement's pid, as if that worker
+    had been killed for it)."""
     emu = use_emulator(workers=1)
-    marker = str(tmp_path / "0 started")
-    job = fnmap.map(sleep_on_0, [(x, marker) for x in range(4)], chunksize=1, timeout=120, progress=False,
-                    return_job=True, speculation=False)
-    until(lambda: os.path.exists(marker), 60)
-    until(lambda: emu.health()["in_flight"] >= 2)  # call 1 arrived: it waits for the one worker
+    markers = [str(tmp_path / f"{x} started") for x in range(2)]
+    job = fnmap.map(mark_and_sleep, markers, chunksize=1, timeout=120, progress=False, return_job=True,
+                    speculation=False)
+    until(lambda: any(map(os.path.exists, markers)) and emu.health()["in_flight"] == 2, 60)
+    running = [os.path.exists(m) for m in markers].index(True)
     job.cancel(stop_platform=True)
-    until(lambda: {0, 1} <= {c["call_id"] for c in _calls(emu)}, 30)
+    until(lambda: len(_calls(emu)) == 2, 30)
     calls = {c["call_id"]: c for c in _calls(emu)}
-    assert calls[0]["outcome"] == "stopped" and "pid" in calls[0]
-    assert calls[1]["outcome"] == "stopped" and "pid" not in calls[1], calls[1]
+    assert calls[running]["outcome"] == "stopped" and "pid" in calls[running]
+    waiting = calls[1 - running]
+    assert waiting["outcome"] == "stopped" and "pid" not in waiting, waiting

@@ -319,6 +319,8 @@ class Emulator:
                     self._stopped_early[key] = None
                     while len(self._stopped_early) > STOPPED_EARLY_KEPT:
                         self._stopped_early.popitem(last=False)
+        for stopper in stopping:  # all marked before any kill: a replaced worker takes none of them
+            stopper.stop(kill=False)
         for stopper in stopping:
             stopper.stop()
         return 200, {"stopped": len(stopping), "stopped_on_arrival": len(keys) - len(stopping)}

@@ -67,12 +67,13 @@ class Stopper:
                     self._event.set()
             return self._event
 
-    def stop(self) -> None:
+    def stop(self, kill: bool = True) -> None:
+        """Stop the invocation: it reaches no worker from now on, and (``kill``) the one running it dies."""
         with self._lock:
             self._requested = True
             if self._event is not None:
                 self._event.set()
-            if self._worker is not None and not self._killed:
+            if kill and self._worker is not None and not self._killed:
                 _sigkill(self._worker.proc)
                 self._killed = True
 
