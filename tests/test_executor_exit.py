@@ -85,6 +85,8 @@ _CANCEL = """
     out, gate = sys.argv[1], sys.argv[2]
 
     def work(i):
+        if i == 0:
+            open(gate + ".started", "w").close()
         while i == 0 and not os.path.exists(gate):  # the first call holds the only worker until told
             time.sleep(0.01)
         time.sleep(0.3)  # still running when the script's last line ends
@@ -94,6 +96,8 @@ _CANCEL = """
 
     ex = fnmap.Executor(backend="local", workers=1)
     fs = [ex.submit(work, i) for i in range(6)]
+    while not os.path.exists(gate + ".started"):  # the first call runs: only the others can be cancelled
+        time.sleep(0.01)
     ex.shutdown(wait=False, cancel_futures=True)
     open(gate, "w").close()
     print(json.dumps([i for i, f in enumerate(fs) if f.cancelled()]))
