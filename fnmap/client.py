@@ -86,9 +86,9 @@ class Client:
         return key
 
     def _put_shared(self, key: str, data: bytes | list, job: Job, doing: str) -> None:
-        """Store a content-addressed object (a function) unless it is there, looked
-        up once per job: ``fnmap gc`` removes those no job uses, so a later job looks again.  A job
-        names it in its index entry from its first call on, and gc keeps what kept jobs name."""
+        """Store a content-addressed object (a function) unless it is there, looked up once per job:
+        ``fnmap gc`` removes those no job uses, so a later job looks again.  A job names it in its
+        index entry from its first call on, and gc keeps what kept jobs name."""
         if self._uploaded.get(key) == job.id:
             return
         with self.storage_errors(doing):

@@ -67,8 +67,11 @@ def is_name(text: str) -> bool:
     return len(text) == GMAC_NAME_LENGTH and text[0] == GMAC_MARK and _is_hex(text[1:])
 
 
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
 def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
+    return _HEX_DIGITS.issuperset(text)
 
 
 class Checker:

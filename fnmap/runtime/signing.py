@@ -18,8 +18,9 @@ The worker also refuses a call whose result is already committed or whose job re
 (:mod:`fnmap.runtime.worker`), so a replay inside the window runs nothing either.
 
 Objects a reader unpickles from storage are authenticated too: results and stored values carry
-:func:`seal`'s MAC (bound to their key); functions and calls' inputs are named by their SHA-256
-and the worker checks the digest their key names (:func:`content_digest_ok`) before unpickling.
+:func:`seal`'s MAC (bound to their key); functions are named by their SHA-256 and the worker checks
+the digest their key names (:func:`content_digest_ok`); calls' inputs are named by their SHA-256 or
+a GMAC tag, checked as :mod:`fnmap.runtime.input_mac` says; both before unpickling.
 """
 
 from __future__ import annotations
@@ -160,8 +161,8 @@ def unseal(secret: bytes | None, key: str, sealed: bytes | memoryview) -> memory
 
 
 def content_digest_ok(key: str, data) -> bool:
-    """Whether ``data`` has the SHA-256 a ``key`` names (:func:`keys.content_digest`: a function's
-    ``functions/<first 32 hex digits>.pkl``, a call's input ``.../<call>-<64 hex digits>``).  Any
+    """Whether ``data`` has the SHA-256 a content-addressed ``key`` names (:func:`keys.content_digest`:
+    ``functions/<first 32 hex digits>.pkl``, an older client's ``inputs/xx/<64 hex digits>``).  Any
     other key is refused."""
     expected = keys.content_digest(key)
     if expected is None:
