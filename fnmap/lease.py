@@ -42,6 +42,11 @@ _JUDGED = ("running", "unknown", "incomplete", "cancelled", "failed")
 _GIVEN_UP_AT_EXIT = ("map", "reduce")
 #: Status of a job whose client stopped before it finished (the same word as observe.records).
 ABANDONED = "abandoned"
+#: Longest a process's exit waits for its jobs cancelled by ``fnmap cancel`` to settle: the platform
+#: was told to stop their calls in flight, and a script usually ends as its map raises
+#: CancelledError, before the last stopped call is answered (then the job is ``cancelled`` as asked,
+#: not ``abandoned``).  Calls a platform cannot stop (Lambda's) are not waited for longer than this.
+SETTLE_CANCELLED_AT_EXIT_SECONDS = 5.0
 
 
 def holder() -> dict:
@@ -168,6 +173,7 @@ class _Leases:
 
     def abandon_all(self) -> None:
         """At the process's exit: every job it still runs is abandoned, and says so in its lease."""
+        self._settle_cancelled()
         with self._lock:
             self._exiting = True
             held, self._held = list(self._held.items()), {}
@@ -186,6 +192,16 @@ class _Leases:
                 job.cancel(stop_platform=True)  # no retries against an emulator stopping, no copies
             except Exception:  # exiting anyway: the lease says what happened
                 pass
+
+    def _settle_cancelled(self) -> None:
+        """Wait (at most ``SETTLE_CANCELLED_AT_EXIT_SECONDS`` in all) for the jobs cancelled from
+        outside to settle; each writes its final record and releases its lease as it does."""
+        with self._lock:
+            jobs = [ref() for ref, _, _ in self._held.values()]
+        deadline = time.monotonic() + SETTLE_CANCELLED_AT_EXIT_SECONDS
+        for job in jobs:
+            if job is not None and job.cancel_reason and not job.done:
+                job.wait(max(0.0, deadline - time.monotonic()))
 
 
 _leases = _Leases()

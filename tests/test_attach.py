@@ -120,6 +120,45 @@ def test_fnmap_cancel_stops_a_job_running_in_another_process(running_job):
     assert again.returncode == 0 and "has ended already (cancelled)" in again.stdout
 
 
+CANCELLED_THEN_EXIT = textwrap.dedent('''
+    import time, fnmap
+
+    def slow(x):
+        import time
+        time.sleep(3 if x == 0 else 0)
+        return x
+
+    # The local backend cannot stop a running call: call 0 is still in flight when this exits.
+    job = fnmap.map(slow, range(2), return_job=True, chunksize=1, workers=1, backend="local")
+    print(job.id, flush=True)
+    while not job.cancel_reason:
+        time.sleep(0.05)
+    print("SEEN", job.done, flush=True)
+''')
+
+
+def test_a_client_exiting_right_after_fnmap_cancel_leaves_the_job_cancelled_not_abandoned(tmp_path):
+    """A script that ends as its map raises CancelledError (the usual case) exits while the calls
+    in flight are still being stopped: its exit waits for them (briefly), so the record says
+    ``cancelled`` as the user asked, not ``abandoned``."""
+    script = tmp_path / "cancelled.py"
+    script.write_text(CANCELLED_THEN_EXIT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = proc.stdout.readline().strip()
+        assert len(job_id) == 32, (job_id, proc.stderr.read() if proc.poll() is not None else "")
+        assert fnmap_cli("cancel", job_id).returncode == 0
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "SEEN False" in out, (out, err)  # it exited with call 0 in flight
+    handle = fnmap.job(job_id)
+    assert handle.status == "cancelled", handle.record()["summary"]
+    assert [c["status"] for c in handle.record()["calls"]] == ["ok", "cancelled"]
+
+
 def test_watch_follows_a_job_until_it_ends(running_job):
     proc, job_id = running_job(n=6, sleep=0.5)
     watched = fnmap_cli("job", job_id, "--watch")
