@@ -102,6 +102,10 @@ def test_the_scheduler_climbs_only_on_out_of_memory_and_charges_no_retry(tmp_pat
         name = "scripted"
 
     sched = Scheduler(Unreachable(), open_store(f"file://{tmp_path}"), b"secret")
+    # This test plays every attempt itself: a retry the scheduler would send after its backoff is
+    # recorded instead (sent, it would claim an attempt in the middle of the loop below).
+    retried = []
+    sched._after = lambda delay, action, job, state: retried.append(state.call_id)
     try:
         job = Job(sched, sched.store, resolve(backend="local", storage=sched.store.url, progress=False,
                                               retries=1, memory=[128, 512, 2048]))
@@ -116,6 +120,7 @@ def test_the_scheduler_climbs_only_on_out_of_memory_and_charges_no_retry(tmp_pat
             charged.append(call.charged)
         assert steps == [128, 128, 512, 2048]  # a crash retries at the same memory
         assert charged == [1, 1, 1, 2]  # a climb uses up no retry (retries=1 would have ended it)
+        assert retried == [0, 0, 0]  # after each fault but the last
         with pytest.raises(fnmap.OutOfMemory, match=r"at 2048 MB, the last step of memory=\[128, 512, 2048\]"):
             call.future.result(0)
     finally:
