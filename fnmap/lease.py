@@ -15,7 +15,8 @@ A process that exits (a script's end, a kernel restarted) while a map runs does 
 lease to expire: at exit it abandons the job as Ctrl-C would (no retries, no copies; the platform
 stops what it can) and marks the lease ``abandoned`` at once, so the record says ``abandoned``
 rather than ``failed`` with the connection errors of an emulator stopping under its calls.  What
-was committed stays; ``fnmap redrive ID`` runs the rest (:mod:`fnmap.redrive`).
+was committed stays; ``fnmap redrive ID`` runs the rest (:mod:`fnmap.redrive`).  A job cancelled by
+``fnmap cancel`` is waited for first, briefly, so it ends ``cancelled`` as asked.
 
 Clocks: ``expires`` is the holder's clock; readers on machines whose clocks differ by less than
 the lease minus the renewal period (50 s by default) judge it right.
@@ -172,7 +173,8 @@ class _Leases:
             self._release(job.id, job.store)
 
     def abandon_all(self) -> None:
-        """At the process's exit: every job it still runs is abandoned, and says so in its lease."""
+        """At the process's exit: every job it still runs is abandoned, and says so in its lease
+        (after a short wait for those cancelled from outside, which then end ``cancelled``)."""
         self._settle_cancelled()
         with self._lock:
             self._exiting = True
