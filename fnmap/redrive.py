@@ -27,8 +27,8 @@ import pickle
 import types
 import warnings
 
-from .errors import FnmapError
-from .runtime import keys, signing
+from .errors import FnmapError, KeyNotFound
+from .runtime import input_mac, keys, signing
 from .runtime.serialization import dump_parts, loads, parts_size
 
 #: Job kinds whose calls are stored for a redrive (fnmap.map, starmap, imap and map_reduce).
@@ -159,7 +159,8 @@ def _submit(client, job, plan: tuple, config):
     from .policy import chunks
 
     ordered, rest = plan
-    states = [client.add_stored_call(job, call_id, first, n_items, func_key, items_key, payload,
+    states = [client.add_stored_call(job, call_id, first, n_items, func_key,
+                                     _checkable_by_workers(client, job.id, call_id, items_key), payload,
                                      CallOutcome())
               for call_id, first, n_items, func_key, items_key, payload in ordered]
     total = sum(s.n_items for s in states)
@@ -175,3 +176,31 @@ def _submit(client, job, plan: tuple, config):
     client.seal(job)
     client.submit(job, states)
     return job
+
+
+def _checkable_by_workers(client, job_id: str, call_id: int, items_key: str | None) -> str | None:
+    """The stored input of a call to redrive, under a name this backend's workers can check.
+
+    A job started on a backend whose workers share the client's installation (the emulator) named
+    its large inputs by a GMAC tag; workers that run elsewhere (a Lambda zip has no ``cryptography``)
+    check SHA-256 names only.  Redriven there, such an input is checked here and stored again under
+    its SHA-256 (the GMAC copy deleted); one that is gone belongs to a call whose result was
+    committed, which its worker answers from that result without reading an input.
+    """
+    name = keys.stored_input_name(items_key) if items_key else None
+    if not name or not name.startswith(input_mac.GMAC_MARK) or client.backend.workers_share_installation:
+        return items_key
+    try:
+        data = client.store.get(items_key)
+    except KeyNotFound:
+        return items_key
+    checker = input_mac.Checker(name, client.secret, job_id)
+    checker.update(data)
+    if not checker.matches():
+        raise RedriveError(f"the stored input of call {call_id} of job {job_id} ({items_key}) does not match its "
+                           "name under this secret: redrive with the deployment's secret (FNMAP_SECRET)")
+    key = keys.input_key(job_id, call_id, input_mac.name([data]))
+    with client.storage_errors("store the input of the call again for this backend's workers"):
+        client.store.put(key, data)
+    client.store.delete([items_key])
+    return key

@@ -155,6 +155,43 @@ def test_a_large_input_is_named_by_its_sha256_and_deleted_from_s3_by_the_lambda_
     assert stored and not [key for key in stored if "/in/" in key], stored
 
 
+def first_byte_crashing_once(marker_and_blob):
+    marker, blob = marker_and_blob
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)  # the worker dies: nothing is committed for this call
+    return blob[0]
+
+
+def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_renamed_by_sha256(aws, s3_env, tmp_path):
+    """The emulator names large inputs by a GMAC tag, which a Lambda zip (no ``cryptography``)
+    cannot check: the redrive checks the stored input and stores it again under its SHA-256."""
+    from fnmap.redrive import stored_calls
+
+    marker = str(tmp_path / "crashed")
+    items = [(str(tmp_path / "never"), os.urandom(300_000)), (marker, os.urandom(300_000))]
+    open(items[0][0], "w").close()  # the first item never crashes
+    job = fnmap.map(first_byte_crashing_once, items, backend="emulator", chunksize=1, retries=0,
+                    return_job=True)
+    with pytest.raises(fnmap.PlatformError):
+        job.results()
+    tagged = job.calls[1].items_key
+    assert tagged.rsplit("-", 1)[1].startswith("g"), tagged
+
+    def inputs_left() -> list:
+        listed = s3_env.client.list_objects_v2(Bucket=aws.bucket, Prefix=f"fnmap/jobs/{job.id}/in/")
+        return [o["Key"].removeprefix("fnmap/") for o in listed.get("Contents", [])]
+
+    assert inputs_left() == [tagged]
+    assert not aws.stats().get("Event") and not aws.stats().get("RequestResponse")
+    redriven = fnmap.job(job.id).redrive()
+    assert redriven.results() == [blob[0] for _, blob in items]
+    assert aws.stats().get("Event", 0) + aws.stats().get("RequestResponse", 0) >= 1  # it ran on Lambda
+    sent = stored_calls(redriven.store, job.id, aws.secret.encode())[1][4]  # what the redrive sent
+    assert len(sent.rsplit("-", 1)[1]) == 64 and sent != tagged, sent
+    assert inputs_left() == []  # the GMAC copy deleted by the redrive, the SHA-256 one by the Lambda
+
+
 def test_remote_exception_keeps_its_type(aws):
     with pytest.raises(TwoArgError) as info:
         fnmap.map(fail_on_three, range(5), lambda_invocation="RequestResponse")
