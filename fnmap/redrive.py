@@ -115,13 +115,17 @@ def redrive(store, job_id: str, config=None, **options):
     if summary["status"] == "succeeded":
         raise RedriveError(f"job {job_id} succeeded: every call has its result, nothing to redrive "
                            "(fnmap.job(ID).results() reads them)")
-    plan = _plan(store, job_id, client.secret, summary.get("items") or 0)
+    ordered, rest = _plan(store, job_id, client.secret, summary.get("items") or 0)
+    ordered, tagged = _checkable_by_workers(client, job_id, ordered)  # refused here, before anything changes
     # A stale cancel request would stop this run at once; the stale final record would stand while it runs.
     store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
     function = types.SimpleNamespace(__qualname__=summary.get("function") or "redrive")  # its name in `fnmap jobs`
     job = client.new_job(config, summary.get("kind") or "map", function=function, job_id=job_id,
                          created=summary["created"])
-    return _submit(client, job, plan, config)
+    job = _submit(client, job, (ordered, rest), config)
+    if tagged:  # the calls sent name their SHA-256 copies now (their record too)
+        store.delete(tagged)
+    return job
 
 
 def _plan(store, job_id: str, secret: bytes, n_items: int) -> tuple[list, object]:
@@ -159,8 +163,7 @@ def _submit(client, job, plan: tuple, config):
     from .policy import chunks
 
     ordered, rest = plan
-    states = [client.add_stored_call(job, call_id, first, n_items, func_key,
-                                     _checkable_by_workers(client, job.id, call_id, items_key), payload,
+    states = [client.add_stored_call(job, call_id, first, n_items, func_key, items_key, payload,
                                      CallOutcome())
               for call_id, first, n_items, func_key, items_key, payload in ordered]
     total = sum(s.n_items for s in states)
@@ -178,18 +181,31 @@ def _submit(client, job, plan: tuple, config):
     return job
 
 
-def _checkable_by_workers(client, job_id: str, call_id: int, items_key: str | None) -> str | None:
-    """The stored input of a call to redrive, under a name this backend's workers can check.
+def _checkable_by_workers(client, job_id: str, ordered: list) -> tuple[list, list]:
+    """The stored calls to redrive with their inputs under names this backend's workers can check,
+    and the keys of the inputs stored again (to delete once the calls naming the new ones are sent).
 
     A job started on a backend whose workers share the client's installation (the emulator) named
     its large inputs by a GMAC tag; workers that run elsewhere (a Lambda zip has no ``cryptography``)
     check SHA-256 names only.  Redriven there, such an input is checked here and stored again under
-    its SHA-256 (the GMAC copy deleted); one that is gone belongs to a call whose result was
-    committed, which its worker answers from that result without reading an input.
+    its SHA-256; one that is gone belongs to a call whose result was committed, which its worker
+    answers from that result without reading an input.
     """
-    name = keys.stored_input_name(items_key) if items_key else None
-    if not name or not name.startswith(input_mac.GMAC_MARK) or client.backend.workers_share_installation:
-        return items_key
+    if client.backend.workers_share_installation:
+        return ordered, []
+    out, tagged = [], []
+    for call_id, first, n_items, func_key, items_key, payload in ordered:
+        name = keys.stored_input_name(items_key) if items_key else None
+        if name and name.startswith(input_mac.GMAC_MARK):
+            renamed = _store_by_sha256(client, job_id, call_id, items_key, name)
+            if renamed != items_key:
+                tagged.append(items_key)
+                items_key = renamed
+        out.append((call_id, first, n_items, func_key, items_key, payload))
+    return out, tagged
+
+
+def _store_by_sha256(client, job_id: str, call_id: int, items_key: str, name: str) -> str:
     try:
         data = client.store.get(items_key)
     except KeyNotFound:
@@ -202,5 +218,4 @@ def _checkable_by_workers(client, job_id: str, call_id: int, items_key: str | No
     key = keys.input_key(job_id, call_id, input_mac.name([data]))
     with client.storage_errors("store the input of the call again for this backend's workers"):
         client.store.put(key, data)
-    client.store.delete([items_key])
     return key

@@ -166,7 +166,7 @@ def first_byte_crashing_once(marker_and_blob):
 def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_renamed_by_sha256(aws, s3_env, tmp_path):
     """The emulator names large inputs by a GMAC tag, which a Lambda zip (no ``cryptography``)
     cannot check: the redrive checks the stored input and stores it again under its SHA-256."""
-    from fnmap.redrive import stored_calls
+    from fnmap.redrive import RedriveError, stored_calls
 
     marker = str(tmp_path / "crashed")
     items = [(str(tmp_path / "never"), os.urandom(300_000)), (marker, os.urandom(300_000))]
@@ -184,6 +184,12 @@ def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_ren
 
     assert inputs_left() == [tagged]
     assert not aws.stats().get("Event") and not aws.stats().get("RequestResponse")
+    original = s3_env.client.get_object(Bucket=aws.bucket, Key=f"fnmap/{tagged}")["Body"].read()
+    s3_env.client.put_object(Bucket=aws.bucket, Key=f"fnmap/{tagged}", Body=original[:-1] + b"!")
+    with pytest.raises(RedriveError, match="does not match its name"):  # an altered input: refused, nothing sent
+        fnmap.job(job.id).redrive()
+    assert inputs_left() == [tagged] and not aws.stats().get("Event") and not aws.stats().get("RequestResponse")
+    s3_env.client.put_object(Bucket=aws.bucket, Key=f"fnmap/{tagged}", Body=original)
     redriven = fnmap.job(job.id).redrive()
     assert redriven.results() == [blob[0] for _, blob in items]
     assert aws.stats().get("Event", 0) + aws.stats().get("RequestResponse", 0) >= 1  # it ran on Lambda
