@@ -55,16 +55,16 @@ def measure(kind: str, n: int, reps: int, chunksize: int | None = 1) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--noop", type=int, default=3000, help="calls of the noop job")
-    ap.add_argument("--bigarg", type=int, default=300, help="calls of the 1 MB job")
+    ap.add_argument("--noop", type=int, default=3000, help="calls of the noop job (0: skip it)")
+    ap.add_argument("--bigarg", type=int, default=300, help="calls of the 1 MB job (0: skip it)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--chunksize", type=int, default=1,
                     help="items per call (default 1: one call per item, as compare.py's fnmap rows; 0: automatic)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     chunksize = args.chunksize or None
-    result = {"noop": measure("noop", args.noop, args.reps, chunksize),
-              "bigarg": measure("bigarg", args.bigarg, args.reps, chunksize)}
+    result = {kind: measure(kind, n, args.reps, chunksize)
+              for kind, n in (("noop", args.noop), ("bigarg", args.bigarg)) if n > 0}
     print("| job | calls/s | client µs/call | server µs/call | workers µs/call | total µs/call |")
     print("| --- | --- | --- | --- | --- | --- |")
     for kind, r in result.items():
