@@ -206,6 +206,8 @@ def _checkable_by_workers(client, job_id: str, ordered: list) -> tuple[list, lis
 
 
 def _store_by_sha256(client, job_id: str, call_id: int, items_key: str, name: str) -> str:
+    """The key of a SHA-256-named copy of the GMAC-named input at ``items_key``, checked against
+    ``name`` first (``items_key`` itself when the input is gone: see above)."""
     try:
         data = client.store.get(items_key)
     except KeyNotFound:
