@@ -284,6 +284,8 @@ def test_batch_terminates_the_child_running_an_attempt_to_stop(batch_emulator, t
     assert isinstance(out[1], fnmap.PlatformError) and "stopped by the fnmap client" in str(out[1])
     assert not (tmp_path / "end-1").exists()
     b = batch_emulator.batch
+    # Child 0 wrote its result before its container exited: the array turns FAILED only after that.
+    _wait_for(lambda: b.list_jobs(jobQueue="fnmap", jobStatus="FAILED")["jobSummaryList"], "the array job FAILED")
     array = b.list_jobs(jobQueue="fnmap", jobStatus="FAILED")["jobSummaryList"][0]["jobId"]
     child = b.describe_jobs(jobs=[f"{array}:1"])["jobs"][0]
     assert child["status"] == "FAILED" and child["statusReason"].startswith("stopped by the fnmap client")
