@@ -116,15 +116,17 @@ def redrive(store, job_id: str, config=None, **options):
         raise RedriveError(f"job {job_id} succeeded: every call has its result, nothing to redrive "
                            "(fnmap.job(ID).results() reads them)")
     ordered, rest = _plan(store, job_id, client.secret, summary.get("items") or 0)
-    ordered, tagged = _checkable_by_workers(client, job_id, ordered)  # refused here, before anything changes
+    ordered, renamed = _checkable_by_workers(client, job_id, ordered)  # refused here, before anything changes
+    if renamed:  # every record of the job's calls names the new copies (a later redrive reads them all)
+        _rename_in_records(store, client.secret, job_id, renamed)
     # A stale cancel request would stop this run at once; the stale final record would stand while it runs.
     store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
     function = types.SimpleNamespace(__qualname__=summary.get("function") or "redrive")  # its name in `fnmap jobs`
     job = client.new_job(config, summary.get("kind") or "map", function=function, job_id=job_id,
                          created=summary["created"])
     job = _submit(client, job, (ordered, rest), config)
-    if tagged:  # the calls sent name their SHA-256 copies now (their record too)
-        store.delete(tagged)
+    if renamed:  # the calls sent, and the job's records, name the SHA-256 copies now
+        store.delete(list(renamed))
     return job
 
 
@@ -181,9 +183,10 @@ def _submit(client, job, plan: tuple, config):
     return job
 
 
-def _checkable_by_workers(client, job_id: str, ordered: list) -> tuple[list, list]:
+def _checkable_by_workers(client, job_id: str, ordered: list) -> tuple[list, dict]:
     """The stored calls to redrive with their inputs under names this backend's workers can check,
-    and the keys of the inputs stored again (to delete once the calls naming the new ones are sent).
+    and ``{old key: new key}`` of the inputs stored again (each old copy is deleted once the calls
+    naming the new ones are sent).
 
     A job started on a backend whose workers share the client's installation (the emulator) named
     its large inputs by a GMAC tag; workers that run elsewhere (a Lambda zip has no ``cryptography``)
@@ -192,17 +195,27 @@ def _checkable_by_workers(client, job_id: str, ordered: list) -> tuple[list, lis
     answers from that result without reading an input.
     """
     if client.backend.workers_share_installation:
-        return ordered, []
-    out, tagged = [], []
+        return ordered, {}
+    out, renamed = [], {}
     for call_id, first, n_items, func_key, items_key, payload in ordered:
         name = keys.stored_input_name(items_key) if items_key else None
         if name and name.startswith(input_mac.GMAC_MARK):
-            renamed = _store_by_sha256(client, job_id, call_id, items_key, name)
-            if renamed != items_key:
-                tagged.append(items_key)
-                items_key = renamed
+            key = _store_by_sha256(client, job_id, call_id, items_key, name)
+            if key != items_key:
+                renamed[items_key] = key
+                items_key = key
         out.append((call_id, first, n_items, func_key, items_key, payload))
-    return out, tagged
+    return out, renamed
+
+
+def _rename_in_records(store, secret: bytes, job_id: str, renamed: dict[str, str]) -> None:
+    """Rewrite the stored records of the job's calls (``record_calls``; a job sent its calls in
+    several batches, one record each) so that they name the inputs' new keys, ``renamed[old]``."""
+    for key in store.list(keys.call_inputs_prefix(job_id)):
+        entries = _get_sealed(store, secret, key)
+        if any(entry[4] in renamed for entry in entries):
+            entries = [(*entry[:4], renamed.get(entry[4], entry[4]), entry[5]) for entry in entries]
+            store.put(key, signing.seal(secret, key, pickle.dumps(entries, protocol=5)))  # plain data
 
 
 def _store_by_sha256(client, job_id: str, call_id: int, items_key: str, name: str) -> str:
