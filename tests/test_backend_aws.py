@@ -155,14 +155,6 @@ def test_a_large_input_is_named_by_its_sha256_and_deleted_from_s3_by_the_lambda_
     assert stored and not [key for key in stored if "/in/" in key], stored
 
 
-def first_byte_crashing_once(marker_and_blob):
-    marker, blob = marker_and_blob
-    if not os.path.exists(marker):
-        open(marker, "w").close()
-        os._exit(3)  # the worker dies: nothing is committed for this call
-    return blob[0]
-
-
 def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_renamed_by_sha256(aws, s3_env, tmp_path):
     """The emulator names large inputs by a GMAC tag, which a Lambda zip (no ``cryptography``)
     cannot check: the redrive checks the stored input and stores it again under its SHA-256."""
@@ -170,9 +162,9 @@ def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_ren
     from fnmap.redrive import RedriveError, record_calls, stored_calls
 
     marker = str(tmp_path / "crashed")
-    items = [(str(tmp_path / "never"), os.urandom(100)), (marker, os.urandom(300_000))]
+    items = [(str(tmp_path / "never"), 7), (marker, int.from_bytes(os.urandom(300_000), "big"))]  # call 1 stored
     open(items[0][0], "w").close()  # the first item never crashes
-    job = fnmap.map(first_byte_crashing_once, items, backend="emulator", chunksize=1, retries=0,
+    job = fnmap.map(crash_once, items, backend="emulator", chunksize=1, retries=0,
                     return_job=True)
     with pytest.raises(fnmap.PlatformError):
         job.results()
@@ -195,7 +187,7 @@ def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_ren
     assert inputs_left() == [tagged] and not aws.stats().get("Event") and not aws.stats().get("RequestResponse")
     s3_env.client.put_object(Bucket=aws.bucket, Key=f"fnmap/{tagged}", Body=original)
     redriven = fnmap.job(job.id).redrive()
-    assert redriven.results() == [blob[0] for _, blob in items]
+    assert redriven.results() == [x + 1 for _, x in items]
     assert aws.stats().get("Event", 0) + aws.stats().get("RequestResponse", 0) >= 1  # it ran on Lambda
     # What a later redrive would send (every record of the job's calls read): the SHA-256 copy.
     sent = stored_calls(redriven.store, job.id, aws.secret.encode())[1][4]
