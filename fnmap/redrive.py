@@ -49,9 +49,8 @@ def record_calls(client, job, states: list) -> None:
         return
     entries = [(s.call_id, s.first_index, s.n_items, s.func_key, s.items_key, bytes(s.payload or b""))
                for s in states]
-    key = keys.call_inputs_key(job.id, states[0].call_id)
     try:
-        client.store.put(key, signing.seal(client.secret, key, pickle.dumps(entries, protocol=5)))  # plain data
+        _put_record(client.store, client.secret, keys.call_inputs_key(job.id, states[0].call_id), entries)
     except Exception as e:  # the job runs on; only a later redrive of these calls is refused
         warnings.warn(f"fnmap: could not store the inputs of job {job.id} for a redrive: {e}",
                       RuntimeWarning, stacklevel=3)
@@ -83,14 +82,20 @@ def _get_sealed(store, secret: bytes, key: str):
     return loads(signing.unseal(secret, key, store.get(key)))
 
 
+def _put_record(store, secret: bytes, key: str, entries: list) -> None:
+    store.put(key, signing.seal(secret, key, pickle.dumps(entries, protocol=5)))  # plain data
+
+
+def _records(store, job_id: str, secret: bytes):
+    """``(key, entries)`` of each record :func:`record_calls` stored for the job (one per batch sent)."""
+    for key in store.list(keys.call_inputs_prefix(job_id)):
+        yield key, _get_sealed(store, secret, key)
+
+
 def stored_calls(store, job_id: str, secret: bytes) -> dict[int, tuple]:
     """Call id -> ``(call_id, first_index, n_items, func_key, items_key, payload)`` of every call
     the job stored before sending it."""
-    calls: dict[int, tuple] = {}
-    for key in store.list(keys.call_inputs_prefix(job_id)):
-        for entry in _get_sealed(store, secret, key):
-            calls[entry[0]] = entry
-    return calls
+    return {entry[0]: entry for _, entries in _records(store, job_id, secret) for entry in entries}
 
 
 def redrive(store, job_id: str, config=None, **options):
@@ -211,11 +216,10 @@ def _checkable_by_workers(client, job_id: str, ordered: list) -> tuple[list, dic
 def _rename_in_records(store, secret: bytes, job_id: str, renamed: dict[str, str]) -> None:
     """Rewrite the stored records of the job's calls (``record_calls``; a job sent its calls in
     several batches, one record each) so that they name the inputs' new keys, ``renamed[old]``."""
-    for key in store.list(keys.call_inputs_prefix(job_id)):
-        entries = _get_sealed(store, secret, key)
+    for key, entries in _records(store, job_id, secret):
         if any(entry[4] in renamed for entry in entries):
-            entries = [(*entry[:4], renamed.get(entry[4], entry[4]), entry[5]) for entry in entries]
-            store.put(key, signing.seal(secret, key, pickle.dumps(entries, protocol=5)))  # plain data
+            _put_record(store, secret, key,
+                        [(*entry[:4], renamed.get(entry[4], entry[4]), entry[5]) for entry in entries])
 
 
 def _store_by_sha256(client, job_id: str, call_id: int, items_key: str, name: str) -> str:

@@ -169,10 +169,10 @@ def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_ren
     with pytest.raises(fnmap.PlatformError):
         job.results()
     tagged = job.calls[1].items_key
+    assert tagged.rsplit("-", 1)[1].startswith("g"), tagged
     # Call 1 recorded once more on its own, as when a map's calls are sent in batches while their
     # inputs are written (each batch one record; which way a run goes depends on timing).
     record_calls(get_client(job.config), job, [job.calls[1]])
-    assert tagged.rsplit("-", 1)[1].startswith("g"), tagged
 
     def inputs_left() -> list:
         listed = s3_env.client.list_objects_v2(Bucket=aws.bucket, Prefix=f"fnmap/jobs/{job.id}/in/")
