@@ -26,6 +26,16 @@ BACKENDS = {
     "batch": "fnmap.backends.batch:BatchBackend",
 }
 
+#: Other names people give a backend (the platform's, or another library's), for "did you mean"
+#: hints: never accepted in its place, so a setting has one spelling.
+BACKEND_ALIASES = {
+    "lambda": "aws", "aws_lambda": "aws", "awslambda": "aws",
+    "aws_batch": "batch", "gpu": "batch", "container": "batch",
+    "cloud_functions": "http", "cloudfunctions": "http", "gcf": "http", "knative": "http", "url": "http",
+    "process": "local", "processes": "local", "threads": "local", "multiprocessing": "local",
+    "flask": "emulator", "offline": "emulator",
+}
+
 
 def _check_fanout(config, option: Option) -> None:
     """``lambda_fanout``: None, 0 (no spawners) or a number of calls, at least ``option.minimum``."""

@@ -19,9 +19,9 @@ import dataclasses
 import os
 from typing import Any
 
-from .backend_table import BACKEND_OPTIONS, BACKENDS
+from .backend_table import BACKEND_ALIASES, BACKEND_OPTIONS, BACKENDS
 from .errors import ConfigError, UnknownBackend
-from .options import Option, check_bool, check_int
+from .options import Option, check_bool, check_int, did_you_mean
 
 
 class UnknownOption(ConfigError, TypeError):
@@ -261,9 +261,7 @@ def resolve(**kwargs: Any) -> Config:
     """Build a :class:`Config` from keywords, the environment, the config file and defaults."""
     unknown = sorted(set(kwargs) - set(OPTIONS))
     if unknown:
-        raise UnknownOption(
-            f"unknown option(s) {', '.join(map(repr, unknown))}; valid options: {', '.join(OPTIONS)}"
-        )
+        raise UnknownOption(f"{_unknown_options(unknown)}valid options: {', '.join(OPTIONS)}")
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     file_values, file_path = _read_config_file()
@@ -314,7 +312,8 @@ def _retry_on_tuple(retry_on: Any, source: str) -> tuple:
 
 
 #: FNMAP_* variables read outside :class:`Config` (storage, the runtime, the emulator).
-OTHER_VARIABLES = ("FNMAP_S3_ENDPOINT_URL", "FNMAP_RUNTIME", "FNMAP_HTTP_PARSER", "FNMAP_BATCH_CONCURRENCY")
+OTHER_VARIABLES = ("FNMAP_S3_ENDPOINT_URL", "FNMAP_RUNTIME", "FNMAP_HTTP_PARSER", "FNMAP_BATCH_CONCURRENCY",
+                   "FNMAP_SIGNATURE_WINDOW", "FNMAP_EMULATOR_ACCESS_KEY_ID", "FNMAP_EMULATOR_SECRET_ACCESS_KEY")
 _warned_variables: set[str] = set()
 _KNOWN_VARIABLES = frozenset([*(o.variable for o in DECLARED if o.variable), *OTHER_VARIABLES])
 
@@ -326,11 +325,9 @@ def _warn_unknown_variables() -> None:
         if not name.startswith("FNMAP_") or name in _KNOWN_VARIABLES or name in _warned_variables:
             continue
         _warned_variables.add(name)
-        import difflib
         import warnings
 
-        close = difflib.get_close_matches(name, sorted(_KNOWN_VARIABLES), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]}? " if close else ""
+        hint = did_you_mean(name, sorted(_KNOWN_VARIABLES)).replace("'", "")
         warnings.warn(f"{name} is not a setting fnmap reads, so it is ignored; {hint}"
                       "the settings are listed in fnmap.config.Config", UserWarning, stacklevel=3)
 
@@ -358,18 +355,23 @@ def _read_toml(path: str) -> dict:
     data = data.get("fnmap", data)
     unknown = sorted(set(data) - set(OPTIONS))
     if unknown:
-        raise ConfigError(
-            f"config file {path} has unknown option(s) {', '.join(map(repr, unknown))}; "
-            f"valid options: {', '.join(OPTIONS)}"
-        )
+        raise ConfigError(f"config file {path} has {_unknown_options(unknown)}valid options: {', '.join(OPTIONS)}")
     return data
+
+
+def _unknown_options(names: list[str]) -> str:
+    """``unknown option 'chunk_size' (did you mean 'chunksize'?); `` for each name fnmap does not know."""
+    parts = []
+    for name in names:
+        hint = did_you_mean(name, OPTIONS).strip()
+        parts.append(f"{name!r}" + (f" ({hint})" if hint else ""))
+    return f"unknown option{'s' if len(names) > 1 else ''} {', '.join(parts)}; "
 
 
 def _validate(c: Config) -> None:
     if c.backend not in BACKENDS:
-        raise UnknownBackend(
-            f"{c.describe('backend')} is not a backend; choose one of: {', '.join(BACKENDS)}"
-        )
+        hint = did_you_mean(c.backend, BACKENDS, BACKEND_ALIASES)
+        raise UnknownBackend(f"{c.describe('backend')} is not a backend; {hint}choose one of: {', '.join(BACKENDS)}")
     for option in DECLARED:
         if option.check is not None:
             option.check(c, option)

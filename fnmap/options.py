@@ -63,6 +63,23 @@ class Option:
         return raw
 
 
+def did_you_mean(name: object, choices, aliases: dict[str, str] | None = None) -> str:
+    """The hint for a misspelt name: ``"did you mean 'chunksize'? "``, or ``""`` when none is close.
+
+    ``aliases`` maps other names people use for a choice to it (``"lambda"`` -> ``"aws"``): a word
+    no spelling distance finds.  Case and ``-``/``_`` are ignored, as users mix them."""
+    import difflib
+
+    if not isinstance(name, str):
+        return ""
+    folded = name.strip().lower().replace("-", "_")
+    by_folded = {c.lower().replace("-", "_"): c for c in choices}
+    for alias, choice in (aliases or {}).items():
+        by_folded.setdefault(alias.lower().replace("-", "_"), choice)
+    close = difflib.get_close_matches(folded, list(by_folded), n=1, cutoff=0.6)
+    return f"did you mean {by_folded[close[0]]!r}? " if close else ""
+
+
 def parse_bool(raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in _TRUE:

@@ -1,0 +1,77 @@
+"""The second day's smaller findings: typo hints, a refused storage, deterministic crashes,
+tracebacks that start at the user's code, and what a job really takes on disk."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+
+import pytest
+
+import fnmap
+from fnmap.config import resolve
+
+# -- "did you mean" ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, hint", [
+    ({"chunk_size": 1}, "'chunk_size' (did you mean 'chunksize'?)"),
+    ({"retrys": 1}, "'retrys' (did you mean 'retries'?)"),
+    ({"retrys": 1, "chunk_size": 2}, "'chunk_size' (did you mean 'chunksize'?), 'retrys' (did you mean 'retries'?)"),
+])
+def test_an_unknown_option_names_the_closest_valid_one(options, hint):
+    with pytest.raises(fnmap.ConfigError) as info:
+        fnmap.map(abs, [1], **options)
+    assert hint in str(info.value) and "valid options: backend," in str(info.value)
+    assert isinstance(info.value, TypeError)  # as a wrong keyword of any function
+
+
+@pytest.mark.parametrize("name, meant", [("lambda", "aws"), ("Lambda", "aws"), ("lamda", "aws"), ("AWS", "aws"),
+                                         ("emulater", "emulator"), ("gpu", "batch")])
+def test_an_unknown_backend_names_the_closest_one_or_its_alias(name, meant):
+    with pytest.raises(fnmap.UnknownBackend, match=rf"backend={name!r} \(from keyword\) is not a backend; "
+                       rf"did you mean {meant!r}\? choose one of: emulator, local, http, aws, batch"):
+        resolve(backend=name)
+
+
+def test_a_backend_nothing_resembles_gets_the_choices_only(monkeypatch):
+    monkeypatch.setenv("FNMAP_BACKEND", "qqq")
+    with pytest.raises(fnmap.UnknownBackend) as info:
+        resolve()
+    assert "did you mean" not in str(info.value)
+    assert "FNMAP_BACKEND='qqq' (from the environment) is not a backend; choose one of" in str(info.value)
+
+
+def test_a_config_file_option_with_a_typo_names_the_right_one(tmp_path, monkeypatch):
+    (tmp_path / "fnmap.toml").write_text("retrys = 3\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(fnmap.ConfigError, match=r"has unknown option 'retrys' \(did you mean 'retries'\?\)"):
+        resolve()
+
+
+def test_a_misspelt_fnmap_variable_is_warned_about_with_the_right_name(monkeypatch):
+    monkeypatch.setenv("FNMAP_RETRYS", "3")
+    monkeypatch.setattr("fnmap.config._warned_variables", set())
+    with pytest.warns(UserWarning, match="FNMAP_RETRYS is not a setting fnmap reads.*did you mean FNMAP_RETRIES?"):
+        resolve()
+
+
+def test_every_fnmap_variable_fnmap_reads_is_known_so_none_is_warned_about(monkeypatch):
+    """Each ``FNMAP_*`` name spelt in the package is a setting or one of the other variables read:
+    setting it draws no "not a setting fnmap reads" warning (the emulator's access key did)."""
+    root = os.path.dirname(fnmap.__file__)
+    spelt = set()
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    spelt.update(re.findall(r"\bFNMAP_[A-Z0-9_]*[A-Z0-9]\b", f.read()))
+    assert {"FNMAP_SIGNATURE_WINDOW", "FNMAP_EMULATOR_ACCESS_KEY_ID"} <= spelt
+    spelt.discard("FNMAP_CHUNK_SIZE")  # the typo fnmap.config's docstring gives as an example
+    monkeypatch.setattr("fnmap.config._warned_variables", set())
+    for name in sorted(spelt):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # empty: read as unset, still named
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve()
