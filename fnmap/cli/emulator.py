@@ -21,7 +21,7 @@ def run(args) -> int:
     from ..emulator.options import time_limits
 
     if args.action != "serve":
-        return _shared_command(args.action)
+        return _shared_command(args)
     if not args.watch_stdin and sys.stderr.isatty():
         # Someone at a terminal: say when it stopped (an emulator a client started stays quiet).
         log = logging.getLogger("fnmap.emulator")
@@ -38,18 +38,49 @@ def run(args) -> int:
     return 0
 
 
-def _shared_command(action: str) -> int:
+def _shared_command(args) -> int:
     """``fnmap emulator status|stop``: the emulators fnmap.map started, shared by your processes."""
     from ..emulator import shared
 
-    emulators = shared.stop_all() if action == "stop" else shared.running()
-    verb = "stopped" if action == "stop" else "running"
-    if not emulators:
+    if args.action == "stop":
+        emulators, refused = shared.stop(force=args.force)
+    else:
+        emulators, refused = [shared.status(emu) for emu in shared.running()], []
+    if not emulators and not refused:
         print(f"no shared fnmap emulator is running (folder {shared.state_path()})")
+    verb = "stopped" if args.action == "stop" else "running"
     for emu in emulators:
-        print(f"{verb}: pid {emu['pid']} at {emu['url']} with {emu['workers']} workers "
-              f"(log {emu['folder']}/{shared.LOG_FILE})")
-    return 0
+        print(describe(emu, verb))
+    for emu in refused:
+        print(describe(emu, "not stopped"))
+        for client in shared.busy_clients(emu):
+            print(f"  process {client['pid']} has {client['in_flight']} calls in flight on it (job "
+                  f"{', '.join(client['jobs'])}; folder {client['cwd']}): wait for its end, or stop it "
+                  "anyway with `fnmap emulator stop --force` (that process starts another emulator and "
+                  "sends its unfinished calls again)")
+    return 1 if refused else 0
+
+
+def describe(emu: dict, verb: str) -> str:
+    """What ``fnmap emulator status`` says of one shared emulator (:func:`.shared.status`)."""
+    from ..emulator.shared import LOG_FILE
+
+    lines = [f"{verb}: pid {emu['pid']} at {emu['url']} with {emu['workers']} workers per client "
+             f"(log {os.path.join(emu['folder'], LOG_FILE)})"]
+    if "python" in emu:
+        memory = f"{emu['memory'] / 2**20:.0f} MB" if emu.get("memory") is not None else "unknown"
+        idle = (f"stops after {emu['idle_left']:.0f} s more without requests" if emu.get("idle_left") is not None
+                else "no idle stop")
+        lines.append(f"  python {emu['python']} ({emu['version']}); {emu['in_flight']} calls in flight; "
+                     f"memory {memory} (its processes and workers); {idle}")
+        sessions = emu.get("sessions") or []
+        if not sessions:
+            lines.append("  no client attached")
+        for s in sessions:
+            jobs = f" (job {', '.join(s['jobs'])})" if s["jobs"] else ""
+            lines.append(f"  client pid {s['pid']} in {s['cwd']}: {s['in_flight']} calls in flight{jobs}, "
+                         f"{s['served']} served; {s['command']}")
+    return "\n".join(lines)
 
 
 def _or_exit(check, args):
@@ -88,7 +119,8 @@ def _serve(args, faults, limits) -> None:
     try:
         serve(host=args.host, port=args.port, workers=args.workers, watch_stdin=args.watch_stdin,
               faults=faults, wsgi_server=args.wsgi_server, lambda_runtime=args.lambda_runtime,
-              on_listening=offline.announcer(args.env_file) if offline else None, scaling_rate=args.scaling_rate,
+              on_listening=offline.announcer(args.env_file, args.detached) if offline else None,
+              scaling_rate=args.scaling_rate,
               limits=limits, max_connections=args.max_connections, allow_hosts=tuple(args.allow_host),
               idle_exit=args.idle_exit, state_file=args.state_file, stop_on_hangup=args.stop_on_hangup)
     finally:

@@ -256,12 +256,14 @@ class LambdaApi:
 def _platform_environment(base_env: dict, own_url: str | None, role: dict) -> dict:
     """The emulator's environment as Lambda's environments see theirs: with credentials (``role``, the
     execution role's, unless the emulator's environment has its own, which the emulator also accepts),
-    and with the Lambda API at hand (this emulator's, unless ``AWS_ENDPOINT_URL_LAMBDA`` names another)."""
+    and with the Lambda and Batch APIs at hand: this emulator's, whatever the shell that started it
+    exported (a function calls its own platform back, as on AWS; an exported endpoint is often an
+    earlier emulator's, gone since)."""
     env = dict(base_env)
     if not any(env.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI")):
         env.update(role)
     if own_url:
-        env.setdefault("AWS_ENDPOINT_URL_LAMBDA", own_url)
+        env.update(AWS_ENDPOINT_URL_LAMBDA=own_url, AWS_ENDPOINT_URL_BATCH=own_url)
     return env
 
 

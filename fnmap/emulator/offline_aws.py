@@ -8,9 +8,15 @@ boto3 -> the emulator's Lambda API -> the handler -> S3 and back, exactly as in 
 
 The other AWS services (IAM, STS, CloudWatch Logs) go to moto too (``AWS_ENDPOINT_URL``), so
 ``fnmap deploy aws deploy|env`` runs against it; Batch goes to the emulator.  The export lines
-hold the signing secret: ``--env-file`` is written with mode 0600, whole or not at all.
+hold the signing secret: ``--env-file`` is written with mode 0600, whole or not at all, and a folder
+made for it is 0700 with a ``.gitignore`` of ``*`` (:func:`private_folder`), so git never picks it up.
 ``--detach`` (:func:`detach`) starts the emulator in the background and returns once the file is
 written, so ``source`` on the next line of a script finds it; ``kill $OFFLINE_EMULATOR_PID`` stops it.
+Its output goes to ``PATH.log`` (0600 too), without the export lines: the secrets are in one file only.
+
+A shell that sourced an earlier emulator's file still exports that emulator's endpoints; the
+emulator replaces every endpoint variable in its own environment (:func:`own_endpoints`), so its
+Lambda environments reach this emulator and its S3, never the old, stopped ones.
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ class OfflineAws:
         import boto3
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
+        # IAM as on AWS, where AWS's managed policies exist in every account (`fnmap deploy batch`
+        # attaches one); moto reads this when it makes an account's IAM.
+        os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
         self._server = ThreadedMotoServer(ip_address=host, port=0, verbose=False)
         self._server.start()
         s3_host, s3_port = self._server.get_host_and_port()
@@ -60,7 +69,7 @@ class OfflineAws:
         os.environ.update(self.credentials)
         os.environ.update({ACCESS_KEY_ENV: self.credentials["AWS_ACCESS_KEY_ID"],
                            SECRET_KEY_ENV: self.credentials["AWS_SECRET_ACCESS_KEY"]})
-        os.environ["AWS_ENDPOINT_URL_S3"] = self.s3_url  # the emulator's Lambda environments use it
+        own_endpoints(self.s3_url)
         os.environ.setdefault(SECRET_ENV, new_secret())
         boto3.client("s3", endpoint_url=self.s3_url, region_name=REGION).create_bucket(Bucket=BUCKET)
 
@@ -79,16 +88,23 @@ class OfflineAws:
         }
         return [f"export {name}={value}" for name, value in settings.items()]
 
-    def announcer(self, env_file: str | None):
-        """The emulator's ``on_listening`` hook: print the exports (and write them to ``env_file``)."""
+    def announcer(self, env_file: str | None, detached: bool = False):
+        """The emulator's ``on_listening`` hook: print the exports (and write them to ``env_file``).
+
+        ``detached``: started by ``--detach``, whose output is a log file: the exports go to
+        ``env_file`` only (``--detach`` prints them on the terminal it returns to)."""
 
         def announce(emulator_url: str) -> None:
             lines = self.exports(emulator_url)
             if env_file:
                 write_private(env_file, "\n".join(lines) + "\n")
-            print("\n".join(lines), flush=True)
+            if not detached:
+                print("\n".join(lines), flush=True)
+                for warning in unignored_warnings(env_file):
+                    print(warning, flush=True)
+            where = f"source {env_file} (mode 0600)" if detached else "run the lines above in a shell"
             print(f"# the AWS path offline: Lambda and Batch at {emulator_url}, S3 at {self.s3_url} "
-                  f"(bucket {BUCKET}); run the lines above in a shell", flush=True)
+                  f"(bucket {BUCKET}); {where}", flush=True)
 
         return announce
 
@@ -96,9 +112,56 @@ class OfflineAws:
         self._server.stop()
 
 
+def own_endpoints(s3_url: str) -> None:
+    """Point this process's environment (which the Lambda environments inherit) at this emulator's S3,
+    whatever the shell exported: every ``AWS_ENDPOINT_URL*`` and ``FNMAP_S3_ENDPOINT_URL`` an earlier
+    emulator's env file set names a server that is gone.  The Lambda and Batch endpoints are this
+    emulator's own, set for its Lambda environments once it listens (:mod:`.lambda_api`); a session
+    token belongs to other credentials than the ones :class:`OfflineAws` sets, so it goes too."""
+    for name in [k for k in os.environ if k.startswith("AWS_ENDPOINT_URL")]:
+        del os.environ[name]
+    os.environ.pop("AWS_SESSION_TOKEN", None)
+    # S3, and IAM, STS and Logs (moto serves them all), as the exports say.
+    os.environ.update(AWS_ENDPOINT_URL_S3=s3_url, AWS_ENDPOINT_URL=s3_url, FNMAP_S3_ENDPOINT_URL=s3_url)
+
+
+def private_folder(path: str) -> None:
+    """Make the folder of ``path`` if it is missing: mode 0700, with a ``.gitignore`` of ``*`` (as
+    pytest's cache folder has), so that the secrets written there never reach a repository."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(folder):
+        return
+    os.makedirs(folder, mode=0o700)
+    with open(os.path.join(folder, ".gitignore"), "w") as f:
+        f.write("# made by fnmap: what is here holds secrets (FNMAP_SECRET, AWS keys)\n*\n")
+
+
+def unignored_warnings(env_file: str | None) -> list[str]:
+    """A warning for each file the rehearsal writes (``env_file`` and its log) that is in a git work
+    tree which does not ignore it: it holds the secret, one ``git add .`` from a repository."""
+    if not env_file:
+        return []
+    folder = os.path.dirname(os.path.abspath(env_file))
+    loose = []
+    for path in (env_file, f"{env_file}.log"):
+        try:
+            done = subprocess.run(["git", "-C", folder, "check-ignore", "-q", "--", os.path.abspath(path)],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return []  # no git here: nothing to warn about
+        if done.returncode == 1:  # in a work tree, not ignored (128: not a work tree)
+            loose.append(path)
+    if not loose:
+        return []
+    return [f"# warning: git does not ignore {' and '.join(loose)}, which hold the secret: add them to .gitignore, "
+            "or use --env-file .fnmap/offline.env (fnmap makes that folder with a .gitignore of its own)"]
+
+
 def write_private(path: str, text: str) -> None:
     """Write ``text`` (it holds the secret) to ``path`` readable by its owner only (0600), atomically:
     a reader finds the whole file or none."""
+    private_folder(path)
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -117,15 +180,19 @@ DETACH_WAIT_SECONDS = 120.0
 
 
 def detach(argv: list[str], env_file: str | None) -> int:
-    """``fnmap emulator --aws --env-file F --detach``: run the emulator (``argv`` less ``--detach``) in
-    the background, in its own session, with its output in ``F.log``; return once ``F`` is written
-    (printing it), or fail with the emulator's own error."""
+    """``fnmap emulator --aws --env-file F --detach``: run the emulator (``argv`` with ``--detached``
+    for ``--detach``) in the background, in its own session, with its output in ``F.log`` (0600, no
+    export lines); return once ``F`` is written (printing it), or fail with the emulator's own error."""
     if not env_file:
         raise SystemExit("fnmap emulator: --detach needs --env-file PATH (the file it returns once written)")
     if os.path.exists(env_file):
         os.unlink(env_file)  # a stale file from an earlier emulator must not count as ready
-    command = [sys.executable, "-m", "fnmap", "emulator", *[a for a in argv if a != "--detach"]]
-    with open(f"{env_file}.log", "ab") as log:
+    private_folder(env_file)
+    command = [sys.executable, "-m", "fnmap", "emulator", *["--detached" if a == "--detach" else a for a in argv]]
+    # 0600 even if an earlier, laxer fnmap made it; emptied: this emulator's output only.
+    fd = os.open(f"{env_file}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + DETACH_WAIT_SECONDS
     while not os.path.exists(env_file):
@@ -140,4 +207,6 @@ def detach(argv: list[str], env_file: str | None) -> int:
         print(f.read(), end="")
     print(f"# the emulator runs in the background (pid {proc.pid}, output in {env_file}.log); "
           "stop it with: kill $OFFLINE_EMULATOR_PID", flush=True)
+    for warning in unignored_warnings(env_file):
+        print(warning, flush=True)
     return 0

@@ -25,7 +25,12 @@ def add_arguments(p: argparse.ArgumentParser, commands: bool = True) -> None:
     if commands:
         p.add_argument("action", nargs="?", choices=("serve", "status", "stop"), default="serve",
                        help="serve (default); status: list the emulators shared by your processes (the ones "
-                            "fnmap.map starts by itself); stop: stop them")
+                            "fnmap.map starts by itself), the processes and folders each serves, calls in "
+                            "flight, memory and idle time left; stop: stop them (not one serving another "
+                            "process's calls, unless --force)")
+        p.add_argument("--force", action="store_true",
+                       help="with stop: stop even an emulator serving other processes' calls (they start "
+                            "or find another and send their unfinished calls again)")
     p.add_argument("--watch-stdin", action="store_true",
                    help="stop when standard input closes (used when a client starts the emulator)")
     p.add_argument("--idle-exit", type=float, default=None, metavar="S",
@@ -59,6 +64,8 @@ def _add_serving(p) -> None:
     p.add_argument("--detach", action="store_true",
                    help="with --aws --env-file: run in the background and return once PATH is written, so a "
                         "script's next line can source it; stop it with kill $OFFLINE_EMULATOR_PID")
+    # What --detach starts: its output is a log, so the export lines (the secrets) go to --env-file only.
+    p.add_argument("--detached", action="store_true", help=argparse.SUPPRESS)
 
 
 def _add_connections(p) -> None:
