@@ -100,12 +100,15 @@ class Deployment:
             )
         if existing is not None:
             self._check_ours("function", (existing.get("Tags") or {}))
+            before = existing["Configuration"]
+        else:
+            before = self._served_without_deployment()
         self._bucket()
         role_arn = self._role()
         self._log_group()
-        secret = self._secret(existing)
+        secret = self._secret(before)
         layers = self._layer()
-        self._function_code_and_config(existing, role_arn, secret, layers)
+        self._function_code_and_config(existing, before, role_arn, secret, layers)
         self._concurrency()
         self.lam.put_function_event_invoke_config(
             FunctionName=self.s.name, MaximumRetryAttempts=0, MaximumEventAgeInSeconds=self.s.max_event_age)
@@ -115,6 +118,7 @@ class Deployment:
             "FNMAP_STORAGE": f"s3://{self.bucket}/{self.prefix}", "FNMAP_SECRET": secret, "function_url": url,
         }
         self._print(result)
+        self._note_storage(result["FNMAP_STORAGE"])
         return result
 
     def _function(self) -> dict | None:
@@ -122,6 +126,25 @@ class Deployment:
             return self.lam.get_function(FunctionName=self.s.name)
         except self.lam.exceptions.ResourceNotFoundException:
             return None
+
+    def _served_without_deployment(self) -> dict | None:
+        """The configuration of a function the endpoint runs although nobody created it, else None.
+
+        The fnmap emulator answers every name with its own package, secret and the layers ``fnmap
+        deploy aws env`` attached (the offline rehearsal); AWS answers 404, as GetFunction did.
+        Deploy creates the function over it keeping that secret and those layers, so the clients
+        already using it go on working."""
+        from botocore.exceptions import ClientError
+
+        try:
+            config = self.lam.get_function_configuration(FunctionName=self.s.name)
+        except ClientError as e:  # ResourceNotFoundException, or no lambda:GetFunctionConfiguration
+            if e.response.get("Error", {}).get("Code") in {"ResourceNotFoundException", *AUTH_ERROR_CODES}:
+                return None
+            raise
+        self.out(f"function {self.s.name}: the endpoint runs it without a deployment (the fnmap emulator runs "
+                 "every name with its own package); creating it keeps that function's secret and layers")
+        return config
 
     def _check_ours(self, what: str, tags: dict) -> None:
         if tags.get(TAG) != self.s.name:
@@ -186,11 +209,11 @@ class Deployment:
             pass
         self.logs.put_retention_policy(logGroupName=self.log_group, retentionInDays=self.s.log_retention_days)
 
-    def _secret(self, existing: dict | None) -> str:
-        if existing is not None and not self.s.rotate_secret:
-            env = ((existing.get("Configuration") or {}).get("Environment") or {}).get("Variables") or {}
-            if env.get("FNMAP_SECRET"):
-                return env["FNMAP_SECRET"]
+    def _secret(self, before: dict | None) -> str:
+        """The function's secret as it was (``before``: its configuration), unless ``--rotate-secret``."""
+        old = _variables(before).get("FNMAP_SECRET")
+        if old and not self.s.rotate_secret:
+            return old
         return new_secret()
 
     def _layer(self) -> list[str]:
@@ -202,12 +225,19 @@ class Deployment:
         source = Source("requirements", self.s.requirements)
         return [layer_for(self.lam, self.s.name, source, self.runtime, self.s.architecture, self.out)]
 
-    def _function_code_and_config(self, existing, role_arn: str, secret: str, layers: list[str]) -> None:
+    def _function_code_and_config(self, existing, before, role_arn: str, secret: str, layers: list[str]) -> None:
+        """Create or update the function; ``before``: its configuration until now (an existing
+        deployment's, or the one the endpoint runs without one), whose layers are kept unless
+        ``--requirements`` or ``--image`` replaces them."""
         env = {"Variables": {"FNMAP_SECRET": secret, "FNMAP_RUNTIME": json.dumps(runtime_info())}}
         config = dict(Role=role_arn, Timeout=self.s.timeout, MemorySize=self.s.memory, Environment=env,
                       Description="fnmap worker (handlers/aws_lambda.py)")
         if not self.s.image:
+            if not layers and not self.s.requirements:
+                layers = [layer["Arn"] for layer in (before or {}).get("Layers", [])]
             config.update(Runtime=self.runtime, Handler=HANDLER, Layers=layers)
+        for line in _changes(before, config, secret):
+            self.out(f"function {self.s.name}: {line}")
         code = self._code()
         if existing is None:
             self._with_role_retry(lambda: self.lam.create_function(
@@ -220,8 +250,6 @@ class Deployment:
         if "ZipFile" not in code or existing["Configuration"].get("CodeSha256") != code_sha256(code["ZipFile"]):
             self.lam.update_function_code(FunctionName=self.s.name, Architectures=[self.s.architecture], **code)
             self._wait("function_updated_v2")
-        if layers == [] and not self.s.requirements and not self.s.image:
-            config["Layers"] = [layer["Arn"] for layer in existing["Configuration"].get("Layers", [])]
         self._with_role_retry(lambda: self.lam.update_function_configuration(FunctionName=self.s.name, **config))
         self._wait("function_updated_v2")
         self.out(f"Lambda function {self.s.name} updated")
@@ -282,6 +310,14 @@ class Deployment:
             return None
         return url["FunctionUrl"]
 
+    def _note_storage(self, storage: str) -> None:
+        """Say so when this shell's ``FNMAP_STORAGE`` is not the deployment's (the offline rehearsal's
+        bucket, another deployment's): the function's role allows only its own."""
+        here = os.environ.get("FNMAP_STORAGE", "").rstrip("/")
+        if here.startswith("s3://") and here != storage:
+            self.out(f"note: FNMAP_STORAGE here is {here}, not this deployment's {storage} (the only storage its "
+                     f"role may use): export the line above, or deploy with --bucket and --prefix naming yours")
+
     def _print(self, result: dict) -> None:
         self.out("")
         self.out("fnmap is deployed. Use it with (keep FNMAP_SECRET private):")
@@ -299,10 +335,7 @@ class Deployment:
         existing = self._function()
         if existing is not None:
             self._check_ours("function", existing.get("Tags") or {})
-            try:
-                self.lam.delete_function_url_config(FunctionName=self.s.name)
-            except self.lam.exceptions.ResourceNotFoundException:
-                pass
+            self._delete_url()
             self.lam.delete_function(FunctionName=self.s.name)
             removed.append(f"function {self.s.name}")
         for version in self._layer_versions():
@@ -328,6 +361,17 @@ class Deployment:
         for line in removed or ["nothing: no deployment named " + repr(self.s.name)]:
             self.out(f"removed {line}")
         return removed
+
+    def _delete_url(self) -> None:
+        """Delete the function URL, if any: none when the endpoint serves no function URLs (the fnmap
+        emulator; deploy then made none)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.lam.delete_function_url_config(FunctionName=self.s.name)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") not in ("ResourceNotFoundException", "NotImplemented"):
+                raise
 
     def _layer_versions(self) -> list[int]:
         try:
@@ -362,6 +406,34 @@ class Deployment:
         else:
             self.s3.delete_bucket_lifecycle(Bucket=self.bucket)
         return [f"lifecycle rule {LIFECYCLE_RULE_ID} of s3://{self.bucket} (the bucket was yours: kept)"]
+
+
+def _variables(config: dict | None) -> dict:
+    return ((config or {}).get("Environment") or {}).get("Variables") or {}
+
+
+def _changes(before: dict | None, config: dict, secret: str) -> list[str]:
+    """What deploying ``config`` changes in a function configured ``before`` (None: a new function):
+    the secret its clients sign with, its layers, memory and time limit."""
+    if before is None:
+        return []
+    lines = []
+    old_secret = _variables(before).get("FNMAP_SECRET")
+    if old_secret == secret:
+        lines.append("secret kept (the clients' FNMAP_SECRET still works)")
+    else:
+        lines.append("NEW secret" + (" (--rotate-secret)" if old_secret else "") +
+                     ": every client needs the FNMAP_SECRET printed below")
+    old_layers = [layer["Arn"] for layer in before.get("Layers", [])]
+    new_layers = config.get("Layers", [])
+    if old_layers and old_layers == new_layers:
+        lines.append(f"layers kept: {', '.join(old_layers)}")
+    elif old_layers != new_layers:
+        lines.append(f"layers {', '.join(old_layers) or 'none'} -> {', '.join(new_layers) or 'none'}")
+    for key, unit in (("MemorySize", "MB"), ("Timeout", "s")):
+        if before.get(key) is not None and before[key] != config[key]:
+            lines.append(f"{key} {before[key]} -> {config[key]} {unit}")
+    return lines
 
 
 # -- command line ----------------------------------------------------------------------

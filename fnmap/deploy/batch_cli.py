@@ -166,10 +166,30 @@ def _roles(iam, args, bucket: str, prefix: str) -> tuple[str, bool, str]:
     return instance_role, profile_made, job_role
 
 
+def _check_endpoint(batch, args) -> None:
+    """Refuse, before anything is made, a Batch endpoint that serves jobs but not compute environments:
+    the fnmap emulator (``AWS_ENDPOINT_URL_BATCH`` of the offline rehearsal), which needs no deploy."""
+    from botocore.exceptions import ClientError
+
+    try:
+        batch.describe_compute_environments(computeEnvironments=[args.name])
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") != "NotImplemented":
+            raise
+        raise DeployError(
+            f"fnmap deploy batch {args.action}: the Batch endpoint {batch.meta.endpoint_url} serves no compute "
+            "environments or job queues: it is the fnmap emulator (AWS_ENDPOINT_URL_BATCH), whose Batch runs "
+            "jobs with its built-in job definition fnmap and any job queue name, so there is nothing to "
+            f"{args.action} there: run the jobs as they are (FNMAP_BACKEND=batch, this shell's FNMAP_SECRET and "
+            "FNMAP_STORAGE); deploy to an AWS account with AWS_ENDPOINT_URL_BATCH unset"
+        ) from e
+
+
 @_aws_errors
 def run_deploy(args) -> int:
     session = _session(args.region)
     batch, ec2, iam = session.client("batch"), session.client("ec2"), session.client("iam")
+    _check_endpoint(batch, args)
     bucket, prefix = _storage(session, args)
     subnets, groups = _network(ec2, args)
     if batch_iam.ensure_bucket(session.client("s3"), bucket, session.region_name, args.name):
@@ -201,6 +221,7 @@ def run_deploy(args) -> int:
 @_aws_errors
 def run_destroy(args) -> int:
     session = _session(args.region)
+    _check_endpoint(session.client("batch"), args)
     bucket, _ = _storage(session, args)
     for line in destroy(session.client("batch"), args.name, iam=session.client("iam"),
                         s3=session.client("s3"), bucket=bucket):

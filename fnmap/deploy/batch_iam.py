@@ -112,7 +112,15 @@ def ensure_inline_policy(iam, role_name: str, policy_name: str, document: dict) 
 def ensure_managed_policy(iam, role_name: str, policy_arn: str) -> None:
     pages = iam.get_paginator("list_attached_role_policies").paginate(RoleName=role_name)
     if policy_arn not in {p["PolicyArn"] for page in pages for p in page["AttachedPolicies"]}:
-        iam.attach_role_policy(RoleName=role_name, PolicyArn=policy_arn)
+        try:
+            iam.attach_role_policy(RoleName=role_name, PolicyArn=policy_arn)
+        except iam.exceptions.NoSuchEntityException as e:
+            raise DeployError(
+                f"the AWS managed policy {policy_arn} does not exist at this IAM endpoint "
+                f"({iam.meta.endpoint_url}), which every AWS account has: an IAM that is not AWS's? moto has "
+                "them with MOTO_IAM_LOAD_MANAGED_POLICIES=true set where its server runs; or pass --instance-role "
+                f"PROFILE, an instance profile of your own ({e})"
+            ) from e
 
 
 def ensure_instance_profile(iam, profile_name: str, role_name: str, name: str) -> tuple[str, bool]:

@@ -3,7 +3,8 @@
 Point boto3 here with ``AWS_ENDPOINT_URL_BATCH=http://127.0.0.1:PORT``.  Routes
 (``POST``, JSON, as the real service): ``/v1/submitjob``, ``/v1/describejobs``,
 ``/v1/listjobs``, ``/v1/terminatejob``, ``/v1/canceljob``,
-``/v1/registerjobdefinition``, ``/v1/describejobdefinitions``.  Any job queue
+``/v1/registerjobdefinition``, ``/v1/describejobdefinitions``; any other operation is
+answered 501 ``NotImplemented``, naming it.  Any job queue
 name is accepted (the emulator is one local queue); job definition ``fnmap``
 (revision 1) is registered from the start with the command the ``fnmap deploy
 batch`` definition has, and the secret as a reference (``secrets``), never its
@@ -15,6 +16,7 @@ knows (:mod:`.sigv4`), or it is refused with 403 and nothing runs.  Jobs run as 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -217,6 +219,28 @@ def describe_job_definitions(batch, body):
     return {"jobDefinitions": found}
 
 
+def batch_unsupported(state: _Batch, operation: str):
+    """Any other Batch API operation (compute environments, job queues...): 501 naming it, so that a
+    caller (``fnmap deploy batch``) can tell "not served here" from "not found"."""
+    name = _operation_names().get(f"/v1/{operation}", f"POST /v1/{operation}")
+    response = jsonify({"message": (
+        f"the fnmap emulator does not support the Batch operation {name}; it serves "
+        f"{', '.join(_operation_names()[path] for _m, path, _h in ROUTES if path in _operation_names())}, with "
+        "the job definition fnmap built in and any job queue name. Use AWS itself for the rest")})
+    response.status_code = 501
+    response.headers["x-amzn-ErrorType"] = "NotImplemented"
+    return response
+
+
+@functools.lru_cache(maxsize=1)
+def _operation_names() -> dict[str, str]:
+    """Batch's request paths and their operation names (``/v1/submitjob``: ``SubmitJob``), from botocore."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("batch")
+    return {model.operation_model(name).http["requestUri"]: name for name in model.operation_names}
+
+
 def register_job_definition(batch, body):
     d = batch.register_definition(body)
     return {"jobDefinitionName": d["jobDefinitionName"], "jobDefinitionArn": d["jobDefinitionArn"],
@@ -232,4 +256,5 @@ ROUTES = [
     ("POST", "/v1/canceljob", _operation(cancel_job)),
     ("POST", "/v1/registerjobdefinition", _operation(register_job_definition)),
     ("POST", "/v1/describejobdefinitions", _operation(describe_job_definitions)),
+    ("POST", "/v1/<operation>", batch_unsupported),
 ]

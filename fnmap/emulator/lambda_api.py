@@ -66,7 +66,7 @@ import time
 from flask import Response, jsonify, request
 
 from ..runtime.lambda_event import SPAWN_PREFIX, Refused, decode_event, encode_result, is_spawn_event, spawn
-from ..runtime.signing import REFUSED
+from ..runtime.signing import REFUSED, SECRET_ENV
 from ..runtime.wire import ERROR_KIND_HEADER
 from . import lambda_events, lambda_manage, sigv4
 from .lambda_common import ACCOUNT, API_VERSION, HANDLER, REGION, TIMEOUT_SECONDS, configuration, error, lambda_error
@@ -381,7 +381,15 @@ def _invoke_sync(api: LambdaApi, name: str, payload: bytes):
 
 
 def lambda_configuration(api: LambdaApi, name):
-    return jsonify(configuration(api, _function_name(name)))
+    """GetFunctionConfiguration.  A function never created here runs with the emulator's own secret,
+    and its configuration says so, as Lambda's shows a deployed function's ``FNMAP_SECRET``: ``fnmap
+    deploy aws deploy`` then keeps that secret (and the layers) when it creates the function over it."""
+    name = _function_name(name)
+    answer = configuration(api, name)
+    runtime = api.runtime
+    if runtime is not None and name not in runtime.created and runtime.base_env.get(SECRET_ENV):
+        answer["Environment"]["Variables"].setdefault(SECRET_ENV, runtime.base_env[SECRET_ENV])
+    return jsonify(answer)
 
 
 def lambda_put_concurrency(api: LambdaApi, name):

@@ -58,9 +58,6 @@ class OfflineAws:
         import boto3
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
-        # IAM as on AWS, where AWS's managed policies exist in every account (`fnmap deploy batch`
-        # attaches one); moto reads this when it makes an account's IAM.
-        os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
         self._server = ThreadedMotoServer(ip_address=host, port=0, verbose=False)
         self._server.start()
         s3_host, s3_port = self._server.get_host_and_port()
