@@ -118,7 +118,7 @@ def test_gc_cli_reports_bytes_per_job_human_and_json(tmp_path):
     assert kept["deleted_jobs"] == [] and kept["deleted_bytes"] == 0
     size = kept["kept_job_bytes"][job.id]
     # kept_bytes is every byte the storage holds (the function and index entry too), as `du` counts them
-    assert 300_000 < size < 320_000 and kept["kept_bytes"] == disk_bytes(tmp_path / "store") > size
+    assert 300_000 < size < 360_000 and kept["kept_bytes"] == disk_bytes(tmp_path / "store") > size
     shown = gc_cli(url, "--older-than", "1h", "--dry-run").stdout
     assert shown.split("largest jobs in storage:")[1].split() == [job.id[:12], f"{size / 1024:.1f}", "KB", "kept"]
 
@@ -137,8 +137,10 @@ def test_gc_cli_reports_bytes_per_job_human_and_json(tmp_path):
 
 
 def disk_bytes(root) -> int:
-    """The bytes of every file under ``root``, as ``du --apparent-size`` counts them."""
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
+    """The bytes allocated to every file and folder under ``root`` (not ``root`` itself), as ``du``
+    counts them: whole blocks, not the files' lengths."""
+    return sum(os.stat(os.path.join(d, name)).st_blocks * 512
+               for d, folders, files in os.walk(root) for name in (*folders, *files))
 
 
 def store_keys(url: str, prefix: str) -> list[str]:
@@ -251,6 +253,7 @@ def test_gc_collects_temporary_files_of_killed_writers_and_counts_bytes_on_disk(
     gone.wait()  # a writer that has exited, as one killed mid-write
     killed = folder / keys.temp_name(gone.pid, 1, 1)
     killed.write_bytes(b"x" * 5000)
+    killed_bytes = killed.stat().st_blocks * 512  # whole blocks: 8 KiB on ext4
     writing = folder / keys.temp_name(os.getpid(), 1, 2)  # this process's: a writer still at work
     writing.write_bytes(b"y" * 3000)
     minute_ago = time.time() - 60
@@ -258,10 +261,10 @@ def test_gc_collects_temporary_files_of_killed_writers_and_counts_bytes_on_disk(
         os.utime(path, (minute_ago, minute_ago))
     on_disk = disk_bytes(root)
     shown = gc_cli(url, "--older-than", "30s", "--dry-run").stdout
-    assert "would delete 1 temporary file(s) of killed writers, 4.9 KB" in shown, shown
+    assert f"would delete 1 temporary file(s) of killed writers, {killed_bytes / 1024:.1f} KB" in shown, shown
 
     report = gc_since(store, time.time() - 30)  # the job, created since, is kept
-    assert report["deleted_jobs"] == [] and report["deleted_temporary_bytes"] == 5000
+    assert report["deleted_jobs"] == [] and report["deleted_temporary_bytes"] == killed_bytes
     assert report["deleted_temporary"] == [f"jobs/{job.id}/out/{killed.name}"]
     assert not killed.exists() and writing.exists()
-    assert report["kept_bytes"] == disk_bytes(root) == on_disk - 5000
+    assert report["kept_bytes"] == disk_bytes(root) == on_disk - killed_bytes

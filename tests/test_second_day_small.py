@@ -75,3 +75,35 @@ def test_every_fnmap_variable_fnmap_reads_is_known_so_none_is_warned_about(monke
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         resolve()
+
+
+# -- what a job takes on disk --------------------------------------------------------------------
+
+
+def _du(root) -> int:
+    """What ``du`` counts under ``root`` (not ``root`` itself): the blocks of every file and folder."""
+    return sum(os.stat(os.path.join(folder, name)).st_blocks * 512
+               for folder, folders, files in os.walk(root) for name in (*folders, *files))
+
+
+def test_gc_counts_what_a_one_item_per_call_job_takes_on_disk_and_frees_it_all(tmp_path):
+    """A job of one-item calls writes two small files per call in 32 folders: its lengths add up to
+    a fraction of its blocks.  gc reports the blocks, and leaves no empty folder of it behind."""
+    from fnmap.observe import gc
+    from fnmap.runtime import keys
+    from fnmap.storage import open_store
+
+    root = tmp_path / "store"
+    store = open_store(root.as_uri())
+    job = fnmap.map(abs, range(-60, 0), chunksize=1, storage=store.url, return_job=True)
+    assert job.results() == list(range(60, 0, -1))
+    lengths = sum(size for _key, size, _mtime in store.list_details(keys.job_prefix(job.id)))
+    before = _du(root)
+
+    kept = gc.collect_garbage(store, older_than=3600)
+    assert kept["kept_bytes"] == before
+    assert kept["kept_job_bytes"][job.id] > 4 * lengths  # 120 files of under 400 bytes, a block each
+    done = gc.collect_garbage(store, older_than=0)
+    assert done["deleted_jobs"] == [job.id] and done["deleted_job_bytes"][job.id] == kept["kept_job_bytes"][job.id]
+    assert done["kept_bytes"] == _du(root) == before - done["deleted_bytes"]
+    assert not (root / "jobs" / job.id).exists()  # its folders went with its files

@@ -5,8 +5,9 @@ status record).  An old job is kept whole while it may still run: its lease
 (:func:`fnmap.runtime.keys.lease_key`) has not expired, or it has no final record and neither an
 expired lease nor a client known to be gone says it stopped.  Shared objects (function pickles,
 content-addressed inputs) go once no kept job names them and no kept job is running.  The file
-store's temporary files left by killed writers (``.tmp-*``) go too.  Every byte is counted from
-the store's own listing: what is deleted and what is left add up to what the storage holds.
+store's temporary files left by killed writers (``.tmp-*``) go too, and the folders of the jobs
+deleted.  Every byte is counted as the storage holds it (a file store's blocks and folders, as
+``du`` counts them, not the files' lengths): what is deleted and what is left add up to it.
 """
 
 from __future__ import annotations
@@ -37,14 +38,30 @@ def parse_age(text: str) -> float:
 
 
 class _Listing:
-    """Every object of the store, once: by job, the shared ones, the index entries, the rest."""
+    """Every object of the store, once: by job, the shared ones, the index entries, the rest.
+
+    Sizes are what the storage holds: an object's length on S3, the blocks a file takes on a file
+    store, with its folders (:meth:`fnmap.storage.file.FileStore.disk_usage`), as ``du`` counts them.
+    A job of one-item calls writes two small files per call (a 64-byte result, a status record),
+    so its lengths add up to a tenth of what it takes on disk."""
 
     def __init__(self, store):
         self.by_job: dict[str, dict[str, int]] = {}
         self.shared: list[tuple[str, int, float]] = []
         self.sizes: dict[str, int] = {}
-        for key, size, modified in store.list_details(""):
-            self.sizes[key] = size
+        #: Bytes of each job's folders, and of the other folders (file store only).
+        self.job_folders: dict[str, int] = {}
+        self.other_folders = 0
+        usage = getattr(store, "disk_usage", None)  # only a file store allocates blocks and folders
+        allocated, folders = usage() if usage is not None else ({}, {})
+        for folder, size in folders.items():
+            job_id = keys.job_of(folder)
+            if job_id is not None:
+                self.job_folders[job_id] = self.job_folders.get(job_id, 0) + size
+            else:
+                self.other_folders += size
+        for key, length, modified in store.list_details(""):
+            size = self.sizes[key] = allocated.get(key, length)
             job_id = keys.job_of(key)
             if job_id is not None:
                 self.by_job.setdefault(job_id, {})[key] = size
@@ -52,7 +69,11 @@ class _Listing:
                 self.shared.append((key, size, modified))
 
     def job_bytes(self, job_id: str) -> int:
-        return sum(self.by_job.get(job_id, {}).values())
+        return sum(self.by_job.get(job_id, {}).values()) + self.job_folders.get(job_id, 0)
+
+    def total(self) -> int:
+        """Every byte the storage holds for what was listed (temporary files aside)."""
+        return sum(self.sizes.values()) + sum(self.job_folders.values()) + self.other_folders
 
 
 def collect_garbage(store, older_than: float, dry_run: bool = False, now: float | None = None) -> dict:
@@ -82,8 +103,12 @@ def collect_garbage(store, older_than: float, dry_run: bool = False, now: float 
     if not dry_run:
         store.delete(everything)
         store.delete([key for key, _ in temporary])
-    deleted_bytes = sum(listing.sizes.get(key, 0) for key in everything) + sum(size for _, size in temporary)
-    total = sum(listing.sizes.values()) + sum(size for _, size, _ in temporaries)
+        prune = getattr(store, "remove_empty_folders", None)  # a file store's folders take blocks too
+        for job_id in old if prune is not None else ():
+            prune(keys.job_prefix(job_id))
+    deleted_bytes = (sum(listing.sizes.get(key, 0) for key in everything) + sum(size for _, size in temporary)
+                     + sum(listing.job_folders.get(job_id, 0) for job_id in old))
+    total = listing.total() + sum(size for _, size, _ in temporaries)
     return {
         "deleted_jobs": old,
         "deleted_job_bytes": {job_id: listing.job_bytes(job_id) for job_id in old},
@@ -94,7 +119,8 @@ def collect_garbage(store, older_than: float, dry_run: bool = False, now: float 
         "deleted_temporary": [key for key, _ in temporary],
         "deleted_temporary_bytes": sum(size for _, size in temporary),
         "kept_jobs": len(kept) + len(live),
-        # every byte left in storage (jobs, index, shared objects, temporary files): what `du` shows
+        # every byte left in storage (jobs, index, shared objects, temporary files, a file store's
+        # folders): what `du` shows of the storage's folders
         "kept_bytes": total - deleted_bytes,
         # what each job left in storage takes (results stay until gc: fnmap.job(ID) reads them again)
         "kept_job_bytes": {job_id: listing.job_bytes(job_id) for job_id in kept + live},

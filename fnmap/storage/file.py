@@ -144,8 +144,8 @@ class FileStore:
         return found
 
     def list_temporary(self) -> list[tuple[str, int, float]]:
-        """``(key, size, modified)`` of every file being written, or left by a writer killed while
-        writing it (:func:`fnmap.runtime.keys.temp_name`): what ``fnmap gc`` collects once stale."""
+        """``(key, bytes on disk, modified)`` of every file being written, or left by a writer killed
+        while writing it (:func:`fnmap.runtime.keys.temp_name`): what ``fnmap gc`` collects once stale."""
         found = []
         for dirpath, _dirnames, filenames in os.walk(self.root):
             rel = os.path.relpath(dirpath, self.root)
@@ -156,8 +156,46 @@ class FileStore:
                         st = os.stat(os.path.join(dirpath, name))
                     except FileNotFoundError:  # renamed into place meanwhile
                         continue
-                    found.append((rel + name, st.st_size, st.st_mtime))
+                    found.append((rel + name, _allocated(st), st.st_mtime))
         return sorted(found)
+
+    def disk_usage(self) -> tuple[dict[str, int], dict[str, int]]:
+        """What the file system holds for the store, as ``du`` counts it: the bytes allocated to each
+        key, and to each folder below the root (``"jobs/<id>/out/3/"``).  A key takes whole blocks,
+        so a job of many small results takes far more than their lengths add up to (a 64-byte
+        result and its 344-byte status record take 4 KiB each on ext4).  Temporary files are
+        :meth:`list_temporary`'s."""
+        files: dict[str, int] = {}
+        folders: dict[str, int] = {}
+        for dirpath, _dirnames, filenames in os.walk(self.root):
+            rel = os.path.relpath(dirpath, self.root)
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            if rel:
+                try:
+                    folders[rel] = _allocated(os.stat(dirpath))
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+            for name in filenames:
+                if key_layout.is_temporary(name):
+                    continue
+                try:
+                    files[rel + name] = _allocated(os.stat(os.path.join(dirpath, name)))
+                except FileNotFoundError:  # deleted since it was listed
+                    continue
+        return files, folders
+
+    def remove_empty_folders(self, prefix: str) -> None:
+        """Remove the folders under ``prefix`` (a folder key, ``"jobs/<id>/"``) left empty once its
+        keys are deleted, deepest first, the prefix's own folder too: each takes a block of its own
+        (``fnmap gc`` of a job of 16 call shards left 40 empty folders).  A folder something was
+        written to meanwhile stays."""
+        _check_key(prefix.rstrip("/"))
+        top = self._path(prefix.rstrip("/"))
+        for dirpath, _dirnames, _filenames in os.walk(top, topdown=False):
+            try:
+                os.rmdir(dirpath)
+            except OSError:  # not empty (or gone): it stays
+                pass
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:
@@ -165,3 +203,10 @@ class FileStore:
                 os.unlink(self._path(key))
             except FileNotFoundError:
                 pass
+
+
+def _allocated(st: os.stat_result) -> int:
+    """The bytes the file system allocated for a file or folder (its blocks), or its length where
+    the platform does not say (Windows)."""
+    blocks = getattr(st, "st_blocks", None)
+    return blocks * 512 if blocks is not None else st.st_size
