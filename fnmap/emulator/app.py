@@ -71,6 +71,11 @@ _ENDINGS = {
 }
 
 
+#: The answer to a request naming a session this emulator does not have (its client's socket closed,
+#: or another emulator made it): the client attaches again.
+_SESSION_GONE = (410, b"no such client session on this emulator: attach again", {})
+
+
 def _answer(outcome: str, status: int, out: bytes, info: dict, timeout: float | None) -> tuple[int, bytes, dict]:
     ending = _ENDINGS.get(outcome)
     if ending is None:
@@ -90,6 +95,8 @@ class _Accepted:
     key: tuple | None
     stopper: Stopper
     unwatch: object
+    pool: WorkerPool
+    session: object  # the client's sessions.Session, or None (the emulator's own workers)
 
 
 class Emulator:
@@ -124,22 +131,36 @@ class Emulator:
         self.stopping = threading.Event()
         #: Stop a call whose client hung up before its answer (``--stop-on-hangup``).
         self.stop_on_hangup = False
+        #: The client sessions of a shared emulator (:class:`.sessions.Sessions`), or None.
+        self.sessions = None
 
-    def execute(self, body: bytes, signature: str | None) -> tuple[int, bytes, dict]:
-        call = self._accept(body, signature)
+    def _pool_for(self, token: str | None):
+        """``(pool, session)`` for a request's session token; ``(None, None)`` when it names none here."""
+        if not token:
+            return self.pool, None
+        session = self.sessions.get(token) if self.sessions is not None else None
+        if session is None:
+            return None, None
+        return session.pool, session
+
+    def execute(self, body: bytes, signature: str | None, session: str | None = None) -> tuple[int, bytes, dict]:
+        pool, owner = self._pool_for(session)
+        if pool is None:
+            return _SESSION_GONE
+        call = self._accept(body, signature, pool, owner)
         if not isinstance(call, _Accepted):
             return call  # refused
         return self._run_accepted(call, body, signature)
 
     def _run_accepted(self, call: _Accepted, body: bytes, signature: str | None) -> tuple[int, bytes, dict]:
         try:
-            result = self._run(body, signature, call.timeout, call.fate, call.stopper, call.memory)
+            result = self._run(call.pool, body, signature, call.timeout, call.fate, call.stopper, call.memory)
         except BaseException:
             self._release(call, "error")
             raise
         return self._answered(call, *result)
 
-    def execute_many(self, data: bytes) -> tuple[int, bytes, dict]:
+    def execute_many(self, data: bytes, session: str | None = None) -> tuple[int, bytes, dict]:
         """``POST /invoke-many``: several invocations (:mod:`fnmap.runtime.batch_frames`), each
         verified and answered exactly as ``POST /invoke`` would; their answers in one body.
 
@@ -152,17 +173,20 @@ class Emulator:
         if self.faults.active or not self.workers_trust_front:  # active: --max-concurrency too
             return 404, (b"this emulator takes one call a request (it injects faults, or its workers "
                          b"verify every call): POST /invoke"), {}
+        pool, owner = self._pool_for(session)
+        if pool is None:
+            return _SESSION_GONE
         try:
             calls = unpack_calls(data)
         except ValueError as e:
             return 400, f"malformed batch of invocations: {e}".encode(), {}
-        return 200, pack_answers(self._execute_plain(calls)), {}
+        return 200, pack_answers(self._execute_plain(calls, pool, owner)), {}
 
-    def _execute_plain(self, calls: list) -> list[tuple[int, bytes, dict]]:
+    def _execute_plain(self, calls: list, pool: WorkerPool, owner) -> list[tuple[int, bytes, dict]]:
         answers: list = [None] * len(calls)
         together: list[tuple[int, _Accepted, str | None, bytes]] = []
         for index, (signature, body) in enumerate(calls):
-            call = self._accept(body, signature)
+            call = self._accept(body, signature, pool, owner)
             if not isinstance(call, _Accepted):
                 answers[index] = call
             elif call.timeout is None and call.memory is None:
@@ -171,7 +195,7 @@ class Emulator:
                 answers[index] = self._run_accepted(call, body, signature)
         if together:
             try:
-                results = self.pool.execute_many(
+                results = pool.execute_many(
                     [(signature, body, call.stopper) for _, call, signature, body in together], verified=True)
             except BaseException:
                 for _, call, _, _ in together:
@@ -181,7 +205,8 @@ class Emulator:
                 answers[index] = self._answered(call, *result)
         return answers
 
-    def _accept(self, body: bytes, signature: str | None) -> _Accepted | tuple[int, bytes, dict]:
+    def _accept(self, body: bytes, signature: str | None, pool: WorkerPool,
+                session) -> _Accepted | tuple[int, bytes, dict]:
         """Check and admit one invocation: what it needs to run, or the answer that refuses it."""
         header, timeout, memory = _read_header(body)
         # Authenticated before any fault is injected or any worker touched (issue 26).  This check
@@ -221,11 +246,15 @@ class Emulator:
         if fate is not None and fate.labels:
             self.injected.update(fate.labels)
             record["faults"] = fate.labels
-        return _Accepted(timeout, memory, fate, record, key, stopper, unwatch)
+        if session is not None:
+            self.sessions.call_started(session, record["job_id"])
+        return _Accepted(timeout, memory, fate, record, key, stopper, unwatch, pool, session)
 
     def _release(self, call: _Accepted, outcome: str) -> None:
         if call.unwatch is not None:
             call.unwatch()
+        if call.session is not None:
+            self.sessions.call_ended(call.session, call.record["job_id"])
         self._done(call.key, call.stopper, outcome)
 
     def _answered(self, call: _Accepted, outcome: str, status: int, out: bytes, info: dict) -> tuple[int, bytes, dict]:
@@ -256,24 +285,24 @@ class Emulator:
             if key is not None and self._running.get(key) is stopper:
                 del self._running[key]
 
-    def _run(self, body: bytes, signature: str | None, timeout: float | None, fate, stopper: Stopper,
-             memory: int | None = None):
+    def _run(self, pool: WorkerPool, body: bytes, signature: str | None, timeout: float | None, fate,
+             stopper: Stopper, memory: int | None = None):
         """Apply the planned faults around the pool's execution of one request."""
         plan = self.faults
         if plan.latency_ms:
             self.stopping.wait(plan.latency_ms / 1000.0)
         verified = self.workers_trust_front  # execute() verified the signature with the workers' secret
         if fate is None:
-            return self.pool.execute(signature, body, timeout, stopper=stopper, memory=memory, verified=verified)
+            return pool.execute(signature, body, timeout, stopper=stopper, memory=memory, verified=verified)
         if fate.fail:
             return "failed", 500, b"", {}
         if fate.drop:
             # Hold the request past any client's patience; the client declares the call lost.
             self._hold((timeout or 0.0) + DROP_HOLD_SECONDS, stopper)
             return "dropped", 504, b"", {}
-        if fate.straggle and self._hold(plan.straggler_delay(self.pool.typical_seconds), stopper):
+        if fate.straggle and self._hold(plan.straggler_delay(pool.typical_seconds), stopper):
             return "stopped", 0, b"", {}
-        return self.pool.execute(signature, body, timeout, kill_at=fate.kill_at, cold_start=plan.cold_start_ms / 1000.0,
+        return pool.execute(signature, body, timeout, kill_at=fate.kill_at, cold_start=plan.cold_start_ms / 1000.0,
                                  stopper=stopper, memory=memory, verified=verified)
 
     def _hold(self, seconds: float, stopper: Stopper) -> bool:
@@ -343,6 +372,7 @@ class Emulator:
             "faults": self.faults.options(),
             "injected": dict(self.injected),
             "uptime": time.time() - self.started,
+            "sessions": len(self.sessions) if self.sessions is not None else 0,
         }
 
 

@@ -108,10 +108,10 @@ class WorkerProcess:
     fork server is single-threaded, unlike the emulator, so forking it is safe.
     """
 
-    def __init__(self, env: dict | None = None):
+    def __init__(self, env: dict | None = None, client: dict | None = None):
         ctx = _context()
         self._conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=serve, args=(child, env), name="fnmap-worker", daemon=True)
+        self.proc = ctx.Process(target=serve, args=(child, env, client), name="fnmap-worker", daemon=True)
         self.proc.start()
         child.close()
         self.pid = self.proc.pid
@@ -222,10 +222,21 @@ def _context():
             ctx = multiprocessing.get_context("forkserver")
             # The cipher that checks a GMAC-named input (fnmap.runtime.input_mac) too: about 20 ms to
             # import, once here rather than in every worker at its first such input.
-            ctx.set_forkserver_preload(["fnmap.emulator.process", "cryptography.hazmat.primitives.ciphers",
-                                        "cryptography.exceptions"])
+            # The worker routine too: a shared emulator forks a client's workers when it attaches, and
+            # each would otherwise import it first (25 ms of a fresh script's first map).
+            ctx.set_forkserver_preload(["fnmap.emulator.process", "fnmap.runtime.worker",
+                                        "fnmap.runtime.batch_frames", "fnmap.runtime.heap",
+                                        "cryptography.hazmat.primitives.ciphers", "cryptography.exceptions"])
             _ctx = ctx
         return _ctx
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, so that the first pool's workers do not wait for it."""
+    from multiprocessing import forkserver
+
+    _context()
+    forkserver.ensure_running()
 
 
 class _IdleStack:
@@ -261,12 +272,35 @@ class _IdleStack:
             return self._items.pop()
 
 
-class WorkerPool:
-    """``size`` warm processes; ``execute`` runs one invocation on an idle one."""
+class PassedFd:
+    """A file descriptor handed to a worker through the fork server (``SCM_RIGHTS``, as
+    :mod:`multiprocessing` hands a pipe): the worker gets its own copy in :attr:`fd`."""
 
-    def __init__(self, size: int, env: dict | None = None):
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return _passed_fd, (reduction.DupFd(self.fd),)
+
+
+def _passed_fd(dup) -> PassedFd:
+    return PassedFd(dup.detach())
+
+
+class WorkerPool:
+    """``size`` warm processes; ``execute`` runs one invocation on an idle one.
+
+    ``env``: the workers' environment (None: the emulator's).  ``client``: what makes the workers
+    a client's own (:func:`fnmap.emulator.process.serve`; its ``stderr`` a :class:`PassedFd`).
+    ``start=False``: no process starts before the first call (a pool that may never be used)."""
+
+    def __init__(self, size: int, env: dict | None = None, client: dict | None = None, start: bool = True):
         self.size = size
         self.env = env
+        self.client = client
+        self._started = False
         self._idle = _IdleStack()  # LIFO keeps the warmest busy
         self._all: set[WorkerProcess] = set()
         self._lock = threading.Lock()
@@ -277,7 +311,16 @@ class WorkerPool:
         self.out_of_memory = 0
         #: Moving average of how long a call takes in a worker (fault injection scales with it).
         self.typical_seconds = 0.01
-        for _ in range(size):
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the workers (once; a pool made with ``start=False`` starts at its first call)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        for _ in range(self.size):
             self._add()
 
     def _add(self, ready_first: bool = False) -> None:
@@ -287,7 +330,7 @@ class WorkerPool:
         with self._lock:
             if self._closed:
                 return
-            worker = WorkerProcess(self.env)
+            worker = WorkerProcess(self.env, self.client)
             self._all.add(worker)
         if ready_first:
             # A replacement joins the idle workers once it has started: the idle queue is LIFO,
@@ -324,6 +367,8 @@ class WorkerPool:
         """
         if stopper is not None and stopper.requested:  # stopped before any worker got it: run nowhere
             return "stopped", 0, b"", {}
+        if not self._started:
+            self.start()
         worker = self._idle.get()
         info = {"pid": worker.pid, "cold": worker.calls == 0}
         if stopper is not None and not stopper.attach(worker):  # stopped while it waited for a worker
@@ -361,6 +406,8 @@ class WorkerPool:
         """Hand ``calls`` to one idle worker; the results of those it got to (one at least)."""
         if calls[0][2].requested:  # stopped before any worker got it (its client hung up): run nowhere
             return [("stopped", 0, b"", {})]
+        if not self._started:
+            self.start()
         worker = self._idle.get()
         results = []
         try:

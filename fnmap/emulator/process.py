@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import struct
 
+from . import fresh_imports  # imported in the fork server: its snapshot of the .pth files
+
 _LEN = struct.Struct(">I")
 #: A request to a worker: flags and the signature's length, then the signature and the body.
 REQUEST_HEAD = struct.Struct(">BI")
@@ -61,12 +63,18 @@ def read_message(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def serve(conn, env: dict | None) -> None:
+def serve(conn, env: dict | None, client: dict | None = None) -> None:
     """Main of a forked worker (see :class:`fnmap.emulator.pool.WorkerProcess`): the same loop over
-    a :mod:`multiprocessing` connection, one message per frame.  End of the pipe ends it."""
+    a :mod:`multiprocessing` connection, one message per frame.  End of the pipe ends it.
+
+    ``client``: the client process this worker serves alone (:mod:`.sessions`), as the client
+    would have started it: its working folder, its stderr (``live`` output reaches the client's
+    terminal or notebook cell) and the import path its interpreter would have."""
     if env is not None:
         os.environ.clear()
         os.environ.update(env)
+    if client is not None:
+        _become_clients(client)
     os.dup2(2, 1)  # user prints go to stderr
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -103,3 +111,28 @@ def serve(conn, env: dict | None) -> None:
             write_message(fd, _LEN.pack(status), out)
     except (EOFError, OSError):  # the emulator closed the pipe, or died: nothing left to serve
         return
+
+
+def _become_clients(client: dict) -> None:
+    """Take the client's folder, stderr and import path (see :func:`serve`).
+
+    The fork server this process came from imported only fnmap and the standard library, and may
+    be older than packages installed since: the ``.pth`` files added since it started are read
+    (an editable install's finder or folder) and the import system forgets what it listed of the
+    folders on the path, so a package installed a moment ago is found."""
+    import importlib
+    import sys
+
+    stderr = client.get("stderr")
+    if stderr is not None:
+        os.dup2(stderr.fd, 2)
+        os.close(stderr.fd)
+    try:
+        os.chdir(client["cwd"])
+    except (OSError, KeyError, TypeError):
+        pass  # the folder is gone: the call runs where the emulator runs, as a fresh shell would
+    dropped = set(client.get("drop", ()))  # the emulator's own PYTHONPATH, which the client has not
+    sys.path[:] = [p for p in sys.path if p not in dropped]
+    sys.path[1:1] = [p for p in client.get("pythonpath", ()) if p not in sys.path]
+    fresh_imports.read_new_pth_files()
+    importlib.invalidate_caches()

@@ -46,7 +46,9 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     _warn_if_exposed(host)
     limits = limits or TimeLimits()
     limit_blas_threads(env, workers)
-    pool = _start_pool_while(workers, env, _import_app)
+    # Shared (a state file): its clients' calls run on workers of their own (.sessions); its own
+    # pool serves the rest (the Lambda API, a client that names its URL) and starts when first used.
+    pool = _start_pool_while(workers, env, _import_app, start=not state_file)
     emulator, app = _emulator_app(pool, faults, credentials, lambda_runtime, scaling_rate)
     emulator.stop_on_hangup = stop_on_hangup
     activity = _Activity(app)
@@ -62,7 +64,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     if on_listening is not None:
         on_listening(url)
     if state_file:
-        shared.write_state(state_file, url, workers)
+        emulator.sessions = _sessions(state_file, emulator, env, workers, url, activity, idle_exit)
+        shared.write_state(state_file, url, workers, emulator.sessions.path)
     print(f"fnmap emulator listening on {url} with {workers} workers", flush=True)
     if emulator.faults.active:
         print(f"fnmap emulator: injecting faults: {' '.join(emulator.faults.options())}", flush=True)
@@ -74,6 +77,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
         emulator.stopping.set()
         server.close()
         serving.join(timeout=10)
+        if emulator.sessions is not None:
+            emulator.sessions.close()
         pool.close()
         # A log record, not a print: an embedded emulator stops with every script that used it, and
         # said so on that script's stderr (`fnmap emulator` in a terminal shows INFO records).
@@ -173,18 +178,45 @@ def _import_app() -> None:
     from . import app  # noqa: F401 - Flask and the app: about 0.2 s of imports
 
 
-def _start_pool_while(workers: int, env: dict, work) -> WorkerPool:
+def _sessions(state_file: str, emulator, env: dict, workers: int, url: str, activity, idle_exit):
+    """The client sessions of a shared emulator, on a socket beside its state file."""
+    from .sessions import Sessions, tree_memory
+
+    def env_for(client_env: dict) -> dict:
+        client_env[SECRET_ENV] = env[SECRET_ENV]  # the workers check calls with the emulator's secret
+        limit_blas_threads(client_env, workers)
+        return client_env
+
+    def describe() -> dict:
+        idle = activity.idle_for()
+        return {"pid": os.getpid(), "url": url, "python": sys.executable, "version": sys.version.split()[0],
+                "workers": workers, "in_flight": emulator.in_flight, "served": emulator.served,
+                "memory": tree_memory(os.getpid()), "started": emulator.started,
+                "idle_exit": idle_exit, "idle_left": max(0.0, idle_exit - idle) if idle_exit else None}
+
+    def make_pool(client_env: dict, client: dict) -> WorkerPool:
+        return WorkerPool(workers, env=client_env, client=client, start=False)
+
+    return Sessions(os.path.dirname(state_file), make_pool, env_for, describe)
+
+
+def _start_pool_while(workers: int, env: dict, work, start: bool = True) -> WorkerPool:
     """Start the worker pool (a fork server and its children, mostly waiting on their imports)
-    while this process does ``work``: the emulator is ready about 0.2 s sooner on a cold start."""
+    while this process does ``work``: the emulator is ready about 0.2 s sooner on a cold start.
+    ``start=False``: only the fork server starts; the pool's workers wait for its first call."""
     box: dict = {}
 
-    def start():
+    def start_pool():
         try:
-            box["pool"] = WorkerPool(workers, env=env)
+            box["pool"] = WorkerPool(workers, env=env, start=start)
+            if not start:
+                from .pool import start_fork_server
+
+                start_fork_server()
         except BaseException as e:  # noqa: B036 - re-raised in the caller's thread
             box["error"] = e
 
-    thread = threading.Thread(target=start, name="fnmap-emulator-pool-start")
+    thread = threading.Thread(target=start_pool, name="fnmap-emulator-pool-start")
     thread.start()
     try:
         work()

@@ -3,18 +3,26 @@
 Starting an emulator costs a new interpreter, its imports and its workers' (0.6 s or more here);
 a script run again, or a notebook kernel restarted, would pay it every time.  So the emulator
 ``fnmap.map`` starts by itself stays up after its starter exits, and later processes of the same
-user with the same settings attach to it.  It stops by itself once it has served no request for
-``emulator_idle`` seconds (300 by default), or at ``fnmap emulator stop``; whoever starts one is
-told so on stderr, with its pid and log.
+user, interpreter and fnmap attach to it.  Each attached process gets workers of its own, forked
+from the emulator's warm fork server and ended when the process ends (:mod:`.sessions`): they
+import its current code, run in its folder with its environment, and print ``live`` output on its
+stderr, so a run computes and shows what it would with an emulator of its own.
+
+It stops by itself once it has served no request for ``emulator_idle`` seconds (300 by default),
+or at ``fnmap emulator stop``, which refuses while another process has calls in flight on it
+(``--force`` stops it anyway).  A client whose emulator is gone (stopped, killed, crashed) starts
+or finds another and sends its unfinished calls again (:mod:`fnmap.backends.emulator`).  Whoever
+starts one is told so on stderr when a person reads it (a terminal, a notebook); a program that
+checks its own stderr gets a log record instead.
 
 Where and how it is found: a folder per user (``$XDG_RUNTIME_DIR/fnmap``, else
 ``~/.cache/fnmap/run``; mode 0700, refused when others can write it), with a sub-folder per
-*identity*: a hash of what the emulator's workers inherit or need (the interpreter, fnmap's own
-code, the working folder, the environment but for variables that differ between shells, the
-worker count, the extra options and the secret's fingerprint).  A process whose identity
-differs gets an emulator of its own, so no worker ever runs with another process's settings.
-In that folder ``emulator.json`` (the URL and pid, written once it listens) and ``emulator.log``
-(its output); an exclusive ``flock`` on ``lock`` makes concurrent starters start one emulator.
+*identity*: a hash of what the emulator itself is (the interpreter, fnmap's own code, the worker
+count, the extra options, the idle time and the secret's fingerprint) — not the folder or the
+environment of whoever started it, which each client's workers take from their own client.
+In that folder ``emulator.json`` (the URL and pid, written once it listens), ``emulator.log``
+(its output), ``sessions.sock`` (where clients attach); an exclusive ``flock`` on ``lock`` makes
+concurrent starters start one emulator.
 
 Trust: the emulator listens on loopback TCP as the per-process one does, and every route that
 runs code checks a signature made with the user's secret (:func:`fnmap.runtime.signing.local_secret`,
@@ -38,14 +46,9 @@ from ..errors import FnmapError
 DEFAULT_IDLE = 300.0
 STATE_FILE = "emulator.json"
 LOG_FILE = "emulator.log"
-#: Variables that differ between two shells or kernels of one user without changing what a
-#: worker does; every other variable is part of the identity.
-VOLATILE_VARIABLES = frozenset({
-    "_", "OLDPWD", "PWD", "SHLVL", "PS1", "PS2", "COLUMNS", "LINES", "TERM_SESSION_ID", "WINDOWID",
-    "JPY_PARENT_PID", "JPY_SESSION_NAME", "PYTEST_CURRENT_TEST", "SSH_TTY", "SSH_CLIENT", "SSH_CONNECTION",
-    "XDG_SESSION_ID", "INVOCATION_ID", "SECURITYSESSIONID",
-})
 STARTUP_TIMEOUT = 60.0
+#: Tries to attach to an emulator that stops (idle) between being found and being attached to.
+ATTACH_TRIES = 3
 
 
 def supported() -> bool:
@@ -87,10 +90,9 @@ def state_root() -> str:
 
 def identity(workers: int, options: str, secret: str, idle: float) -> str:
     """The hash that names the emulator these settings may share (see the module's docstring)."""
-    environment = sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE_VARIABLES)
     facts = {
-        "python": sys.executable, "version": sys.version, "code": _code_fingerprint(), "cwd": os.getcwd(),
-        "env": environment, "workers": workers, "options": options, "idle": idle,
+        "python": sys.executable, "version": sys.version, "code": _code_fingerprint(),
+        "workers": workers, "options": options, "idle": idle,
         "secret": hashlib.sha256(secret.encode()).hexdigest(),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]
@@ -118,26 +120,40 @@ class SharedEmulator:
     """A handle on the shared emulator of one identity: attached to, or started and then attached to.
 
     ``url``, ``secret``, ``workers`` and ``pid`` as for :class:`.launcher.EmulatorLauncher`;
+    ``session`` is this process's :class:`.sessions.ClientSession` on it (its calls name it).
     :meth:`alive` is False once it stopped (idle, ``fnmap emulator stop``, killed), and a new
     handle then starts another.
     """
 
     def __init__(self, workers: int, options: str, secret: str, idle: float):
+        from .sessions import ClientSession
+
         self.workers, self.secret = workers, secret
         self.folder = os.path.join(state_root(), identity(workers, options, secret, idle))
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
         self.started = False
-        with _locked(self.folder):
-            state = read_state(self.folder)
-            if state is None or not _listening(state["url"]):  # a pid reused after a SIGKILL
-                state = self._start(options, idle)
-                self.started = True
+        for attempt in range(ATTACH_TRIES):
+            with _locked(self.folder):
+                state = read_state(self.folder)
+                if state is None or not _listening(state["url"]):  # a pid reused after a SIGKILL
+                    state = self._start(options, idle)
+                    self.started = True
+            try:
+                self.session = ClientSession(state["socket"])
+                break
+            except (OSError, EOFError, ValueError, KeyError) as e:
+                if attempt == ATTACH_TRIES - 1:
+                    raise FnmapError(f"cannot attach to the shared fnmap emulator ({e!r}; pid {state['pid']}, log "
+                                     f"{os.path.join(self.folder, LOG_FILE)}); stop it with `fnmap emulator "
+                                     "stop --force`, or set FNMAP_EMULATOR_IDLE=0 to give each process its "
+                                     "own") from None
+                time.sleep(0.1)  # it is stopping (idle): the next look starts another
         self.url, self.pid = state["url"], state["pid"]
         if self.started:
-            print(f"fnmap: started an emulator shared by your processes (pid {self.pid}, {workers} workers, "
-                  f"log {os.path.join(self.folder, LOG_FILE)}); it stops after {idle:g} s without requests, "
-                  "or now with `fnmap emulator stop` (FNMAP_EMULATOR_IDLE=0 gives each process its own)",
-                  file=sys.stderr, flush=True)
+            notice(f"fnmap: started an emulator shared by your processes (pid {self.pid}, {workers} workers, "
+                   f"log {os.path.join(self.folder, LOG_FILE)}); it stops after {idle:g} s without requests, "
+                   "or now with `fnmap emulator stop`; `fnmap emulator status` shows what it serves "
+                   "(FNMAP_EMULATOR_IDLE=0 gives each process its own)")
 
     def _start(self, options: str, idle: float) -> dict:
         import shlex
@@ -177,11 +193,37 @@ class SharedEmulator:
         state = read_state(self.folder)
         return state is not None and state["pid"] == self.pid
 
+    def attach(self) -> None:
+        """A new session of this process on the emulator (it ended the last one)."""
+        from .sessions import ClientSession
+
+        self.session.close()
+        self.session = ClientSession(read_state(self.folder)["socket"])
+
     def request_stop(self) -> None:
         """Nothing: a shared emulator outlives the processes that use it."""
 
     def stop(self, timeout: float | None = None) -> int:
+        """Leave the emulator: end this process's session (its workers end), the emulator runs on."""
+        self.session.close()
         return 0
+
+
+def notice(text: str) -> None:
+    """Tell a person (stderr that is a terminal, or a notebook's), else log it: a program that checks
+    its own stderr (CPython's tests of an executor's child processes) must not find it there."""
+    import logging
+
+    stream = sys.stderr
+    to_person = "ipykernel" in sys.modules
+    try:
+        to_person = to_person or (stream is not None and stream.isatty())
+    except (AttributeError, ValueError):
+        pass
+    if to_person:
+        print(text, file=stream, flush=True)
+    else:
+        logging.getLogger("fnmap").info(text)
 
 
 def read_state(folder: str) -> dict | None:
@@ -229,12 +271,13 @@ def _reap_in_background(proc) -> None:
 # -- the emulator's side ------------------------------------------------------------------------
 
 
-def write_state(path: str, url: str, workers: int) -> None:
-    """Say where this emulator listens (atomically: a reader sees all of it or nothing)."""
+def write_state(path: str, url: str, workers: int, socket: str) -> None:
+    """Say where this emulator listens, and where clients attach (``socket``), atomically: a reader
+    sees all of it or nothing."""
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"url": url, "pid": os.getpid(), "workers": workers, "started": time.time()}, f)
+        json.dump({"url": url, "pid": os.getpid(), "workers": workers, "started": time.time(), "socket": socket}, f)
     os.replace(tmp, path)
 
 
@@ -264,17 +307,36 @@ def running() -> list[dict]:
     return found
 
 
-def stop_all(timeout: float = 10.0) -> list[dict]:
-    """Stop every shared emulator of this user (SIGTERM, then waits for each to go); those stopped."""
-    emulators = running()
-    for emu in emulators:
+def status(emu: dict) -> dict:
+    """What a running emulator says of itself (:mod:`.sessions`): ``emu`` with its clients, calls in
+    flight, memory and idle time left; just ``emu`` when it does not answer."""
+    from .sessions import ask
+
+    answer = ask(emu["socket"], {"op": "status"}) if "socket" in emu else None
+    return dict(emu, **answer) if answer else emu
+
+
+def busy_clients(emu: dict) -> list[dict]:
+    """The sessions of ``status(emu)`` of live processes with calls in flight."""
+    return [s for s in emu.get("sessions", ()) if s.get("in_flight") and (s.get("pid") or 0) > 0
+            and _exists(s["pid"])]
+
+
+def stop(force: bool = False, timeout: float = 10.0) -> tuple[list[dict], list[dict]]:
+    """Stop this user's shared emulators (SIGTERM, then waits for each to go), except, unless
+    ``force``, one serving another live process's calls: ``(stopped, refused)``, each with status."""
+    stopped, refused = [], []
+    for emu in running():
+        emu = status(emu)
+        (refused if busy_clients(emu) and not force else stopped).append(emu)
+    for emu in stopped:
         with contextlib.suppress(ProcessLookupError):
             os.kill(emu["pid"], signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    for emu in emulators:
+    for emu in stopped:
         while time.monotonic() < deadline and _exists(emu["pid"]):
             time.sleep(0.05)
-    return emulators
+    return stopped, refused
 
 
 def _exists(pid: int) -> bool:

@@ -2,8 +2,8 @@
 
 ``create_app(execute)`` takes the function that runs one invocation: the
 worker routine in-process for a real function host, or the emulator's pool of
-worker processes.  ``execute(body, signature)`` returns ``(status, body,
-headers)``.
+worker processes.  ``execute(body, signature, session)`` returns ``(status, body,
+headers)``; ``session`` is the request's :data:`SESSION_HEADER` (or None).
 """
 
 from __future__ import annotations
@@ -17,8 +17,13 @@ from .frontdoor import FrontDoor
 from .httpwire import reason_phrase
 from .signing import SIGNATURE_HEADER
 
-Execute = Callable[[bytes, "str | None"], "tuple[int, bytes, dict]"]
-ExecuteMany = Callable[[bytes], "tuple[int, bytes, dict]"]
+Execute = Callable[[bytes, "str | None", "str | None"], "tuple[int, bytes, dict]"]
+ExecuteMany = Callable[[bytes, "str | None"], "tuple[int, bytes, dict]"]
+
+#: Names the client session whose workers run a call on a shared emulator
+#: (:mod:`fnmap.emulator.sessions`); every other host ignores it.
+SESSION_HEADER = "X-Fnmap-Session"
+_SESSION_ENVIRON = "HTTP_" + SESSION_HEADER.upper().replace("-", "_")
 
 #: Requests larger than this are refused before they are read (arguments this big go through storage).
 MAX_BODY_BYTES = 64 << 20
@@ -33,12 +38,14 @@ def create_app(execute: Execute, name: str = "fnmap", execute_many: ExecuteMany 
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
 
     def invoke():
-        return _response(*execute(request.get_data(cache=False), request.headers.get(SIGNATURE_HEADER)))
+        return _response(*execute(request.get_data(cache=False), request.headers.get(SIGNATURE_HEADER),
+                                  request.headers.get(SESSION_HEADER)))
 
     app.add_url_rule("/", "invoke_root", invoke, methods=["POST"])
     app.add_url_rule("/invoke", "invoke", invoke, methods=["POST"])
     if execute_many is not None:
-        app.add_url_rule(MANY_PATH, "invoke_many", lambda: _response(*execute_many(request.get_data(cache=False))),
+        app.add_url_rule(MANY_PATH, "invoke_many", lambda: _response(*execute_many(request.get_data(cache=False),
+                                                                request.headers.get(SESSION_HEADER))),
                          methods=["POST"])
     door = FrontDoor(_InvokeFastPath(app.wsgi_app, execute, execute_many))
     app.wsgi_app = app.extensions["fnmap_front_door"] = door
@@ -73,9 +80,9 @@ class _InvokeFastPath:
             return self.wsgi_app(environ, start_response)
         body = environ["wsgi.input"].read(int(length))
         if path == MANY_PATH:
-            status, out, headers = self.execute_many(body)
+            status, out, headers = self.execute_many(body, environ.get(_SESSION_ENVIRON))
         else:
-            status, out, headers = self.execute(body, environ.get(_SIGNATURE_ENVIRON))
+            status, out, headers = self.execute(body, environ.get(_SIGNATURE_ENVIRON), environ.get(_SESSION_ENVIRON))
         mimetype = "application/octet-stream" if status == 200 else "text/plain; charset=utf-8"
         start_response(f"{status} {reason_phrase(status)}", [
             ("Content-Type", mimetype), ("Content-Length", str(len(out))), *headers.items()])
@@ -89,7 +96,7 @@ def in_process_execute(secret: bytes | None) -> Execute:
     """Run invocations in this process through the worker routine (real function hosts)."""
     from . import worker
 
-    def execute(body: bytes, signature: str | None):
+    def execute(body: bytes, signature: str | None, session: str | None = None):
         status, out = worker.handle(body, signature, secret)
         return status, out, {}
 
