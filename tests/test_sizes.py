@@ -1,10 +1,15 @@
-"""The size rules (issue 22), checked: no function over 60 lines in ``fnmap/``, ``handlers/`` or
-``infra/``, no module of ``fnmap/`` over 500 lines.  (McCabe complexity <= 12 is ruff's ``C901``,
-set in pyproject.toml and run by tests/test_lint.py.)
+"""The size rules, checked: no function over 60 lines in ``fnmap/``, ``handlers/`` or ``infra/``,
+no module of ``fnmap/`` over 1,000 lines.  (McCabe complexity <= 12 is ruff's ``C901``, set in
+pyproject.toml and run by tests/test_lint.py.)
 
-A long function or module is where a reader has to hold the most at once; the rule keeps the
-code reviewable in pieces.  Function length counts from the ``def`` line to the last line of the
+A long function is where a reader has to hold the most at once; the rule keeps the code
+reviewable in pieces.  Function length counts from the ``def`` line to the last line of the
 body, docstring and comments included.
+
+A module is split by concept, not by count: it may be as long as its one concept needs (dask's
+``local.py`` is 649 lines, CPython's ``concurrent/futures/process.py`` 862).  A tight cap made
+modules that are one object in several files, and code moved out only to get under it; 1,000
+lines is where a module almost surely holds two concepts.
 """
 
 from __future__ import annotations
@@ -16,10 +21,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 60
-MAX_MODULE_LINES = 500
+MAX_MODULE_LINES = 1000
 
 #: Files allowed to break the size rules, each with why; each is a strict xfail, so once it is
-#: fixed the entry must go.  Empty since issue 22.
+#: fixed the entry must go.
 ALLOWED_FOR_NOW: dict[str, str] = {}
 
 

@@ -72,17 +72,22 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     try:
         _serve_until(stop_requested, serving, activity, idle_exit, state_file)
     finally:
-        if state_file:
-            shared.withdraw_state(state_file)
-        emulator.stopping.set()
-        server.close()
-        serving.join(timeout=10)
-        if emulator.sessions is not None:
-            emulator.sessions.close()
-        pool.close()
-        # A log record, not a print: an embedded emulator stops with every script that used it, and
-        # said so on that script's stderr (`fnmap emulator` in a terminal shows INFO records).
-        log.info("fnmap emulator stopped")
+        _shut_down(emulator, server, serving, state_file)
+
+
+def _shut_down(emulator, server, serving: threading.Thread, state_file: str | None) -> None:
+    """Stop being found, stop serving, end the clients' workers and the emulator's own."""
+    if state_file:
+        shared.withdraw_state(state_file)
+    emulator.stopping.set()
+    server.close()
+    serving.join(timeout=10)
+    if emulator.sessions is not None:
+        emulator.sessions.close()
+    emulator.pool.close()
+    # A log record, not a print: an embedded emulator stops with every script that used it, and
+    # said so on that script's stderr (`fnmap emulator` in a terminal shows INFO records).
+    log.info("fnmap emulator stopped")
 
 
 def _stop_event(watch_stdin: bool) -> threading.Event:
