@@ -8,13 +8,14 @@ Data in object storage (issue 7): a storage URL, glob or list of URLs as
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import policy, redrive
 from .client import get_client
 from .config import resolve
-from .errors import ConfigError
+from .errors import ConfigError, RemoteTraceback
 from .feed import ChunkFeed
 from .jobs import CallOutcome
 from .observe.progress import make_progress
@@ -25,6 +26,28 @@ from .runtime.wire import MODE_ARGS, MODE_ONE
 REDUCE_FANIN = 64
 
 
+def _remote_error_from_here(func: Callable) -> Callable:
+    """Make an exception an item raised remotely start at the caller's line: the frames it passed
+    through inside fnmap (the job's results, the call's outcomes) are dropped, so a traceback reads
+    the caller's code, then the remote traceback it is chained to, not three fnmap frames between.
+    The one frame left is this wrapper's (pytest hides it, ``__tracebackhide__``; IPython shows the
+    frame an exception was raised in always).
+    fnmap's own errors keep their frames: there they say where fnmap failed."""
+
+    @functools.wraps(func)
+    def from_the_caller(*args, **kwargs):
+        __tracebackhide__ = True  # noqa: F841 (read by IPython's and pytest's traceback printers)
+        try:
+            return func(*args, **kwargs)
+        except Exception as e:
+            if not isinstance(e.__cause__, RemoteTraceback):
+                raise
+            raise e.with_traceback(None) from e.__cause__  # your function's exception: its traceback is above
+
+    return from_the_caller
+
+
+@_remote_error_from_here
 def map(
     func: Callable,
     items: Iterable,
@@ -77,6 +100,7 @@ def map(
     return job.results(return_exceptions=return_exceptions)
 
 
+@_remote_error_from_here
 def starmap(
     func: Callable,
     iterable: Iterable,
@@ -138,11 +162,17 @@ def _stream(func: Callable, items: Iterable, options: dict, ordered: bool, retur
 
 
 def _results_as_they_come(job, ordered: bool, return_exceptions: bool):
+    __tracebackhide__ = True  # noqa: F841 (see _remote_error_from_here)
     finished = True
     try:
         states = _in_order(job) if ordered else _as_completed(job)
         for state in states:
             yield from job.call_results(state, return_exceptions)
+    except Exception as e:
+        finished = False
+        if not isinstance(e.__cause__, RemoteTraceback):
+            raise
+        raise e.with_traceback(None) from e.__cause__  # from the caller's loop, as in map
     except BaseException:
         finished = False
         raise
@@ -279,6 +309,7 @@ def _submit_as_stored(client, job, states: list, pending: list, stores: list) ->
     client.submit(job, ready)
 
 
+@_remote_error_from_here
 def map_reduce(
     map_func: Callable,
     items: Iterable,

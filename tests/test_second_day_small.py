@@ -107,3 +107,59 @@ def test_gc_counts_what_a_one_item_per_call_job_takes_on_disk_and_frees_it_all(t
     assert done["deleted_jobs"] == [job.id] and done["deleted_job_bytes"][job.id] == kept["kept_job_bytes"][job.id]
     assert done["kept_bytes"] == _du(root) == before - done["deleted_bytes"]
     assert not (root / "jobs" / job.id).exists()  # its folders went with its files
+
+
+# -- tracebacks start at the caller's code -----------------------------------------------------
+
+
+def _fails_on_two(x):
+    if x == 2:
+        raise ValueError(f"bad item {x}")
+    return x
+
+
+def _fnmap_frames(exc: BaseException) -> list[str]:
+    """The frames of ``exc``'s own traceback (not the remote one) that lie inside the fnmap package."""
+    import traceback
+
+    package = os.path.dirname(fnmap.__file__) + os.sep
+    return [f"{frame.filename}:{frame.name}" for frame in traceback.extract_tb(exc.__traceback__)
+            if frame.filename.startswith(package)]
+
+
+@pytest.mark.parametrize("run", [
+    lambda: fnmap.map(_fails_on_two, range(4), backend="local"),
+    lambda: fnmap.map(_fails_on_two, range(4)),  # the emulator
+    lambda: fnmap.starmap(_fails_on_two, [(x,) for x in range(4)], backend="local"),
+    lambda: list(fnmap.imap(_fails_on_two, range(4), backend="local")),
+    lambda: fnmap.map_reduce(_fails_on_two, range(4), sum, backend="local"),
+], ids=["map-local", "map-emulator", "starmap", "imap", "map_reduce"])
+def test_a_remote_exception_passes_through_one_fnmap_frame_only(run):
+    with pytest.raises(ValueError, match="bad item 2") as info:
+        run()
+    assert len(_fnmap_frames(info.value)) == 1, _fnmap_frames(info.value)  # the API's raise, not the job's
+    assert "bad item {x}" in str(info.value.__cause__)  # the remote traceback is still there, as the cause
+    assert any("raised remotely by item 2" in note for note in info.value.__notes__)
+
+
+def test_fnmaps_own_errors_keep_their_frames():
+    with pytest.raises(fnmap.ConfigError) as info:
+        fnmap.map(abs, [1], chunksize=0)
+    assert any("config.py" in frame for frame in _fnmap_frames(info.value))
+
+
+def test_a_notebook_traceback_goes_from_the_cell_to_the_remote_error(tmp_path):
+    """In a real Jupyter kernel: after the cell's line, one fnmap frame (where the API raised), not
+    the job's and its calls' (three before)."""
+    from test_notebook import run_cells, text_of
+
+    cells = [
+        "import fnmap",
+        "def parse(x):\n    if x == 2:\n        raise ValueError(f'bad item {x}')\n    return x",
+        "fnmap.map(parse, range(4))",
+    ]
+    shown = text_of(run_cells(cells, tmp_path)[2])
+    local = shown.split("The above exception was the direct cause of the following exception:")[1]
+    assert "raise ValueError(f'bad item {x}')" in shown.split("The above exception")[0], shown  # the remote one
+    assert "Cell In[3], line 1" in local, shown
+    assert "jobs.py" not in local and local.count("fnmap/api.py") == 1, shown
