@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 from collections.abc import Iterable, Iterator
 
 #: Bytes of pickled input an automatically chunked call carries at most (:class:`ChunkSizer`).
@@ -142,7 +143,8 @@ def retry_fault(retryable: bool, charged: int, retries: int) -> bool:
     """Whether a call whose latest attempt hit a platform fault runs again.
 
     ``charged`` counts the call's faults so far that used up a retry (this one
-    included; see :func:`charges_retry`).
+    included; see :func:`charges_retry`).  A call whose worker crashed the same way twice is not
+    retryable (:func:`deterministic_crash`).
     """
     return retryable and charged <= retries
 
@@ -158,6 +160,41 @@ def charges_retry(kind: str, throttle_at_floor: bool) -> bool:
     429 then counts like any other fault and ``retries`` bounds it.
     """
     return kind != "throttled" or throttle_at_floor
+
+
+#: How platforms word the end of a worker that died: the emulator ("killed by signal SIGSEGV",
+#: "exit code 3"), Lambda ("Runtime exited with error: signal: segmentation fault", "exit status 3").
+_CRASH_EXIT = re.compile(r"killed by signal \w+|signal: [a-z][a-z ]*[a-z]|exit (?:code|status) -?\d+")
+
+
+def crash_exit(message: str) -> str | None:
+    """How a crashed worker ended (``"killed by signal SIGSEGV"``, ``"exit code 3"``), as the
+    platform's fault message says; None when it does not say."""
+    found = _CRASH_EXIT.findall(message or "")
+    return found[-1] if found else None
+
+
+def deterministic_crash(exits: list) -> str | None:
+    """The exit a call's worker died with on its last two crashed attempts, when it was the same
+    known one both times (None otherwise): then the call itself crashes its worker.
+
+    ``retries`` is for platform faults, and a worker that died is one, once: a host going away,
+    a worker killed from outside.  A function that crashes its worker the same way twice (a
+    segfault in native code, ``os._exit``) does so on every run, as a bug raises the same
+    exception every time, so a third run would only be paid for; DESIGN.md's rule for user
+    exceptions (not re-run) then holds for it too.
+    """
+    if len(exits) >= 2 and exits[-1] is not None and exits[-1] == exits[-2]:
+        return exits[-1]
+    return None
+
+
+def deterministic_crash_message(exit: str, detail: str) -> str:
+    """Why a call whose function crashed its worker twice the same way fails, with what to do."""
+    return (f"{detail}; the call crashed its worker twice the same way ({exit}), so its function "
+            "crashes it (native code that segfaults, os._exit, a C extension aborting), and it is not "
+            "run again: run the function on these items locally (python -X faulthandler shows where "
+            "native code crashed)")
 
 
 def next_memory_step(steps: tuple, step: int) -> int | None:

@@ -23,7 +23,7 @@ class CallRun:
     __slots__ = (
         "call_id", "first_index", "n_items", "func_key", "payload", "items_key", "future",
         "unwrap", "attempts", "next_attempt", "sent_at", "in_flight", "done", "speculated",
-        "stats", "awaiting", "charged", "claimed", "result", "memory_step", "cancelled",
+        "stats", "awaiting", "charged", "claimed", "result", "memory_step", "cancelled", "crash_exits",
     )
 
     def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap):
@@ -56,6 +56,8 @@ class CallRun:
         self.memory_step = 0
         #: The call ended cancelled (never started, or stopped with its abandoned job): not a failure.
         self.cancelled = False
+        #: How its worker died on each attempt that crashed (:func:`fnmap.policy.crash_exit`), in order.
+        self.crash_exits: list[str | None] = []
 
     def describe(self) -> str:
         last = self.first_index + self.n_items - 1

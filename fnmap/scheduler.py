@@ -20,8 +20,9 @@ The algorithm, in the manner of ``dask.local``:
 3. **Decide.**  Outcomes finish the call, unless another copy finished it first (then they are a
    duplicate and dropped).  A fault is retried if its kind is retryable and the call has retries
    left (:func:`fnmap.policy.retry_fault`; a 429 is not charged while the throttle can still slow
-   down), else the call fails for good; while another copy of the call is still out, that copy
-   decides.  A retry is not a sleeping thread: it goes on a timer heap with its backoff delay,
+   down), else the call fails for good; a call whose worker crashed the same way twice fails
+   then (:func:`fnmap.policy.deterministic_crash`); while another copy of the call is still out,
+   that copy decides.  A retry is not a sleeping thread: it goes on a timer heap with its backoff delay,
    and the monitor sends it when it is due.  Once a call is decided, its attempts still out end
    as ``superseded`` and the platform is asked to stop them.
 4. **Monitor** (:mod:`fnmap.monitor`).  One thread per client wakes for due timers and polls for
@@ -290,11 +291,15 @@ class Scheduler(Dispatch, Monitor):
         climbed = fault.kind == FaultKind.OUT_OF_MEMORY and self._climb_memory(job, state, attempt)
         if charge and not climbed:
             state.charged += 1
+        if fault.kind == FaultKind.CRASHED:
+            state.crash_exits.append(policy.crash_exit(fault.message))
         if state.in_flight > 0 and not final:  # another copy is out: it decides
             return None
+        retryable = fault.retryable and not (fault.kind == FaultKind.CRASHED
+                                             and policy.deterministic_crash(state.crash_exits))
         return not final and not job.run.abandoned and (
             fault.kind == FaultKind.RETRY_ON or climbed
-            or policy.retry_fault(fault.retryable, state.charged, job.config.retries))
+            or policy.retry_fault(retryable, state.charged, job.config.retries))
 
     @staticmethod
     def _final_fault(job, state, attempt: int, fault: PlatformFault) -> PlatformFault:
@@ -306,6 +311,9 @@ class Scheduler(Dispatch, Monitor):
         if fault.kind == FaultKind.OUT_OF_MEMORY:
             return PlatformFault(fault.kind, policy.out_of_memory_message(
                 job.config.memory_steps, state.memory_step, fault.message))
+        crashed_twice = fault.kind == FaultKind.CRASHED and policy.deterministic_crash(state.crash_exits)
+        if crashed_twice:
+            return PlatformFault(fault.kind, policy.deterministic_crash_message(crashed_twice, fault.message))
         return fault
 
     def _climb_memory(self, job, state, attempt: int) -> bool:

@@ -163,3 +163,83 @@ def test_a_notebook_traceback_goes_from_the_cell_to_the_remote_error(tmp_path):
     assert "raise ValueError(f'bad item {x}')" in shown.split("The above exception")[0], shown  # the remote one
     assert "Cell In[3], line 1" in local, shown
     assert "jobs.py" not in local and local.count("fnmap/api.py") == 1, shown
+
+
+# -- a function that crashes its worker ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("message, exit", [
+    ("worker process 812 died while running the call (killed by signal SIGSEGV)", "killed by signal SIGSEGV"),
+    ("worker process 812 died while running the call (exit code 3)", "exit code 3"),
+    ("fnmap: Runtime.ExitError: RequestId: 5b1 Error: Runtime exited with error: signal: segmentation fault",
+     "signal: segmentation fault"),
+    ("fnmap: Runtime.ExitError: Runtime exited with error: exit status 3", "exit status 3"),
+    ("Runtime exited with error: worker process 9 died while running the call (killed by signal SIGABRT)",
+     "killed by signal SIGABRT"),
+    ("worker process 812 died while running the call (exit status unknown)", None),
+    ("Runtime exited without providing a reason", None),
+])
+def test_how_a_crashed_worker_ended_is_read_from_each_platforms_words(message, exit):
+    from fnmap import policy
+
+    assert policy.crash_exit(message) == exit
+
+
+def test_only_the_same_known_exit_twice_in_a_row_is_a_deterministic_crash():
+    from fnmap.policy import deterministic_crash
+
+    assert deterministic_crash(["exit code 3"]) is None  # once: the platform's, maybe
+    assert deterministic_crash(["exit code 3", "exit code 3"]) == "exit code 3"
+    assert deterministic_crash(["killed by signal SIGKILL", "exit code 3"]) is None
+    assert deterministic_crash([None, None]) is None  # the platform did not say how: retried as before
+    assert deterministic_crash(["exit code 3", "killed by signal SIGSEGV", "killed by signal SIGSEGV"])
+
+
+def _crash_in_turn(x, marker, ways):
+    """Crash the worker the ``n``-th way of ``ways`` on the ``n``-th run (counted in ``marker``),
+    return ``x`` once they are used up."""
+    import ctypes
+
+    runs = 0
+    if os.path.exists(marker):
+        with open(marker) as f:
+            runs = int(f.read())
+    with open(marker, "w") as f:
+        f.write(str(runs + 1))
+    if runs < len(ways):
+        if ways[runs] == "segfault":
+            ctypes.string_at(0)  # a null pointer read in native code
+        os._exit(ways[runs])
+    return x
+
+
+def _attempts(job, call: int = 0) -> list[str]:
+    return [attempt[3] for attempt in job.attempts_summary()[call]]
+
+
+@pytest.mark.parametrize("ways, shown", [(["segfault"] * 3, "killed by signal SIGSEGV"), ([3, 3, 3], "exit code 3")])
+def test_a_function_that_crashes_its_worker_the_same_way_twice_is_not_run_a_third_time(tmp_path, ways, shown):
+    import functools
+
+    marker = str(tmp_path / "runs")
+    job = fnmap.map(functools.partial(_crash_in_turn, marker=marker, ways=ways), [7], retries=2, return_job=True)
+    with pytest.raises(fnmap.WorkerCrashed) as info:
+        job.results()
+    assert _attempts(job) == ["crashed", "crashed"]
+    with open(marker) as f:
+        assert f.read() == "2"  # two runs paid for, not three
+    message = str(info.value)
+    assert "call 0 (item 0)" in message and "failed after 2 attempt(s)" in message
+    assert f"crashed its worker twice the same way ({shown})" in message and "not run again" in message
+
+
+def test_a_crash_that_does_not_repeat_itself_is_retried_as_a_platform_fault(tmp_path):
+    """Once, or twice in two ways: it may be the platform's (a worker killed from outside), so
+    ``retries`` bounds it as before."""
+    import functools
+
+    once = functools.partial(_crash_in_turn, marker=str(tmp_path / "once"), ways=[3])
+    assert fnmap.map(once, [5], retries=2) == [5]
+    two_ways = functools.partial(_crash_in_turn, marker=str(tmp_path / "two"), ways=[3, "segfault"])
+    job = fnmap.map(two_ways, [6], retries=2, return_job=True)
+    assert job.results() == [6] and _attempts(job) == ["crashed", "crashed", "ok"]
