@@ -189,8 +189,8 @@ def _check_endpoint(batch, args) -> None:
 def run_deploy(args) -> int:
     session = _session(args.region)
     batch, ec2, iam = session.client("batch"), session.client("ec2"), session.client("iam")
-    _check_endpoint(batch, args)
     bucket, prefix = _storage(session, args)
+    _check_endpoint(batch, args)
     subnets, groups = _network(ec2, args)
     if batch_iam.ensure_bucket(session.client("s3"), bucket, session.region_name, args.name):
         print(f"bucket               s3://{bucket} (made)")
@@ -221,8 +221,8 @@ def run_deploy(args) -> int:
 @_aws_errors
 def run_destroy(args) -> int:
     session = _session(args.region)
-    _check_endpoint(session.client("batch"), args)
     bucket, _ = _storage(session, args)
+    _check_endpoint(session.client("batch"), args)
     for line in destroy(session.client("batch"), args.name, iam=session.client("iam"),
                         s3=session.client("s3"), bucket=bucket):
         print(line)
