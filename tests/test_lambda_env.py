@@ -243,7 +243,7 @@ def test_the_readme_offline_block_runs_as_a_script(tmp_path):
     try:
         done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=clean_env(), cwd=tmp_path,
                               timeout=280)
-        env_file = tmp_path / "offline.env"
+        env_file = tmp_path / ".fnmap" / "offline.env"
         pid = int(re.search(r"OFFLINE_EMULATOR_PID=(\d+)", env_file.read_text()).group(1))
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         lines = done.stdout.strip().splitlines()
@@ -251,8 +251,8 @@ def test_the_readme_offline_block_runs_as_a_script(tmp_path):
         assert lines[-1] == "[2.23606797749979, 3.7416573867739413, 5.477225575051661]", done.stdout
         assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     finally:
-        found = re.search(r"OFFLINE_EMULATOR_PID=(\d+)", (tmp_path / "offline.env").read_text()) if (
-            tmp_path / "offline.env").exists() else None
+        found = re.search(r"OFFLINE_EMULATOR_PID=(\d+)", (tmp_path / ".fnmap" / "offline.env").read_text()) if (
+            tmp_path / ".fnmap" / "offline.env").exists() else None
         if pid is None and found:
             pid = int(found.group(1))
         if pid is not None:
