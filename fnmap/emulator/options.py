@@ -60,7 +60,8 @@ def _add_serving(p) -> None:
                         "bucket, and print the `export` lines that point fnmap's aws backend, boto3 and the "
                         "storage at this emulator: the whole AWS path offline (see --env-file)")
     p.add_argument("--env-file", metavar="PATH",
-                   help="with --aws: also write the export lines to PATH, mode 0600 (then: source PATH)")
+                   help="with --aws: also write the export lines to PATH, mode 0600 (then: source PATH); a folder "
+                        "it makes for PATH is 0700 with a .gitignore of * (e.g. .fnmap/offline.env)")
     p.add_argument("--detach", action="store_true",
                    help="with --aws --env-file: run in the background and return once PATH is written, so a "
                         "script's next line can source it; stop it with kill $OFFLINE_EMULATOR_PID")
