@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -300,3 +302,194 @@ def test_the_calls_of_a_killed_client_are_stopped_and_free_the_workers(runtime):
     health = until(lambda: (h := _health(state))["in_flight"] == 0 and h)  # stopped, not left to run 600 s
     assert health["stopped"] >= 3, health
     run_script()
+
+
+# -- fresh code, live output, memory given back, an emulator that outlives what it serves ----------
+
+
+def _venv(tmp_path) -> tuple[str, str]:
+    """A virtual environment that sees this one's packages (fnmap among them): its python and its
+    site-packages, where a test installs modules as pip would."""
+    folder = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(folder)],
+                   check=True, timeout=120)
+    python = str(folder / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    return python, site
+
+
+VERSION_SCRIPT = """
+import fnmap, verlib
+
+def version(x):
+    return verlib.VERSION
+
+print("client", verlib.VERSION, "workers", sorted(set(fnmap.map(version, range(4), chunksize=1))))
+"""
+
+NEW_PACKAGES_SCRIPT = """
+import fnmap
+
+def probe(x):
+    import newpkg, edpkg
+    return newpkg.NAME, edpkg.NAME
+
+print(fnmap.map(probe, [0]))
+"""
+
+
+def test_an_installed_module_edited_between_runs_and_packages_installed_since_are_seen(runtime, tmp_path):
+    python, site = _venv(tmp_path)
+    module = pathlib.Path(site) / "verlib.py"
+    module.write_text("VERSION = 'v1'\n")
+
+    def run(script: str) -> str:
+        done = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run(VERSION_SCRIPT) == "client v1 workers ['v1']"
+    module.write_text("VERSION = 'v2 edited'\n")
+    assert run(VERSION_SCRIPT) == "client v2 edited workers ['v2 edited']"
+    # Installed while the emulator runs: a plain package, and an editable one (a .pth naming its folder).
+    (pathlib.Path(site) / "newpkg").mkdir()
+    (pathlib.Path(site) / "newpkg" / "__init__.py").write_text("NAME = 'new'\n")
+    source = tmp_path / "editable-src"
+    (source / "edpkg").mkdir(parents=True)
+    (source / "edpkg" / "__init__.py").write_text("NAME = 'editable'\n")
+    (pathlib.Path(site) / "__editable__.edpkg.pth").write_text(f"{source}\n")
+    assert run(NEW_PACKAGES_SCRIPT) == "[('new', 'editable')]"
+    assert len(emulators(runtime)) == 1
+
+
+LIVE_SCRIPT = """
+import sys, fnmap
+
+def shout(x):
+    print(f"live line {x}", file=sys.stderr, flush=True)
+    return x
+
+print(fnmap.map(shout, range(3), chunksize=1, output="live"))
+"""
+
+
+def test_live_output_reaches_the_callers_stderr(runtime):
+    done = subprocess.run([sys.executable, "-c", LIVE_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[0, 1, 2]"
+    # Workers print at once: their lines may interleave (a print writes its text and its end apart).
+    assert sorted(re.findall(r"live line \d", done.stderr)) == ["live line 0", "live line 1", "live line 2"]
+    assert all("live line" not in p.read_text() for p in runtime.glob("fnmap/*/emulator.log"))
+
+
+HOLDER_SCRIPT = """
+import fnmap
+
+KEPT = []
+
+def hold(x):
+    KEPT.append(bytearray(100 << 20))  # kept by the worker after the call
+    return len(KEPT)
+
+print(fnmap.map(hold, range(4), chunksize=1))
+"""
+
+
+def _status() -> dict:
+    from fnmap.emulator import shared
+
+    (emu,) = shared.running()
+    return shared.status(emu)
+
+
+def test_an_ended_clients_memory_is_given_back(runtime):
+    run_script()
+    fresh = _status()["memory"]
+    done = subprocess.run([sys.executable, "-c", HOLDER_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    # The client's workers ended with it: what they held (400 MB) is not the emulator's any more.
+    status = until(lambda: (s := _status())["memory"] < fresh + (100 << 20) and s, 20)
+    assert status["sessions"] == []
+
+
+SLOW_MAP = """
+import sys, time, fnmap
+
+def slow(pause_and_x):
+    pause, x = pause_and_x
+    time.sleep(pause)
+    return x * 10
+
+items = [(float(sys.argv[1]), x) for x in range(int(sys.argv[2]))]
+print("started", flush=True)
+print("results", fnmap.map(slow, items, chunksize=1, job_name=sys.argv[3]), flush=True)
+"""
+
+
+def _slow_client(seconds: float, items: int, name: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SLOW_MAP, str(seconds), str(items), name],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finished(client: subprocess.Popen, items: int) -> None:
+    out, err = client.communicate(timeout=180)
+    assert client.returncode == 0, err
+    assert out.splitlines()[-1] == f"results {[x * 10 for x in range(items)]}", (out, err)
+
+
+def _in_flight(pid: int) -> bool:
+    return any(s["pid"] == pid and s["in_flight"] for s in _status().get("sessions", []))
+
+
+def test_stop_refuses_while_another_process_has_calls_on_it_and_force_does_not_lose_them(runtime):
+    run_script()
+    (state,) = emulators(runtime)
+    client = _slow_client(2, 4, "stop-me")
+    try:
+        until(lambda: _in_flight(client.pid))
+        refused = subprocess.run([sys.executable, "-m", "fnmap", "emulator", "stop"], capture_output=True,
+                                 text=True, timeout=60)
+        assert refused.returncode == 1
+        assert f"process {client.pid} has" in refused.stdout and "stop --force" in refused.stdout
+        assert alive(state["pid"])
+        _finished(client, 4)
+        client = _slow_client(2, 4, "forced")
+        until(lambda: _in_flight(client.pid))
+        forced = subprocess.run([sys.executable, "-m", "fnmap", "emulator", "stop", "--force"], capture_output=True,
+                                text=True, timeout=60)
+        assert forced.returncode == 0 and f"stopped: pid {state['pid']}" in forced.stdout
+        _finished(client, 4)  # it started another emulator and sent its unfinished calls again
+    finally:
+        client.kill()
+        client.wait()
+    (new,) = emulators(runtime)
+    assert new["pid"] != state["pid"]
+
+
+def _jobs_of(pid: int) -> list[dict]:
+    from fnmap.config import resolve
+    from fnmap.observe.history import list_jobs
+    from fnmap.storage import open_store
+
+    config = resolve()
+    store = open_store(config.storage_url, config.storage_origin, create=False)
+    return [j for j in list_jobs(store, None) if j["client"]["pid"] == pid]
+
+
+def test_a_killed_shared_emulator_loses_no_map_it_served(runtime):
+    run_script()
+    (state,) = emulators(runtime)
+    clients = [_slow_client(1, 6, f"killed-{n}") for n in range(2)]
+    try:
+        until(lambda: all(_in_flight(c.pid) for c in clients))
+        os.kill(state["pid"], signal.SIGKILL)
+        for client in clients:
+            _finished(client, 6)
+    finally:
+        for client in clients:
+            client.kill()
+            client.wait()
+    for client in clients:
+        (job,) = _jobs_of(client.pid)
+        assert job["status"] == "succeeded" and job["calls_done"] == 6, job

@@ -231,7 +231,8 @@ def read_state(folder: str) -> dict | None:
     try:
         with open(os.path.join(folder, STATE_FILE)) as f:
             state = json.load(f)
-        os.kill(state["pid"], 0)
+        if not _exists(state["pid"]):
+            return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return state
@@ -340,10 +341,17 @@ def stop(force: bool = False, timeout: float = 10.0) -> tuple[list[dict], list[d
 
 
 def _exists(pid: int) -> bool:
+    """Whether process ``pid`` runs: not gone, and not a zombie (killed, not yet reaped by a parent
+    that may never reap it: a container's first process often does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] != b"Z"
+    except (OSError, ValueError):
+        return True  # no /proc (macOS): kill(0) said it is there
