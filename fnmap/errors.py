@@ -51,11 +51,16 @@ class MissingBucket(StorageError, UnknownStorage):
 STORAGE_REFUSED_ERRNOS = frozenset({28, 122, 30, 13, 1})  # ENOSPC, EDQUOT, EROFS, EACCES, EPERM
 
 
-def storage_fix(e: OSError) -> str:
-    """What to do about a refused storage write, by its errno."""
+def storage_fix(e: OSError, url: str | None = None) -> str:
+    """What to do about a refused storage write, by its errno; ``url``: the storage's, for the command.
+
+    For a full storage the command is one that frees space now: jobs of minutes ago are what a
+    day of work leaves, so an age cutoff such as ``--older-than 1d`` would delete none of them."""
     if e.errno in (28, 122):
-        return ("the storage is full: free space (`fnmap gc --older-than 1d` deletes old jobs), or point "
-                "storage= / FNMAP_STORAGE at a folder or bucket with room")
+        gc = f"fnmap gc --older-than 0s --storage {url or 'URL'}"
+        return (f"the storage is full: free space with `{gc}` (it deletes every job that has ended, "
+                "results included, and keeps running ones; --dry-run first shows what each takes), or "
+                "point storage= / FNMAP_STORAGE at a folder or bucket with room")
     return ("the storage is not writable: point storage= / FNMAP_STORAGE at a writable folder or bucket, "
             "e.g. storage='file:///tmp/fnmap'")
 

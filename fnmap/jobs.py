@@ -224,6 +224,8 @@ class Job:
             else:
                 records.write_index(self.store, records.started_summary(self))
         except Exception as e:  # results matter more than the record: warn, do not fail the job
+            if isinstance(e, StorageError) and not final and not self._run.calls:
+                raise  # the job's first write: a storage that refuses it refuses the job, one error
             import warnings
 
             self.record_error = f"{type(e).__name__}: {e}"

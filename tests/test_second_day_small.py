@@ -243,3 +243,72 @@ def test_a_crash_that_does_not_repeat_itself_is_retried_as_a_platform_fault(tmp_
     two_ways = functools.partial(_crash_in_turn, marker=str(tmp_path / "two"), ways=[3, "segfault"])
     job = fnmap.map(two_ways, [6], retries=2, return_job=True)
     assert job.results() == [6] and _attempts(job) == ["crashed", "crashed", "ok"]
+
+
+# -- a read-only or full storage -------------------------------------------------------------------
+
+
+def _run_on_tmpfs(tmp_path, mount_options: str, script: str, fill_kb: int = 0):
+    """Run ``script`` where the storage folder is a tmpfs mounted with ``mount_options`` (inside a
+    user and mount namespace: no root needed, nothing left mounted), ``fill_kb`` of it taken first."""
+    import shutil
+    import subprocess
+    import sys
+
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("user namespaces are not available here (unshare -rm)")
+    store = tmp_path / "store"
+    store.mkdir()
+    (tmp_path / "script.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FNMAP_")}
+    env.update(FNMAP_STORAGE=store.as_uri(), FNMAP_EMULATOR_IDLE="0")
+    fill = f"&& head -c {fill_kb * 1024} /dev/zero > {store}/taken " if fill_kb else ""
+    shell = f"mount -t tmpfs -o {mount_options} tmpfs {store} {fill}&& exec {sys.executable} script.py"
+    return subprocess.run(["unshare", "-rm", "sh", "-c", shell], env=env, capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)
+
+
+ONE_MAP = """
+import fnmap
+try:
+    fnmap.map(abs, range(3))
+except fnmap.StorageError as e:
+    print("STORAGE-ERROR", e)
+"""
+
+
+@pytest.mark.parametrize("mount, fill_kb, problem, fix", [
+    ("ro", 0, "Read-only file system", "the storage is not writable: point storage= / FNMAP_STORAGE at a writable"),
+    ("size=64k", 64, "No space left on device", "the storage is full: free space with `fnmap gc --older-than 0s"),
+])
+def test_a_refused_storage_is_one_clear_error_and_no_warning(tmp_path, mount, fill_kb, problem, fix):
+    done = _run_on_tmpfs(tmp_path, mount, ONE_MAP, fill_kb)
+    assert done.stdout.startswith("STORAGE-ERROR storage file://"), done.stdout + done.stderr
+    assert "(FNMAP_STORAGE=" in done.stdout and f"cannot write to the folder {tmp_path / 'store'}: {problem}; {fix}" \
+        in done.stdout, done.stdout
+    assert done.stderr == ""  # no RuntimeWarning about the job's record before it, nor anything else
+
+
+FILL_THEN_FOLLOW_THE_ADVICE = """
+import re, subprocess, sys, fnmap
+def noise(x):
+    import os
+    return os.urandom(300_000)  # does not compress
+fnmap.map(noise, range(2))  # its results stay in storage (fnmap.job(ID) reads them again) until gc
+try:
+    fnmap.map(noise, range(2), retries=0)
+    print("NO-ERROR")
+except fnmap.StorageError as e:
+    advice = re.search(r"`fnmap (gc [^`]*)`", str(e)).group(1)
+    print("ADVICE", advice)
+    subprocess.run([sys.executable, "-m", "fnmap", *advice.split()], check=True, stdout=subprocess.DEVNULL)
+    print("AFTER", len(fnmap.map(noise, range(2))))
+"""
+
+
+def test_a_full_storages_advice_frees_the_space_of_jobs_minutes_old(tmp_path):
+    """The jobs that filled the storage ended seconds ago: the command the error gives frees them."""
+    done = _run_on_tmpfs(tmp_path, "size=900k", FILL_THEN_FOLLOW_THE_ADVICE)
+    assert f"ADVICE gc --older-than 0s --storage {(tmp_path / 'store').as_uri()}" in done.stdout, \
+        done.stdout + done.stderr
+    assert "AFTER 2" in done.stdout, done.stdout + done.stderr

@@ -176,7 +176,7 @@ def _commit(store, resp: CallResponse, data: bytes, observed: tuple, result_key:
             return _platform_error(resp, "storage", _unreachable_message(req.store_url, e)), b""
         if isinstance(e, OSError) and e.errno in STORAGE_REFUSED_ERRNOS:  # full or read-only: not retried
             return _platform_error(resp, "storage", f"cannot write to storage {req.store_url}: "
-                                   f"{e.strerror} ({e.filename}); {storage_fix(e)}"), b""
+                                   f"{e.strerror} ({e.filename}); {storage_fix(e, req.store_url)}"), b""
         return _platform_error(resp, "server", f"storage write failed: {e!r}"), b""
     resp.committed = committed
     resp.result_key = result_key

@@ -7,7 +7,7 @@ import os
 import threading
 from urllib.parse import unquote, urlparse
 
-from ..errors import UnknownStorage, storage_fix
+from ..errors import STORAGE_REFUSED_ERRNOS, UnknownStorage, storage_fix
 from ..runtime import keys as key_layout
 from . import _check_key, _not_found, storage_failure
 
@@ -43,7 +43,20 @@ class FileStore:
             os.makedirs(self.root, exist_ok=True)
         except OSError as e:
             raise storage_failure(url, setting, f"cannot create the folder {self.root}: {e.strerror} "
-                                  f"({e.filename})", storage_fix(e), "refused") from e
+                                  f"({e.filename})", storage_fix(e, url), "refused") from e
+        self._check_writable()
+
+    def _check_writable(self) -> None:
+        """Write and remove one byte: a folder that is read-only or full is reported now, once, with
+        the fix, before a job writes its first record there (each refused record write was a
+        warning of its own before the job's error)."""
+        try:
+            os.unlink(self._write_temp(f"{self._prefix}probe", b"\0"))
+        except OSError as e:
+            if e.errno not in STORAGE_REFUSED_ERRNOS:
+                raise
+            raise storage_failure(self.url, self.setting, f"cannot write to the folder {self.root}: {e.strerror}",
+                                  storage_fix(e, self.url), "refused") from e
 
     def _path(self, key: str) -> str:
         _check_key(key)
@@ -68,9 +81,11 @@ class FileStore:
                 view = memoryview(part).cast("B")
                 while view:
                     view = view[os.write(fd, view):]
-        except BaseException:
+        except BaseException as e:
             os.close(fd)
             os.unlink(tmp)
+            if isinstance(e, OSError) and e.filename is None:  # os.write names no file: "(None)" in the error
+                raise OSError(e.errno, e.strerror, path) from None
             raise
         os.close(fd)
         return tmp
