@@ -82,6 +82,14 @@ def test_deploy_is_idempotent_and_destroy_removes_it_all(moto_aws, capsys):
     again = capsys.readouterr().out
     assert f"FNMAP_SECRET={settings['FNMAP_SECRET']}" in again and "updated" in again
     assert lam.get_function_configuration(FunctionName=name)["Timeout"] == 300
+    # ... and says what it changed.
+    assert f"function {name}: secret kept (the clients' FNMAP_SECRET still works)" in again, again
+    assert f"function {name}: Timeout 120 -> 300 s" in again and "MemorySize" not in again, again
+    assert cli_main(args + ["--rotate-secret"]) == 0
+    rotated = capsys.readouterr().out
+    assert f"function {name}: NEW secret (--rotate-secret): every client needs the FNMAP_SECRET" in rotated, rotated
+    assert f"function {name}: Timeout 300 -> 120 s" in rotated and f"FNMAP_SECRET={settings['FNMAP_SECRET']}" \
+        not in rotated, rotated
 
     assert cli_main(["deploy", "aws", "destroy", "--name", name, "--bucket", bucket]) == 0
     with pytest.raises(lam.exceptions.ResourceNotFoundException):
