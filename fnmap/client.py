@@ -20,7 +20,7 @@ from .backends import create_backend
 from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageError, storage_fix
 from .jobs import Job
 from .run import CallRun
-from .runtime import cancel, input_mac, keys
+from .runtime import cancel, forks, input_mac, keys
 from .runtime.serialization import dump_parts, dumps_checked, out_of_band, parts_size, pickle_function
 from .runtime.setup import WithInitializer
 from .runtime.wire import MODE_ARGS, MODE_ONE
@@ -251,6 +251,15 @@ def _raise_unpicklable(chunk: tuple, first_index: int) -> None:
 
 _clients: dict[tuple, Client] = {}
 _clients_lock = threading.Lock()
+
+
+@forks.at_fork
+def _forget_clients() -> None:
+    """In a forked child: the parent's clients (their threads, locks and connections) are the
+    parent's; the child's first job makes its own."""
+    global _clients, _clients_lock
+    forks.keep(_clients)
+    _clients, _clients_lock = {}, threading.Lock()
 
 
 def get_client(config) -> Client:

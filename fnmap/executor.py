@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import threading
 import time
 import weakref
@@ -29,6 +30,7 @@ from . import policy
 from .client import get_client
 from .config import resolve
 from .observe.output import show_call_output
+from .runtime import forks
 from .runtime import outcome as _outcome
 from .runtime.wire import MODE_ARGS
 
@@ -56,6 +58,8 @@ class Executor(futures.Executor):
         self._shutdown = False
         self._lock = threading.Lock()
         self._index = itertools.count()
+        #: The process whose client runs the calls: a forked child must make an executor of its own.
+        self._pid = os.getpid()
         _open_jobs.add(self._job)
 
     @property
@@ -70,6 +74,11 @@ class Executor(futures.Executor):
 
     def _submit(self, fn, items: list, future: Future, unwrap: bool):
         """Add one call of ``fn`` over ``items`` whose outcome goes to ``future``; its state."""
+        if self._pid != os.getpid():
+            raise RuntimeError(
+                f"this fnmap.Executor was made in process {self._pid}, which this process was forked from: "
+                "its job and the threads that send its calls are that process's; make a new "
+                "fnmap.Executor() in this process")
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
@@ -123,6 +132,9 @@ class Executor(futures.Executor):
                 future.cancel()
 
     def shutdown(self, wait=True, *, cancel_futures=False):
+        if self._pid != os.getpid():  # a forked child's copy: the job is the parent's to finish
+            self._shutdown = True
+            return
         with self._lock:
             self._shutdown = True
             self._client.seal(self._job)
@@ -212,6 +224,14 @@ _exit_lock = threading.Lock()
 _registered = False
 #: Executors' jobs whose calls the interpreter's exit waits for (dropped at ``shutdown(wait=True)``).
 _open_jobs: weakref.WeakSet = weakref.WeakSet()
+
+
+@forks.at_fork
+def _forget_open_jobs() -> None:
+    """In a forked child: the executors' jobs are the parent's, and so is waiting for them at exit."""
+    global _exit_lock, _open_jobs
+    forks.keep(_open_jobs)
+    _exit_lock, _open_jobs = threading.Lock(), weakref.WeakSet()
 
 
 def _register_exit_hook() -> None:

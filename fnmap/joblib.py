@@ -30,7 +30,7 @@ import hashlib
 import threading
 from typing import Any
 
-from .runtime import keys
+from .runtime import forks, keys
 
 try:
     from joblib.parallel import AutoBatchingMixin, ParallelBackendBase, ThreadingBackend, register_parallel_backend
@@ -43,6 +43,13 @@ REF_NBYTES = 100_000
 _cache: dict[str, Any] = {}
 _CACHE_ENTRIES = 8
 _cache_lock = threading.Lock()
+
+
+@forks.at_fork
+def _new_cache_lock() -> None:
+    """In a forked child: a fresh lock (a thread of the parent may have held it at the fork)."""
+    global _cache_lock
+    _cache_lock = threading.Lock()
 
 
 class StoredArgument:
