@@ -493,3 +493,46 @@ def test_a_killed_shared_emulator_loses_no_map_it_served(runtime):
     for client in clients:
         (job,) = _jobs_of(client.pid)
         assert job["status"] == "succeeded" and job["calls_done"] == 6, job
+
+
+def test_losing_an_emulator_named_by_url_fails_the_map_saying_how_to_finish_it(emulator_process, runtime):
+    """An emulator the user started and named is theirs: fnmap does not replace it; the map fails
+    naming it and the command that finishes the job, and the job reads failed, not abandoned."""
+    emu = emulator_process()
+    env = dict(os.environ, FNMAP_EMULATOR_URL=emu.url, FNMAP_SECRET=emu.secret)
+    client = subprocess.Popen([sys.executable, "-c", SLOW_MAP, "3", "4", "named-url"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert client.stdout.readline().strip() == "started"
+        until(lambda: emu.health()["in_flight"] > 0)
+        os.kill(emu.pid, signal.SIGKILL)
+        out, err = client.communicate(timeout=120)
+    finally:
+        client.kill()
+        client.wait()
+    assert client.returncode == 1
+    assert f"the emulator at {emu.url} (FNMAP_EMULATOR_URL=" in err and "is not answering" in err, err
+    assert "`fnmap redrive " in err
+    (job,) = _jobs_of(client.pid)
+    assert job["status"] == "failed", job
+    assert emulators(runtime) == []  # none started in its place
+
+
+def test_live_output_reaches_the_notebook_cell(runtime, tmp_path, monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("ipykernel") is None:
+        pytest.skip("ipykernel is not installed")
+    from test_notebook import run_cells, text_of
+
+    # ipykernel forwards what is written on its stderr's descriptor to the cell, as a user's kernel
+    # does, except under pytest: its kernel here must not know it runs in a test.
+    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+
+    cell = ("import sys, fnmap\n"
+            "def shout(x):\n    print(f'live line {x}', file=sys.stderr, flush=True)\n    return x * 2\n"
+            "print(fnmap.map(shout, range(3), chunksize=1, output='live'))")
+    shown = text_of(run_cells([cell], tmp_path)[0])
+    assert "[0, 2, 4]" in shown, shown
+    assert sorted(re.findall(r"live line \d", shown)) == ["live line 0", "live line 1", "live line 2"], shown
+    assert len(emulators(runtime)) == 1  # the shared one served it
