@@ -323,3 +323,25 @@ def test_an_empty_prefix_is_refused_before_anything_is_made(monkeypatch, capsys)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     assert cli_main(["deploy", "batch", "deploy", "--image", IMAGE, "--bucket", "b", "--prefix", "/"]) == 1
     assert "--prefix '/' is empty: give the key prefix of the job data" in capsys.readouterr().err
+
+
+def test_an_iam_without_aws_managed_policies_is_named_with_the_fix(s3_server, monkeypatch, capsys):
+    """An IAM that is not AWS's (moto by default) has no AWS managed policies: the error names the policy,
+    the endpoint and the fixes, instead of moto's bare NoSuchEntity."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "false")
+    account_id = str(random.randrange(10**11, 10**12))
+    credentials = boto3.client("sts").assume_role(
+        RoleArn=f"arn:aws:iam::{account_id}:role/tester", RoleSessionName="fnmap-test"
+    )["Credentials"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", credentials["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", credentials["SecretAccessKey"])
+    monkeypatch.setenv("AWS_SESSION_TOKEN", credentials["SessionToken"])
+    assert cli_main(["deploy", "batch", "deploy", "--image", IMAGE]) == 1
+    err = capsys.readouterr().err
+    assert f"the AWS managed policy {ECS_INSTANCE_POLICY} does not exist at this IAM endpoint ({s3_server})" in err, err
+    assert "MOTO_IAM_LOAD_MANAGED_POLICIES=true" in err and "--instance-role PROFILE" in err, err
