@@ -12,8 +12,14 @@ reuses it for every later job of this process with the same settings, and
 stops it at interpreter exit.  The emulator runs in a session of its own, so a
 Ctrl-C or a Jupyter interrupt (SIGINT to the whole process group) stops the
 job but not the emulator; it watches its stdin, so it stops when this process
-dies without running ``atexit`` (a notebook kernel killed or restarted).  A
-job whose emulator is gone (killed) gets a new one.
+dies without running ``atexit`` (a notebook kernel killed or restarted).
+
+An emulator fnmap started that disappears in the middle of a job (stopped,
+killed, crashed) is replaced: the backend starts or finds another and sends the
+calls again; a call whose result its old worker committed is answered from
+storage, so every item is committed once.  An emulator named by URL is the
+user's: its loss fails the calls with an error that names it and says how to
+finish the job.
 """
 
 from __future__ import annotations
@@ -22,10 +28,15 @@ import atexit
 import threading
 
 from ..config import endpoint_environment
-from ..errors import ConfigError, PlatformFault
+from ..errors import ConfigError, FaultKind, PlatformFault
+from ..runtime import forks
 from ..runtime.batch_frames import MANY_PATH, MAX_CALLS, pack_calls, unpack_answers
+from ..runtime.http_app import SESSION_HEADER
 from .base import Answer
 from .http import HttpBackend, fault_from_status
+
+#: Emulators one backend may start or find in place of one that disappeared, before it gives up.
+MAX_REPLACEMENTS = 5
 
 
 class EmulatorBackend(HttpBackend):
@@ -36,21 +47,82 @@ class EmulatorBackend(HttpBackend):
 
     def __init__(self, config):
         self.embedded = None  # the emulator this backend attached to or started
+        self._config = config
+        self._session_headers: dict = {}
+        self._replacing = threading.Lock()
+        self._generation = 0  # emulators replaced so far
         if config.emulator_url:
             url = config.emulator_url.rstrip("/")
             _check_reachable(url, config)
             workers = config.workers
         else:
-            self.embedded = embedded_emulator(config.workers, config.emulator_options, endpoint_environment(),
-                                              secret=config.secret, idle=config.emulator_idle)
+            self._use(self._embedded_emulator())
             url, workers = self.embedded.url, self.embedded.workers
-            self.secret = self.embedded.secret.encode()
         super().__init__(config, url=url)
         self.invoke_url = self.url + "/invoke"
         # Enough calls in flight to keep every worker busy while responses travel.
         self.max_workers = config.workers or (2 * workers if workers else 16)
         #: Set once the emulator answered that it has no ``POST /invoke-many`` (an older one).
         self._cannot_batch = False
+
+    def _embedded_emulator(self):
+        config = self._config
+        return embedded_emulator(config.workers, config.emulator_options, endpoint_environment(),
+                                 secret=config.secret, idle=config.emulator_idle)
+
+    def _use(self, emulator) -> None:
+        """Send calls to ``emulator`` (started or found by this backend), as this process's session."""
+        self.embedded = emulator
+        self.secret = emulator.secret.encode()
+        session = getattr(emulator, "session", None)
+        self._session_headers = {SESSION_HEADER: session.token} if session is not None else {}
+        if hasattr(self, "url"):
+            self.url = emulator.url
+            self.invoke_url = self.url + "/invoke"
+
+    def invoke(self, invocation):
+        while True:
+            generation = self._generation
+            try:
+                return super().invoke(invocation)
+            except PlatformFault as fault:
+                self._after(fault, generation, invocation.request.job_id)
+
+    def _after(self, fault: PlatformFault, generation: int, job_id: str) -> None:
+        """Return to send again, on an emulator that replaced one that is gone; else raise ``fault``
+        (named for the user when the emulator is theirs)."""
+        if fault.kind != FaultKind.CONNECTION:
+            raise fault
+        if self.embedded is None:
+            raise PlatformFault(FaultKind.CONNECTION, (
+                f"{fault.message}: the emulator at {self.url} ({self._config.describe('emulator_url')}) is not "
+                f"answering; if it stopped, start it again (`fnmap emulator`) and finish the job with "
+                f"`fnmap redrive {job_id}`")) from None
+        with self._replacing:
+            if self._generation != generation:
+                return  # another thread replaced it already
+            emulator = self.embedded
+            there = emulator.alive() and _listening(emulator.url)
+            if there and not fault.message.startswith(_SESSION_GONE):
+                raise fault  # it is there: a fault of this call's, retried as any other
+            if self._generation >= MAX_REPLACEMENTS:
+                raise PlatformFault(FaultKind.CONNECTION, f"{fault.message} (the emulator fnmap started was "
+                                    f"replaced {self._generation} times already; its log says why)") from None
+            if there:
+                emulator.attach()  # it is there but ended this process's session: a new one
+            else:
+                emulator.stop()
+                self._use(self._embedded_emulator())
+            self._use(self.embedded)
+            self._generation += 1
+
+    def _post_plain_body(self, target, body, headers, read_timeout):
+        if self._session_headers:
+            headers = {**headers, **self._session_headers}
+        r = super()._post_plain_body(target, body, headers, read_timeout)
+        if r.status == 410 and self._session_headers:
+            raise PlatformFault(FaultKind.CONNECTION, f"{_SESSION_GONE}: {r.body.decode(errors='replace')}")
+        return r
 
     @property
     def batch_limit(self) -> int:
@@ -62,6 +134,14 @@ class EmulatorBackend(HttpBackend):
     def invoke_batch(self, invocations: list) -> list | None:
         """``POST /invoke-many``: the calls in one request, each signed as alone; each call's answer
         or fault, as :meth:`invoke` would have given or raised (see :mod:`fnmap.runtime.batch_frames`)."""
+        while True:
+            generation = self._generation
+            try:
+                return self._invoke_batch(invocations)
+            except PlatformFault as fault:
+                self._after(fault, generation, invocations[0].request.job_id)
+
+    def _invoke_batch(self, invocations: list) -> list | None:
         target = self._plain_target()
         if target is None or self._cannot_batch:
             return None  # the client sends each alone
@@ -85,6 +165,16 @@ class EmulatorBackend(HttpBackend):
     def usable(self) -> bool:
         """False once the emulator this backend started is gone (killed): its client must be replaced."""
         return self.embedded is None or self.embedded.alive()
+
+
+#: How a fault says the emulator has no session of this process's (it answered 410).
+_SESSION_GONE = "the emulator has no session of this process"
+
+
+def _listening(url: str) -> bool:
+    from ..emulator.shared import _listening as listening
+
+    return listening(url)
 
 
 def _check_reachable(url: str, config) -> None:
@@ -149,3 +239,20 @@ def stop_embedded() -> None:
 
 
 atexit.register(stop_embedded)
+
+
+@forks.at_fork
+def _forget_in_child() -> None:
+    """In a forked child: the parent's emulators stay the parent's, forgotten here and never
+    stopped; the child's first job starts or attaches to its own.  The child closes its copy of
+    the pipe whose end tells a per-process emulator that its parent is gone."""
+    global _embedded, _lock
+    for emu in _embedded.values():
+        pipe = getattr(getattr(emu, "proc", None), "stdin", None)  # a SharedEmulator has none
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+    forks.keep(_embedded)
+    _embedded, _lock = {}, threading.Lock()
