@@ -32,7 +32,7 @@ import threading
 import time
 import weakref
 
-from .runtime import keys
+from .runtime import forks, keys
 
 #: How many renewals fit in one lease: a lease survives a few slow or failed renewals.
 RENEWALS_PER_LEASE = 6
@@ -205,7 +205,15 @@ class _Leases:
             if job is not None and job.cancel_reason and not job.done:
                 job.wait(max(0.0, deadline - time.monotonic()))
 
+    def forget_in_child(self) -> None:
+        """In a forked child: the parent's jobs and their leases stay the parent's (never renewed,
+        released nor abandoned here); the child's own jobs get a renewing thread of their own."""
+        forks.keep(self._held)
+        self._lock, self._writing, self._wake = threading.Lock(), threading.Lock(), threading.Event()
+        self._held, self._thread, self._holder, self._exiting = {}, None, None, False
+
 
 _leases = _Leases()
 hold = _leases.hold
 release = _leases.release
+forks.at_fork(_leases.forget_in_child)

@@ -16,6 +16,7 @@ from typing import BinaryIO, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
 from ..errors import KeyNotFound, StorageError, UnknownStorage
+from ..runtime import forks
 
 __all__ = ["Store", "KeyNotFound", "StorageError", "open_store", "default_storage_url", "STORES"]
 
@@ -64,6 +65,16 @@ class Store(Protocol):
 
 _cache: dict[tuple, Store] = {}
 _lock = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    """In a forked child: the parent's stores (an S3 store's pooled connections) are the parent's."""
+    global _cache, _lock
+    forks.keep(_cache)
+    _cache, _lock = {}, threading.Lock()
+
+
+forks.at_fork(_forget_in_child)
 
 
 def default_storage_url() -> str:
