@@ -245,14 +245,17 @@ atexit.register(stop_embedded)
 def _forget_in_child() -> None:
     """In a forked child: the parent's emulators stay the parent's, forgotten here and never
     stopped; the child's first job starts or attaches to its own.  The child closes its copy of
-    the pipe whose end tells a per-process emulator that its parent is gone."""
+    the pipe whose end tells a per-process emulator that its parent is gone, and of the socket
+    whose end ends the parent's session on a shared one (the parent's workers end with the parent)."""
     global _embedded, _lock
     for emu in _embedded.values():
         pipe = getattr(getattr(emu, "proc", None), "stdin", None)  # a SharedEmulator has none
-        if pipe is not None:
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        session = getattr(emu, "session", None)  # only a SharedEmulator has one
+        for end in (pipe, session):
+            if end is not None:
+                try:
+                    end.close()
+                except OSError:
+                    pass
     forks.keep(_embedded)
     _embedded, _lock = {}, threading.Lock()
