@@ -53,15 +53,18 @@ class _Listing:
         self.job_folders: dict[str, int] = {}
         self.other_folders = 0
         usage = getattr(store, "disk_usage", None)  # only a file store allocates blocks and folders
-        allocated, folders = usage() if usage is not None else ({}, {})
+        if usage is not None:
+            found, folders = usage()
+        else:
+            found, folders = [(key, size, size, modified) for key, size, modified in store.list_details("")], {}
         for folder, size in folders.items():
             job_id = keys.job_of(folder)
             if job_id is not None:
                 self.job_folders[job_id] = self.job_folders.get(job_id, 0) + size
             else:
                 self.other_folders += size
-        for key, length, modified in store.list_details(""):
-            size = self.sizes[key] = allocated.get(key, length)
+        for key, _length, size, modified in found:
+            self.sizes[key] = size
             job_id = keys.job_of(key)
             if job_id is not None:
                 self.by_job.setdefault(job_id, {})[key] = size

@@ -174,13 +174,14 @@ class FileStore:
                     found.append((rel + name, _allocated(st), st.st_mtime))
         return sorted(found)
 
-    def disk_usage(self) -> tuple[dict[str, int], dict[str, int]]:
-        """What the file system holds for the store, as ``du`` counts it: the bytes allocated to each
-        key, and to each folder below the root (``"jobs/<id>/out/3/"``).  A key takes whole blocks,
-        so a job of many small results takes far more than their lengths add up to (a 64-byte
-        result and its 344-byte status record take 4 KiB each on ext4).  Temporary files are
+    def disk_usage(self) -> tuple[list[tuple[str, int, int, float]], dict[str, int]]:
+        """What the file system holds for the store, as ``du`` counts it, in one walk: ``(key,
+        length, bytes allocated, modified)`` of every key, sorted, and the bytes allocated to each
+        folder below the root (``"jobs/<id>/out/3/"``).  A key takes whole blocks, so a job of many
+        small results takes far more than their lengths add up to (a 64-byte result and its
+        344-byte status record take 4 KiB each on ext4).  Temporary files are
         :meth:`list_temporary`'s."""
-        files: dict[str, int] = {}
+        files: list[tuple[str, int, int, float]] = []
         folders: dict[str, int] = {}
         for dirpath, _dirnames, filenames in os.walk(self.root):
             rel = os.path.relpath(dirpath, self.root)
@@ -194,9 +195,11 @@ class FileStore:
                 if key_layout.is_temporary(name):
                     continue
                 try:
-                    files[rel + name] = _allocated(os.stat(os.path.join(dirpath, name)))
+                    st = os.stat(os.path.join(dirpath, name))
                 except FileNotFoundError:  # deleted since it was listed
                     continue
+                files.append((rel + name, st.st_size, _allocated(st), st.st_mtime))
+        files.sort()
         return files, folders
 
     def remove_empty_folders(self, prefix: str) -> None:
