@@ -359,11 +359,17 @@ def _read_toml(path: str) -> dict:
     return data
 
 
+#: Keywords of the front-ends that are not options (``fnmap.map``'s and ``map_reduce``'s own):
+#: a misspelling of one reaches :func:`resolve` as an unknown option, and is hinted at too.
+FRONT_END_KEYWORDS = ("return_exceptions", "return_job", "job_name", "obj_chunk_size", "obj_chunk_number",
+                      "reduce_fanin", "reduce_by_key")
+
+
 def _unknown_options(names: list[str]) -> str:
     """``unknown option 'chunk_size' (did you mean 'chunksize'?); `` for each name fnmap does not know."""
     parts = []
     for name in names:
-        hint = did_you_mean(name, OPTIONS).strip()
+        hint = did_you_mean(name, (*OPTIONS, *FRONT_END_KEYWORDS)).strip()
         parts.append(f"{name!r}" + (f" ({hint})" if hint else ""))
     return f"unknown option{'s' if len(names) > 1 else ''} {', '.join(parts)}; "
 

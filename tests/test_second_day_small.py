@@ -19,6 +19,7 @@ from fnmap.config import resolve
     ({"chunk_size": 1}, "'chunk_size' (did you mean 'chunksize'?)"),
     ({"retrys": 1}, "'retrys' (did you mean 'retries'?)"),
     ({"retrys": 1, "chunk_size": 2}, "'chunk_size' (did you mean 'chunksize'?), 'retrys' (did you mean 'retries'?)"),
+    ({"return_exception": True}, "'return_exception' (did you mean 'return_exceptions'?)"),  # map's own keyword
 ])
 def test_an_unknown_option_names_the_closest_valid_one(options, hint):
     with pytest.raises(fnmap.ConfigError) as info:
