@@ -20,6 +20,7 @@ import fnmap
 from fnmap.cli import main as cli_main
 from fnmap.deploy.aws import LIFECYCLE_RULE_ID, TAG, Deployment, Settings
 from fnmap.deploy.package import UNZIPPED_LIMIT, build_zip, unzipped_size
+from fnmap.runtime.serialization import FNMAP_PROTOCOL
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,7 +146,7 @@ def test_client_finds_a_version_mismatch_before_sending(moto_aws, monkeypatch):
     result = deployment.deploy()
     lam = moto_aws("lambda")
     env = lam.get_function_configuration(FunctionName=name)["Environment"]["Variables"]
-    env["FNMAP_RUNTIME"] = json.dumps({"python": "3.9", "cloudpickle": "2.2.1"})
+    env["FNMAP_RUNTIME"] = json.dumps({"protocol": FNMAP_PROTOCOL, "python": "3.9", "cloudpickle": "2.2.1"})
     lam.update_function_configuration(FunctionName=name, Environment={"Variables": env})
     with pytest.raises(fnmap.VersionMismatch, match="Python 3.9") as info:
         fnmap.map(abs, [1], backend="aws", function_name=name, storage=result["FNMAP_STORAGE"],

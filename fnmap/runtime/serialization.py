@@ -22,12 +22,12 @@ from ..errors import RemoteError, SerializationError
 from .cached import CACHE_WRAPPER, reduce_cached_function, travels_by_value
 from .local_modules import explain_missing_module, ship_local_modules
 
-PROTOCOL = 5
+PICKLE_PROTOCOL = 5
 
 
 def dumps(obj: Any) -> bytes:
     buffer = io.BytesIO()
-    _Pickler(buffer, protocol=PROTOCOL).dump(obj)
+    _Pickler(buffer, protocol=PICKLE_PROTOCOL).dump(obj)
     return buffer.getvalue()
 
 
@@ -137,7 +137,7 @@ def dump_parts(obj: Any) -> list:
         return False
 
     stream = io.BytesIO()
-    _Pickler(stream, protocol=PROTOCOL, buffer_callback=keep).dump(obj)
+    _Pickler(stream, protocol=PICKLE_PROTOCOL, buffer_callback=keep).dump(obj)
     data = stream.getvalue()
     if not buffers:
         return [data]
@@ -205,12 +205,33 @@ def _read_exactly(stream, size: int) -> bytes:
     return data
 
 
+#: The fnmap protocol: what client and worker exchange (requests, responses, stored objects and
+#: their keys).  Before 1.0 there is no compatibility with other versions: any change to it bumps
+#: this number, and a client and worker whose numbers differ refuse each other with the fix.
+FNMAP_PROTOCOL = 1
+
+
 def runtime_info() -> dict:
-    """What must match between client and worker for pickles to load."""
+    """What must match between client and worker: the fnmap protocol, and for pickles to load,
+    Python's minor version and cloudpickle's major version."""
     return {
+        "protocol": FNMAP_PROTOCOL,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "cloudpickle": cloudpickle.__version__,
     }
+
+
+def protocol_mismatch(client: dict, worker: dict) -> str | None:
+    """Which side to upgrade when the client's and worker's fnmap protocols differ, else None."""
+    theirs, mine = client.get("protocol"), worker.get("protocol")
+    if theirs == mine:
+        return None
+    older = "worker" if not isinstance(mine, int) or (isinstance(theirs, int) and theirs > mine) else "client"
+    fix = ("redeploy the handler with the client's fnmap (`fnmap deploy ...`), or upgrade fnmap where the calls "
+           "run" if older == "worker" else "upgrade fnmap where the client runs (`pip install -U fnmap`), or "
+           "deploy the handler with the client's version")
+    return (f"the client speaks fnmap protocol {theirs} but the worker speaks {mine}: the {older}'s fnmap is "
+            f"older; {fix}")
 
 
 def runtime_mismatch(client: dict, worker: dict | None = None) -> str | None:
@@ -220,6 +241,9 @@ def runtime_mismatch(client: dict, worker: dict | None = None) -> str | None:
     the deployment reports, to find a mismatch before it sends anything.
     """
     mine = worker or runtime_info()
+    protocol = protocol_mismatch(client, mine)
+    if protocol:
+        return protocol
     problems = []
     if client.get("python") != mine["python"]:
         problems.append(f"the client runs Python {client.get('python')} but the worker runs Python {mine['python']}")
