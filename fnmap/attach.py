@@ -25,6 +25,13 @@ from .runtime.serialization import loads
 FINAL = ("succeeded", "failed", "cancelled", "incomplete", ABANDONED)
 
 
+def client_runs(summary: dict) -> bool:
+    """Whether a live client runs the job, by the one judge every reader uses
+    (:func:`fnmap.lease.judge`, applied by :func:`fnmap.observe.records.load`): ``fnmap cancel``
+    then asks it to stop, and ``fnmap redrive`` refuses, so the two never disagree."""
+    return summary["status"] == "running"
+
+
 def job(job_id: str, **options) -> AttachedJob:
     """The job ``job_id`` (or a unique prefix of it, as ``fnmap jobs`` shows) in the configured
     storage (``storage=`` or the usual settings); raises ``JobNotFound`` (a ``LookupError``) if none."""

@@ -7,6 +7,7 @@ it is the value itself, or the remote exception.
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import CancelledError, Future
 
@@ -136,6 +137,12 @@ class Job:
         self._log_reads = 0
         #: Why the job record could not be written, if it could not (also warned about).
         self.record_error: str | None = None
+        #: The exception of this job that reached its caller, once one did: ``{"error": "Type:
+        #: message", "status": "failed" or "cancelled"}``.  The job ended there, whatever its calls
+        #: still settling do, and its record says so (:func:`fnmap.observe.records.build`).
+        self.raised: dict | None = None
+        #: Held while the record is built and written: a snapshot never lands after a later record.
+        self._record_lock = threading.Lock()
         self.retry_on_names = sorted(
             {f"{t.__module__}.{t.__qualname__}" for t in config.retry_on}
         )
@@ -196,8 +203,8 @@ class Job:
         run = self._run
         if run.completed is not None:
             run.completed.put(state)
-        if run.progress is not None:
-            run.progress.update(state.n_items, failed, state.call_id)
+        if run.progress is not None:  # a call stopped with its job is not a failure
+            run.progress.update(state.n_items, 0 if state.cancelled else failed, state.call_id)
 
     def _fault_error(self, state: CallRun, fault: PlatformFault) -> BaseException:
         run = self._run
@@ -219,19 +226,42 @@ class Job:
         it is warned about, never the job's failure."""
         try:
             if final:
-                records.write(self.store, records.build(self))
-                lease.release(self)  # the job has ended: its lease is not renewed any more (issue 23)
+                with self._record_lock:
+                    records.write(self.store, records.build(self))
+                lease.release(self)  # the job has ended: its lease is not renewed any more
             else:
                 records.write_index(self.store, records.started_summary(self))
         except Exception as e:  # results matter more than the record: warn, do not fail the job
             if isinstance(e, StorageError) and not final and not self._run.calls:
                 raise  # the job's first write: a storage that refuses it refuses the job, one error
-            import warnings
+            self._record_failed(e)
 
-            self.record_error = f"{type(e).__name__}: {e}"
-            warnings.warn(f"fnmap: could not write the record of job {self.id} to "
-                          f"{self.store.url}: {self.record_error}", RuntimeWarning,
-                          stacklevel=2)
+    def save_ended_record(self) -> None:
+        """Write the record of a job whose exception reached its caller, before its stopped calls
+        have settled: should the process end first (a script's last line, a kill), the job reads
+        as what its caller saw (``failed``, or ``cancelled`` for an interrupt), never as a client
+        that went away.  The record the scheduler writes once every call is done replaces it."""
+        with self._record_lock:
+            if self._run.record_saved:  # the scheduler's own final record is written (or about to be)
+                return
+            try:
+                records.write(self.store, records.build(self))
+            except Exception as e:
+                self._record_failed(e)
+
+    def _record_failed(self, e: Exception) -> None:
+        import warnings
+
+        self.record_error = f"{type(e).__name__}: {e}"
+        warnings.warn(f"fnmap: could not write the record of job {self.id} to "
+                      f"{self.store.url}: {self.record_error}", RuntimeWarning, stacklevel=3)
+
+    def _reached_caller(self, exc: BaseException) -> None:
+        """``exc`` is raised to this job's caller: the job has ended for it (see :attr:`raised`)."""
+        if self.raised is None:
+            stopped = isinstance(exc, (CancelledError, KeyboardInterrupt))  # asked to stop, not a failure
+            self.raised = {"error": f"{type(exc).__name__}: {exc}"[:500],
+                           "status": "cancelled" if stopped else "failed"}
 
     # -- results -------------------------------------------------------------
 
@@ -278,7 +308,8 @@ class Job:
             for state in self.calls:
                 self._wait_call(state)
                 out.extend(self.call_results(state, return_exceptions))
-        except BaseException:
+        except BaseException as exc:
+            self._reached_caller(exc)
             self.cancel(stop_platform=True)
             raise
         finally:
@@ -289,7 +320,15 @@ class Job:
 
     def call_results(self, state: CallState, return_exceptions: bool) -> list:
         """The results of a finished call's items, in order; raises the first failure unless
-        ``return_exceptions`` (then exceptions take the failed items' places)."""
+        ``return_exceptions`` (then exceptions take the failed items' places).  What it raises
+        reaches the job's caller (``results``, ``imap``): the job has ended (:attr:`raised`)."""
+        try:
+            return self._call_results(state, return_exceptions)
+        except BaseException as exc:
+            self._reached_caller(exc)
+            raise
+
+    def _call_results(self, state: CallState, return_exceptions: bool) -> list:
         try:
             outcomes = state.future.result()
         except CancelledError:
@@ -331,8 +370,16 @@ class Job:
     def cancel(self, stop_platform: bool = False) -> None:
         """Stop starting this job's calls; those running end with their own results.  With
         ``stop_platform`` the job is abandoned: no retries or copies, and the platform stops what
-        it can (see :meth:`fnmap.scheduler.Scheduler.cancel`)."""
+        it can (see :meth:`fnmap.scheduler.Scheduler.cancel`), its progress bar ends now (nobody
+        watches it: the calls being stopped would draw it again, in a notebook's next cell), and a
+        job whose exception reached its caller records that it ended (:meth:`save_ended_record`)."""
         self._scheduler.cancel(self, stop_platform)
+        if not stop_platform:
+            return
+        if self.progress is not None:
+            self.progress.close()
+        if self.raised is not None:
+            self.save_ended_record()
 
     def attempts_summary(self) -> dict:
         """Attempts per call: ``{call_id: [[attempt, sent, ended, outcome, memory], ...]}`` (memory

@@ -7,16 +7,20 @@ While a client process runs a job it keeps a small JSON object at ``keys.lease_k
 (epoch seconds).  One daemon thread per process renews the leases of all its running jobs every
 sixth of the ``lease`` option (60 s by default, so every 10 s), one small PUT per job, never one
 per call; a job's lease is deleted once the job is done.  A reader anywhere -- ``fnmap.job(ID)``,
-``fnmap jobs``, ``fnmap job`` -- that finds an unfinished job whose lease has expired calls it
-``abandoned`` (:func:`judge`), and waiting on it ends.  A pid on the same host name, the check
-before this, said nothing about a client on another machine.
+``fnmap jobs``, ``fnmap job``, ``fnmap cancel``, ``fnmap redrive`` -- that finds an unfinished job
+whose client is gone calls it ``abandoned`` (:func:`judge`, the one judge they all use), and
+waiting on it ends.  A client is gone when its lease has expired (the only sign of a client on
+another machine), and at once when the lease names a process of this host that no longer exists
+(killed, crashed): a redrive right after a kill is not refused for the lease's remaining minute.
 
 A process that exits (a script's end, a kernel restarted) while a map runs does not wait for the
 lease to expire: at exit it abandons the job as Ctrl-C would (no retries, no copies; the platform
 stops what it can) and marks the lease ``abandoned`` at once, so the record says ``abandoned``
 rather than ``failed`` with the connection errors of an emulator stopping under its calls.  What
-was committed stays; ``fnmap redrive ID`` runs the rest (:mod:`fnmap.redrive`).  A job cancelled by
-``fnmap cancel`` is waited for first, briefly, so it ends ``cancelled`` as asked.
+was committed stays; ``fnmap redrive ID`` runs the rest (:mod:`fnmap.redrive`).  Not abandoned: a
+job cancelled by ``fnmap cancel``, or whose exception reached its caller (a map that raised as the
+script ended); their exit waits briefly for them to settle, and they end ``cancelled`` or
+``failed``, as their caller saw them (the latter's record was written when it raised).
 
 Clocks: ``expires`` is the holder's clock; readers on machines whose clocks differ by less than
 the lease minus the renewal period (50 s by default) judge it right.
@@ -27,17 +31,17 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import socket
 import threading
 import time
 import weakref
 
+from .observe.identity import client_process, gone_reason
 from .runtime import forks, keys
 
 #: How many renewals fit in one lease: a lease survives a few slow or failed renewals.
 RENEWALS_PER_LEASE = 6
 #: Statuses a lease can turn into ``abandoned``: a job that succeeded did all its work regardless.
-_JUDGED = ("running", "unknown", "incomplete", "cancelled", "failed")
+_JUDGED = ("running", "unknown", "incomplete", "cancelled", "failed", "abandoned")
 #: Kinds of job a client gives up at its exit (``fnmap.map`` and the like, which nobody waits for
 #: any more); an ``Executor``'s or Dask's job is left to finish or to expire.
 _GIVEN_UP_AT_EXIT = ("map", "reduce")
@@ -52,13 +56,7 @@ SETTLE_CANCELLED_AT_EXIT_SECONDS = 5.0
 
 def holder() -> dict:
     """This process: host name, pid and start time (so a reused pid is not taken for it)."""
-    pid = os.getpid()
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            start = f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        start = None
-    return {"host": socket.gethostname(), "pid": pid, "start": start}
+    return dict(client_process())
 
 
 def read(store, job_id: str) -> dict | None:
@@ -70,28 +68,46 @@ def read(store, job_id: str) -> dict | None:
     return lease if isinstance(lease, dict) else None
 
 
+def gone(lease: dict, now: float | None = None) -> str | None:
+    """Why the client holding ``lease`` runs its job no more, or None while it does: it gave the
+    job up at its exit, its process is gone from this host (known at once: killed, crashed), or
+    it stopped renewing the lease (a client on another machine, known when the lease expires)."""
+    if lease.get("abandoned"):
+        return str(lease["abandoned"])
+    who = lease.get("holder") or {}
+    reason = gone_reason(who)
+    if reason:
+        return reason
+    now = time.time() if now is None else now
+    if float(lease.get("expires") or 0) <= now:
+        return (f"its client ({who.get('host')}, pid {who.get('pid')}) stopped renewing its lease "
+                f"{now - float(lease.get('renewed') or 0):.0f} s ago")
+    return None
+
+
 def live(lease: dict | None, now: float | None = None) -> bool:
-    """Whether a client still holds this lease (renewed within its lifetime, not given up)."""
-    if not lease or lease.get("abandoned"):
-        return False
-    return float(lease.get("expires") or 0) > (time.time() if now is None else now)
+    """Whether a client still holds this lease: renewed within its lifetime, not given up, and its
+    process not gone from this host."""
+    return bool(lease) and gone(lease, now) is None
 
 
 def judge(store, record: dict) -> dict:
     """``record`` (a job record with its ``summary``, or a summary) with the status ``abandoned`` when
-    the job did not finish and its client's lease has expired or was given up at exit."""
+    the job did not finish and its client is gone (:func:`gone`): the one judge of abandonment that
+    every reader (``fnmap.job``, ``fnmap jobs``/``job``/``cancel``/``redrive``) goes through."""
     summary = record.get("summary", record)
     if summary.get("status") not in _JUDGED:
         return record
     lease = read(store, summary["job_id"])
-    if lease is None or live(lease):
+    if lease is None:
         return record
-    if lease.get("abandoned") or summary["status"] in ("running", "unknown"):
-        holder_ = lease.get("holder") or {}
+    why = gone(lease)
+    if why is None:
+        if summary["status"] == "unknown":  # no entry says it started, but a live client holds it
+            summary["status"] = "running"
+    elif lease.get("abandoned") or summary["status"] in ("running", "unknown", ABANDONED):
         summary["status"] = ABANDONED
-        summary["abandoned"] = lease.get("abandoned") or (
-            f"its client ({holder_.get('host')}, pid {holder_.get('pid')}) stopped renewing its lease "
-            f"{time.time() - float(lease.get('renewed') or 0):.0f} s ago")
+        summary["abandoned"] = why  # what the lease says (given up at exit) outranks a guess from the pid
     return record
 
 
@@ -174,7 +190,9 @@ class _Leases:
 
     def abandon_all(self) -> None:
         """At the process's exit: every job it still runs is abandoned, and says so in its lease
-        (after a short wait for those cancelled from outside, which then end ``cancelled``)."""
+        (after a short wait for those that ended already but are settling: cancelled from outside,
+        which then end ``cancelled``, or whose exception reached their caller).  A job whose
+        exception reached its caller is not abandoned: its record, written when it raised, stands."""
         self._settle_cancelled()
         with self._lock:
             self._exiting = True
@@ -183,6 +201,9 @@ class _Leases:
             job = ref()
             if job is not None and not job.done and job.kind not in _GIVEN_UP_AT_EXIT:
                 continue  # an Executor finishes its pending work at exit (as the standard library's); else it expires
+            if job is not None and not job.done and job.raised is not None:
+                job.save_ended_record()  # with what settled meanwhile; nobody renews the lease any more
+                job = None
             if job is None or job.done:
                 try:
                     store.delete([keys.lease_key(job_id)])
@@ -197,12 +218,13 @@ class _Leases:
 
     def _settle_cancelled(self) -> None:
         """Wait (at most ``SETTLE_CANCELLED_AT_EXIT_SECONDS`` in all) for the jobs cancelled from
-        outside to settle; each writes its final record and releases its lease as it does."""
+        outside, or stopped as their exception reached their caller, to settle; each writes its
+        final record and releases its lease as it does."""
         with self._lock:
             jobs = [ref() for ref, _, _ in self._held.values()]
         deadline = time.monotonic() + SETTLE_CANCELLED_AT_EXIT_SECONDS
         for job in jobs:
-            if job is not None and job.cancel_reason and not job.done:
+            if job is not None and (job.cancel_reason or job.raised is not None) and not job.done:
                 job.wait(max(0.0, deadline - time.monotonic()))
 
     def forget_in_child(self) -> None:

@@ -102,6 +102,7 @@ def redrive(store, job_id: str, config=None, **options):
     """Run the calls of job ``job_id`` that have no committed result; the running
     :class:`fnmap.jobs.Job` (its ``results()`` are every item's, in order)."""
     from . import lease
+    from .attach import client_runs
     from .client import get_client
     from .config import resolve
     from .observe import records
@@ -111,12 +112,12 @@ def redrive(store, job_id: str, config=None, **options):
     if client.store.url != store.url:
         raise RedriveError(f"job {job_id} is in {store.url} but the configured storage is {client.store.url}: "
                            f"pass storage={store.url!r}")
-    held = lease.read(store, job_id)
-    if lease.live(held):
-        who = held.get("holder") or {}
+    summary = records.load(store, job_id)["summary"]  # judged: abandoned at once if its client is gone
+    if client_runs(summary):
+        held = lease.read(store, job_id)
+        who = (held or {}).get("holder") or summary.get("client") or {}
         raise RedriveError(f"job {job_id} is still running in {who.get('host')} pid {who.get('pid')} (its lease was "
                            "renewed in time): wait for it (fnmap.job(ID).wait()), or stop it with `fnmap cancel`")
-    summary = records.load(store, job_id)["summary"]
     if summary["status"] == "succeeded":
         raise RedriveError(f"job {job_id} succeeded: every call has its result, nothing to redrive "
                            "(fnmap.job(ID).results() reads them)")

@@ -220,15 +220,17 @@ def watch(store, job_id: str, period: float = 1.0) -> int:
 
 
 def run_cancel(args) -> int:
-    from ..attach import FINAL, AttachedJob
+    from ..attach import AttachedJob, client_runs
     from ..observe import history, records
     from ..runtime.cancel import request_cancel
 
     store = _store(args)
     job_id = history.resolve_id(store, args.job_id)
-    status = records.load(store, job_id)["summary"]["status"]
-    if status in FINAL:
-        print(f"job {job_id} has ended already ({status}): nothing to cancel")
+    record = records.load(store, job_id)
+    status = record["summary"]["status"]
+    if not client_runs(record["summary"]):
+        print(f"job {job_id} has ended already ({status}): nothing to cancel"
+              + (f"; {redrive_advice(record)}" if status == "abandoned" else ""))
         return 0
     request_cancel(store, job_id)
     print(f"asked the client running job {job_id} to cancel it")
@@ -237,6 +239,22 @@ def run_cancel(args) -> int:
         job.wait()
         print(f"job {job_id} stopped: {job.status}")
     return 0
+
+
+def items_left(record: dict) -> int:
+    """Items of a job that have no result a redrive would not run again: those of calls that never
+    ran, were stopped or never reported (a failed item's error is its committed result)."""
+    stopped = sum(c["items"] for c in record["calls"] if c["status"] in ("cancelled", "pending", "running"))
+    return stopped + (record["summary"].get("items_unreported") or 0)
+
+
+def redrive_advice(record: dict) -> str:
+    """What ``fnmap redrive`` would do for a job that stopped: run the items left, or nothing."""
+    left = items_left(record)
+    short = record["job_id"][:12]
+    if left:
+        return f"`fnmap redrive {short}` runs the {left} item(s) left"
+    return "every call has its result (or its error): nothing is left to redrive"
 
 
 def _memory_climbs(calls: list[dict]) -> list[str]:
@@ -278,9 +296,11 @@ def format_summary(record: dict) -> str:
     lines.extend(_memory_climbs(record["calls"]))
     if s.get("error"):
         lines.append(f"error    {s['error']} (before any call ran)")
+    if s.get("raised"):
+        lines.append(f"raised   {s['raised']['error']} (reached the job's caller, which stopped the calls still out)")
     if s["status"] == "abandoned":
-        lines.append("note     the client that started this job is gone (killed or crashed) before it finished"
-                     + (f": {s['abandoned']}" if s.get("abandoned") else "") + "; `fnmap redrive ID` runs the rest")
+        lines.append("note     the client that started this job is gone before it finished: "
+                     + (s.get("abandoned") or "killed or crashed") + f"; {redrive_advice(record)}")
     if s.get("items_unreported"):
         lines.append(f"no result {s['items_unreported']} items: their calls never ran or never reported "
                      "(fnmap.job(ID).results() has an exception in their place)")

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .. import lease
 from ..errors import FnmapError
 from ..runtime import keys
-from .identity import ABANDONED, client_gone
+from .identity import ABANDONED, gone_reason
 
 
 class JobNotFound(FnmapError, LookupError):
@@ -64,9 +64,12 @@ def _refresh_running(store, summary: dict) -> None:
     workers' status records (as ``fnmap job`` does), and call it abandoned if its client is gone."""
     done = {keys.call_attempt_of(k)[0] for k in store.list(keys.status_prefix(summary["job_id"]))}
     summary["calls_done"] = max(summary.get("calls_done") or 0, len(done))
-    gone = client_gone(summary.get("client"))
+    # An automatically chunked job's entry counts the calls made at its start only: never fewer calls than done.
+    summary["calls"] = max(summary.get("calls") or 0, summary["calls_done"])
+    gone = gone_reason(summary.get("client"))
     if gone:
         summary["status"] = ABANDONED
+        summary["abandoned"] = gone
     # whether a reported call succeeded is in its status record: this listing reads none of them
     unfinished = max(0, (summary.get("calls") or 0) - summary["calls_done"])
     summary["states"] = {"done": summary["calls_done"], ABANDONED if gone else "running": unfinished}

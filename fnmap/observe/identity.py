@@ -8,10 +8,20 @@ import socket
 import sys
 
 _CLIENT: dict | None = None
+#: ``(pid, origin)`` of this process, found once: a record written late in the process's exit
+#: (its interpreter tearing ``__main__`` down) still names the script.
+_ORIGIN: tuple[int, str | None] | None = None
 
 
 def origin() -> str | None:
     """The notebook or script this process runs: Jupyter's session name, else ``__main__``'s file."""
+    global _ORIGIN
+    if _ORIGIN is None or _ORIGIN[0] != os.getpid():
+        _ORIGIN = (os.getpid(), _find_origin())
+    return _ORIGIN[1]
+
+
+def _find_origin() -> str | None:
     if os.environ.get("JPY_SESSION_NAME"):
         return os.environ["JPY_SESSION_NAME"]
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
@@ -52,6 +62,14 @@ def client_gone(client: dict | None) -> bool:
     except PermissionError:
         pass  # alive, another user's
     return client.get("start") is not None and _process_start(client["pid"]) != client["start"]
+
+
+def gone_reason(client: dict | None) -> str | None:
+    """Why ``client`` (from a record or a lease) runs nothing any more, when it ran on this host
+    and its process is gone (:func:`client_gone`); None otherwise."""
+    if not client_gone(client):
+        return None
+    return f"its client ({client.get('host')}, pid {client.get('pid')}) is gone from this host (killed or crashed)"
 
 
 #: Status of a job whose client process is gone before the job finished (killed, crashed).

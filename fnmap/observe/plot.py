@@ -10,7 +10,10 @@ horizontal axis.  The attempt whose result counted is split into phases:
 * writing: the result and captured output written to storage.
 
 Earlier attempts (crashed, lost, retried) are drawn as red bars from when they
-were sent until the client gave up on them.  matplotlib is imported only here,
+were sent until the client gave up on them.  A job still running is a snapshot:
+its title says how many of its calls are done, the attempts still out are drawn
+as "in flight" up to now, and a warning says so (a plot that looks complete
+would be taken for the whole job).  matplotlib is imported only here,
 and only the Agg canvas is used, so plotting never opens a window or changes
 the backend of a notebook's pyplot.
 """
@@ -18,9 +21,11 @@ the backend of a notebook's pyplot.
 from __future__ import annotations
 
 import os
+import time
+import warnings
 
 from ..errors import FnmapError
-from .records import percentile, run_seconds
+from .records import UNFINISHED, percentile, run_seconds
 
 PHASE_COLOURS = {
     "queued": "#c7c7c7",
@@ -28,6 +33,7 @@ PHASE_COLOURS = {
     "running": "#55a868",
     "writing": "#dd8452",
     "failed attempt": "#c44e52",
+    "in flight": "#b4d7b4",
 }
 
 
@@ -73,11 +79,20 @@ def plot_record(record: dict, path: str, title: str | None = None) -> str:
     calls = record.get("calls", [])
     if not calls:
         raise PlotError(f"job {record.get('job_id')} has no calls to plot")
+    summary = record.get("summary", {})
+    partial = running_note(record)
+    if partial:
+        warnings.warn(f"fnmap: job {record.get('job_id')} is {partial}: the plot shows only what is done "
+                      "so far (the calls still out as 'in flight')", RuntimeWarning, stacklevel=2)
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     FigureCanvasAgg(fig)
     timeline, histogram = fig.subplots(2, 1, height_ratios=[3, 1])
     _draw_timeline(timeline, calls, record["created"])
-    timeline.set_title(title or _title(record, record.get("summary", {})), fontsize="medium")
+    title = title or _title(record, summary)
+    if partial:
+        timeline.set_title(f"{partial.upper()} (a snapshot)\n{title}", fontsize="medium", color="#c44e52")
+    else:
+        timeline.set_title(title, fontsize="medium")
     _draw_histogram(histogram, calls)
     try:
         fig.savefig(path, dpi=110)
@@ -86,15 +101,32 @@ def plot_record(record: dict, path: str, title: str | None = None) -> str:
     return os.fspath(path)
 
 
+def running_note(record: dict) -> str | None:
+    """``running: N of M calls done`` for a job that has not ended (None once it has)."""
+    summary = record.get("summary", {})
+    calls = record.get("calls", [])
+    unfinished = sum(1 for c in calls if c.get("status") in UNFINISHED)
+    if summary.get("status") != "running" and not unfinished:
+        return None
+    total = max(summary.get("calls") or 0, len(calls))
+    done = summary.get("calls_done", len(calls) - unfinished)
+    return f"{summary.get('status') or 'running'}: {done} of {total} calls done"
+
+
 def _timeline_bars(calls: list[dict], t0: float) -> tuple[dict, list, list]:
     """The bars of every phase ``{phase: [(call, left, width)]}`` and the x, y of calls with failed items."""
     bars: dict[str, list[tuple[float, float, float]]] = {name: [] for name in PHASE_COLOURS}
     errors_x, errors_y = [], []
+    now = time.time()
     for call in calls:
         y = call["call"]
         spans, failed = phases(call)
         for name, start, end in spans:
             bars[name].append((y, start - t0, end - start))
+        if call.get("status") in UNFINISHED:  # its attempts still out, up to now
+            for attempt in call.get("attempts", []):
+                if attempt.get("sent") is not None and attempt.get("ended") is None:
+                    bars["in flight"].append((y, attempt["sent"] - t0, max(0.0, now - attempt["sent"])))
         for sent, ended, _outcome in failed:
             bars["failed attempt"].append((y, sent - t0, ended - sent))
         if call.get("status") not in ("ok", "cancelled", "pending", "running") and spans:

@@ -67,8 +67,12 @@ class Progress:
         )
 
     def update(self, n: int, failed: int = 0, call_id: int | None = None) -> None:
-        """``n`` items of one call are done, ``failed`` of them failed."""
+        """``n`` items of one call are done, ``failed`` of them failed (nothing once the bar is
+        closed: a job its caller gave up still settles, and its bar would be drawn again below
+        whatever the caller printed next, a notebook's next cell)."""
         with self._lock:
+            if self._closed:
+                return
             self.calls_done += 1
             self.failed += failed
             if failed:
@@ -81,6 +85,8 @@ class Progress:
     def retrying(self, call_id: int) -> None:
         """Call ``call_id`` is being sent again."""
         with self._lock:
+            if self._closed:
+                return
             self._retrying.add(call_id)
             self._show(force=False)
 
@@ -101,8 +107,10 @@ class Progress:
     def refresh(self) -> None:
         """Draw the bar now with everything counted so far."""
         with self._lock:
+            if self._closed:
+                return
             self._show(force=True)
-        self._bar.refresh()
+            self._bar.refresh()
 
     def close(self) -> None:
         """Draw the bar a last time and end its line; once (the job's last call and the caller

@@ -39,7 +39,7 @@ from ..errors import FnmapError
 from ..runtime import keys
 from . import cost, identity
 from .history import JobNotFound, get_json_many, resolve_id, started_entry, write_index
-from .identity import ABANDONED, client_gone
+from .identity import ABANDONED, gone_reason
 from .logs import logs_text
 
 #: What fnmap.jobs (and older callers) read from here; the index and logs are re-exported from their modules.
@@ -69,9 +69,16 @@ _STATS_FIELDS = (
 
 def build(job) -> dict:
     """The record of a :class:`fnmap.jobs.Job`, finished or not, as plain JSON-ready data."""
+    raised = job.raised
     with job._lock:
         calls = [_call_entry(s, job.call_errors.get(s.call_id)) for s in job.calls]
         finished = job.finished if job.done_count == len(job.calls) and job.sealed else None
+    if raised is not None:  # its caller has its exception: what is still out was stopped with the job
+        for call in calls:
+            if call["status"] in UNFINISHED:
+                call.update(status="cancelled", error=f"stopped unfinished: the job ended when {raised['error']} "
+                            "reached its caller")
+        finished = finished or time.time()
     cfg = job.config
     record = {
         "format": FORMAT,
@@ -82,6 +89,7 @@ def build(job) -> dict:
         "storage": job.store.url,
         "created": job.created,
         "finished": finished,
+        "raised": raised,
         "options": {
             "chunksize": cfg.chunksize or "auto",
             "timeout": cfg.timeout,
@@ -280,14 +288,19 @@ def run_seconds(call: dict) -> float | None:
 
 
 def _job_status(record: dict, n_done: int, failed: list) -> str:
+    """What happened to the job: a failure outranks the cancellation of the calls it stopped, and a
+    job whose exception reached its caller (``raised``) ended then, as that exception says."""
     calls = record["calls"]
+    raised = record.get("raised")
     if record.get("error"):  # stopped before any call ran, e.g. an item that does not pickle
         return "failed"
-    if n_done < len(calls):
+    if n_done < len(calls) and not raised:
         return "running" if record.get("finished") is None else "incomplete"
-    if any(c["status"] == "cancelled" for c in calls):
-        return "cancelled"
-    return "failed" if failed else "succeeded"
+    if failed:
+        return "failed"
+    if raised:
+        return raised["status"]
+    return "cancelled" if any(c["status"] == "cancelled" for c in calls) else "succeeded"
 
 
 def summarize(record: dict) -> dict:
@@ -313,6 +326,7 @@ def summarize(record: dict) -> dict:
         "origin": record.get("origin"),
         "client": record.get("client"),
         "error": record.get("error"),
+        "raised": record.get("raised"),
         "backend": record.get("backend"),
         "storage": record.get("storage"),
         "status": status,
@@ -420,13 +434,18 @@ def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -
         record[field] = started.get(field)
     summary = record["summary"] = summarize(record)
     # A job that wrote its start entry is running, unless its client is gone.
-    summary["status"] = (ABANDONED if client_gone(started.get("client")) else "running") if started else "unknown"
-    summary["calls"] = max(summary["calls"], started.get("calls") or 0)
+    gone = gone_reason(started.get("client"))
+    summary["status"] = (ABANDONED if gone else "running") if started else "unknown"
+    if gone:
+        summary["abandoned"] = gone
     summary["items"] = max(summary["items"], started.get("items") or 0)
     record["unreported"] = gaps = _unreported(calls, summary["items"])
     summary["items_unreported"] = sum(n for _, n in gaps or [])
-    # each range of items no call reported is one call at least (calls not yet made are not counted)
-    unfinished = max(summary["calls"] - summary["calls_done"], len(gaps or []))
+    # Each range of items no call reported is one call at least: with automatic chunking the start
+    # entry counts only the first calls, so the calls are at least those reported and those gaps
+    # (done never exceeds calls, and running is what is left of them).
+    summary["calls"] = max(summary["calls"] + len(gaps or []), started.get("calls") or 0)
+    unfinished = summary["calls"] - summary["calls_done"]
     summary["states"]["running"] = 0 if summary["status"] == ABANDONED else unfinished
     summary["states"][ABANDONED] = unfinished if summary["status"] == ABANDONED else 0
     return record
