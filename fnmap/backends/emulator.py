@@ -178,16 +178,33 @@ def _listening(url: str) -> bool:
 
 
 def _check_reachable(url: str, config) -> None:
+    """Ask the emulator at ``url`` for its health; a ConfigError saying whether nothing answered there
+    or an emulator answered and refused (its front door admits only the names it serves)."""
+    from urllib.parse import urlsplit
+
     import requests
 
+    where = config.describe("emulator_url")
     try:
         r = requests.get(url + "/health", timeout=5)
-        r.raise_for_status()
     except requests.RequestException as e:
         raise ConfigError(
-            f"{config.describe('emulator_url')} is not reachable ({e.__class__.__name__}): start one "
+            f"{where} is not reachable ({e.__class__.__name__}): start one "
             "with `fnmap emulator`, or unset FNMAP_EMULATOR_URL to let fnmap start its own"
         ) from None
+    if r.status_code == 200:
+        return
+    reason = r.text.strip()[:400]
+    parts = urlsplit(url)
+    if r.status_code == 403 and reason.startswith("Host "):
+        name = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        raise ConfigError(
+            f"{where} refused by the front door: Host {parts.netloc!r} not among its names; use --allow-host "
+            f"{name} where the emulator starts (`fnmap emulator --allow-host {name}`), or reach it by one of "
+            f"its names (127.0.0.1, localhost, on any port). It said: {reason}")
+    raise ConfigError(f"{where} answered {r.status_code} to GET /health ({reason or 'no reason given'}): is it "
+                      "an fnmap emulator? Start one with `fnmap emulator`, or unset FNMAP_EMULATOR_URL to let "
+                      "fnmap start its own")
 
 
 def _shared(workers: int | None, options: str, secret: str | None, idle: float):

@@ -75,9 +75,9 @@ def _add_connections(p) -> None:
         "Bounds on what one connection may hold, so that silent or slow clients cannot lock others out.",
     )
     c.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                   help="a host name clients may reach the emulator by, besides its address, 127.0.0.1, "
-                        "localhost and [::1] (repeatable); requests naming any other Host are refused "
-                        "(DNS rebinding)")
+                   help="a host name (NAME or NAME:PORT) clients may reach the emulator by, besides its "
+                        "address, 127.0.0.1, localhost and [::1], each on any port (a port forward's too; "
+                        "repeatable); requests naming any other Host are refused (DNS rebinding)")
     c.add_argument("--idle-timeout", type=float, default=10.0, metavar="S",
                    help="close a keep-alive connection silent for S seconds between requests (default 10)")
     c.add_argument("--head-timeout", type=float, default=10.0, metavar="S",

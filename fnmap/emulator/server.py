@@ -11,6 +11,7 @@ import threading
 import time
 
 from ..runtime.deadlines import TimeLimits
+from ..runtime.frontdoor import allowed_name
 from ..runtime.signing import SECRET_ENV, new_secret
 from . import default_workers, shared
 from .faults import FaultPlan
@@ -40,6 +41,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     it listens; ``stop_on_hangup``: stop a call whose client hung up (all three for an emulator
     shared by a user's processes, :mod:`.shared`).
     """
+    allow_hosts = tuple(allowed_name(name) for name in allow_hosts)  # a malformed one fails before anything starts
     workers = workers or default_workers()
     env = dict(os.environ)
     credentials = _announce_secrets(env)

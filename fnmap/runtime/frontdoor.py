@@ -5,9 +5,12 @@ requests to ``127.0.0.1`` (a ``text/plain`` POST needs no CORS preflight), and
 through DNS rebinding (its own host name resolving to ``127.0.0.1``) it can even
 read the answers.  So before a route sees a request, :class:`FrontDoor` refuses:
 
-* a ``Host`` that is not an address the server serves (403): DNS rebinding.  Only
-  the emulator knows its addresses (:meth:`FrontDoor.serve_at`); a deployed
-  handler behind a cloud's front end checks no ``Host``;
+* a ``Host`` that is not a name or address the server serves (403): DNS rebinding.
+  Only the emulator knows its addresses (:meth:`FrontDoor.serve_at`); a deployed
+  handler behind a cloud's front end checks no ``Host``.  The port is not checked:
+  a rebinding page controls the name, not the port, and a client reaching the
+  emulator through a port forward (``ssh -L 9000:localhost:8765``) names the
+  forward's port (Jupyter's check also admits its local names on any port);
 * a browser's cross-site request (403): an ``Origin`` other than the server's own
   (``null`` included), or ``Sec-Fetch-Site`` other than ``same-origin``/``none``;
 * a body whose ``Content-Type`` is not what the route takes (415): the three types
@@ -28,6 +31,7 @@ import ipaddress
 import re
 import socket
 
+from ..errors import ConfigError
 from .httpwire import reason_phrase
 
 #: What a browser may send cross-origin without a CORS preflight (the "CORS-safelisted" types).
@@ -40,44 +44,86 @@ _INVOKE_PATHS = frozenset({"/", "/invoke"})
 _LAMBDA_INVOKE = re.compile(r"/20\d\d-\d\d-\d\d/functions/[^/]+/invocations")
 _AWS_API = re.compile(r"/(20\d\d-\d\d-\d\d|v1)/")
 _WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+#: A host name or IPv4 address as ``--allow-host`` takes it.
+_NAME = re.compile(r"[a-z0-9_]([a-z0-9._-]*[a-z0-9_])?")
+#: The names a client on this machine reaches a loopback server by.
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
 
 
-def loopback_names(port: int) -> set[str]:
-    """The ``Host`` values a client on this machine uses for ``port``: 127.0.0.1, localhost, [::1]."""
-    return {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
-
-
-def host_value(host: str, port: int) -> str:
-    """``host:port`` as a ``Host`` header writes it (an IPv6 address in brackets), lower case."""
+def host_name(host: str) -> str:
+    """A host name or address as a ``Host`` header writes it without its port: lower case, an IPv6
+    address in brackets."""
     host = host.strip("[]").lower()
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"[{host}]" if ":" in host else host
+
+
+def split_host(value: str) -> tuple[str, str | None]:
+    """``(name, port)`` of a ``Host`` header or ``--allow-host`` value (``port`` None when absent);
+    ``name`` as :func:`host_name` writes it.  A bare IPv6 address (more than one colon, no brackets)
+    has no port."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, bracket, rest = value[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            return value, None  # malformed: matches no name of ours
+        return host_name(name), rest[1:] if rest else None
+    if value.count(":") == 1:
+        name, port = value.split(":")
+        return name, port
+    return host_name(value), None
+
+
+def _valid_port(port: str | None) -> bool:
+    return not port or (port.isdigit() and len(port) <= 5 and int(port) <= 65535)  # RFC 3986: may be empty
+
+
+def allowed_name(value: str) -> str:
+    """The name an ``--allow-host`` value admits (on any port): ``NAME``, ``NAME:PORT``, an IP
+    address, ``[IPv6]`` or ``[IPv6]:PORT``; ConfigError naming the value when it is none of these."""
+    name, port = split_host(value)
+    if name.startswith("["):
+        valid = name.endswith("]") and _is_ip(name[1:-1])
+    else:
+        valid = _NAME.fullmatch(name) is not None
+    if not valid or not _valid_port(port):
+        raise ConfigError(
+            f"--allow-host {value!r} is not a host name, an address or NAME:PORT: give the name clients "
+            "put in the URL they reach the emulator by, e.g. --allow-host fnmap.internal or "
+            "--allow-host fnmap.internal:9000 (any port is admitted either way)")
+    return name
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 class FrontDoor:
     """WSGI middleware refusing foreign hosts, cross-site browser requests and unexpected bodies.
 
-    ``hosts``: the ``Host`` values allowed (None: any, for an app behind a cloud's front end).
-    The emulator sets them once bound, with :meth:`serve_at`.
+    ``hosts``: the names allowed in ``Host``, on any port (None: any, for an app behind a cloud's
+    front end).  The emulator sets them once bound, with :meth:`serve_at`.
     """
 
     def __init__(self, app, hosts: set[str] | None = None):
         self.app = app
-        self.hosts = None if hosts is None else frozenset(h.lower() for h in hosts)
-        #: Bound to every address (0.0.0.0 or ::): any IP literal with the port is one of ours.
-        self._any_ip_port: int | None = None
+        self.hosts = None if hosts is None else frozenset(host_name(h) for h in hosts)
+        #: Bound to every address (0.0.0.0 or ::): any IP literal is one of ours.
+        self._any_ip = False
 
     def serve_at(self, host: str, port: int, extra_names: tuple[str, ...] = ()) -> None:
-        """Allow only the ``Host`` values of a server bound to ``host:port``: its loopback names,
-        the bound address, ``extra_names`` (``--allow-host``) and, bound to every address, any IP
-        address and this machine's names; each with the port or without."""
-        hosts = loopback_names(port) | {host_value(host, port)} | {host_value(n, port) for n in extra_names}
-        self._any_ip_port = port if host.strip("[]") in _WILDCARDS else None
-        if self._any_ip_port is not None:
-            hosts |= {host_value(socket.gethostname(), port), host_value(socket.getfqdn(), port)}
-        # The names without the port as well: a client may leave it out, and no other site's page
-        # sends one of these names.
-        hosts |= {h.rsplit(":", 1)[0] for h in hosts}
-        self.hosts = frozenset(hosts)
+        """Allow only the names of a server bound to ``host:port``: its loopback names, the bound
+        address, ``extra_names`` (``--allow-host``, with or without a port) and, bound to every
+        address, any IP address and this machine's names; each on any port (a port forward's
+        included), or none: ``port`` is the bound one, which a ``Host`` need not name."""
+        hosts = set(LOOPBACK_NAMES) | {host_name(host)} | {allowed_name(n) for n in extra_names}
+        self._any_ip = host.strip("[]") in _WILDCARDS
+        if self._any_ip:
+            hosts |= {host_name(socket.gethostname()), host_name(socket.getfqdn())}
+        self.hosts = frozenset(hosts - {""})
 
     def __call__(self, environ, start_response):
         refusal = self.refusal(environ)
@@ -102,9 +148,9 @@ class FrontDoor:
         host = host.lower()
         # No Host at all (HTTP/1.0) never comes from a browser: rebinding needs a name in it.
         if self.hosts is not None and host and not self._ours(host):
-            return 403, (f"Host {host!r} is not an address this server serves ({', '.join(sorted(self.hosts))}): "
-                         "refused (a web page reaching it through DNS rebinding would send that); connect to "
-                         "one of those, or start the emulator with --allow-host NAME")
+            return 403, (f"Host {host!r} is not among the names this server serves ({', '.join(sorted(self.hosts))}, "
+                         "on any port): refused (a web page reaching it through DNS rebinding would send that); "
+                         f"connect by one of those, or start the emulator with --allow-host {split_host(host)[0]}")
         if origin is not None and not self._own_origin(origin.lower(), host):
             return 403, (f"cross-origin request from {origin!r} refused: the fnmap emulator takes no "
                          "requests from web pages")
@@ -114,17 +160,13 @@ class FrontDoor:
         return None
 
     def _ours(self, host: str) -> bool:
-        if host in self.hosts:
+        name, port = split_host(host)
+        if not _valid_port(port):
+            return False
+        if name in self.hosts:
             return True
-        if self._any_ip_port is None:
-            return False
-        if host.endswith(f":{self._any_ip_port}"):
-            host = host.rsplit(":", 1)[0]
-        try:
-            ipaddress.ip_address(host.strip("[]"))
-        except ValueError:
-            return False
-        return True  # an address literal cannot be rebound to another site's name
+        # Bound to every address: an address literal cannot be rebound to another site's name.
+        return self._any_ip and _is_ip(name.strip("[]"))
 
     def _own_origin(self, origin: str, host: str) -> bool:
         """A browser's same-origin request: ``http://`` and the server's own (checked) Host."""
