@@ -24,8 +24,8 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/p
 SCRIPT_TIMEOUT = 120
 
 FORKING_SCRIPT = textwrap.dedent("""
-    import json, multiprocessing, os, sys
-    import fnmap
+    import json, multiprocessing, os, sys, time
+    import fnmap, fnmap.lease
 
     def square(x):
         return x * x
@@ -39,6 +39,7 @@ FORKING_SCRIPT = textwrap.dedent("""
         executor.submit(square, 3).result()
         with multiprocessing.get_context("fork").Pool(2) as pool:
             report["pool"] = pool.map(child_that_calls_fnmap_map, [100, 200, 300])
+        pending = executor.submit(time.sleep, 2)  # still running as the child exits
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # a child that maps, then exits through the interpreter's exit (atexit runs)
@@ -55,7 +56,10 @@ FORKING_SCRIPT = textwrap.dedent("""
         with os.fdopen(read) as f:
             report.update(json.loads(f.read() or "{}"))
         report["child_exit"] = os.waitpid(pid, 0)[1]
+        lease = fnmap.lease.read(executor.job.store, executor.job.id)
+        report["lease_holder_is_parent"] = lease["holder"]["pid"] == os.getpid()
         report["parent_after"] = sum(fnmap.map(square, range(200)))
+        pending.result()
         report["executor_after"] = executor.submit(square, 4).result()
         executor.shutdown()
         print(json.dumps(report))
@@ -105,6 +109,8 @@ def test_forked_children_map_within_a_bounded_time(tmp_path, setup):
     assert report["pool"] == [sum(x * x for x in range(n)) for n in (100, 200, 300)]
     assert report["child"] == sum(x * x for x in range(50))
     assert report["child_exit"] == 0
+    # The parent's open job is still the parent's: the child did not renew its lease as its own.
+    assert report["lease_holder_is_parent"]
     # The parent's executor is the parent's: refused in the child with the fix, still working here.
     assert "make a new fnmap.Executor() in this process" in report["inherited"]
     assert report["executor_after"] == 16
