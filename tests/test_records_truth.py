@@ -67,8 +67,11 @@ def test_a_map_whose_exception_reached_its_caller_is_failed_in_every_run(tmp_pat
                               env=_script_env(), timeout=120)
         job_id = done.stdout.strip()
         assert done.returncode == 1 and "ValueError: item 1 is bad" in done.stderr, done.stderr[-2000:]
-        summary = fnmap.job(job_id).summary()
+        record = fnmap.job(job_id).record()
+        summary = record["summary"]
         seen.append(summary["status"])
+        # its exit waited for the calls still out: the record is the settled one, not the one written as it raised
+        assert not any("stopped unfinished" in (c["error"] or "") for c in record["calls"]), record["calls"]
         assert summary["raised"]["error"] == "ValueError: item 1 is bad", summary
         assert summary["states"]["abandoned"] == summary["states"]["running"] == 0, summary["states"]
         assert summary["states"]["failed"] == 1, summary["states"]
@@ -95,20 +98,24 @@ KILLED_AFTER_RAISING = textwrap.dedent('''
     try:
         job.results()
     except ValueError:
-        os.kill(os.getpid(), signal.SIGKILL)  # the process dies before call 1 settles
+        if sys.argv[2] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)  # the process dies before call 1 settles
+        raise  # the script ends with it: its exit waits a few seconds for call 1, in vain
 ''')
 
 
-def test_a_job_whose_caller_got_its_exception_stays_failed_when_its_process_is_killed_before_it_settles(tmp_path):
+@pytest.mark.parametrize("end", ["kill", "exit"])
+def test_a_job_whose_caller_got_its_exception_stays_failed_when_its_process_ends_before_it_settles(tmp_path, end):
     """The local backend cannot stop call 1, and the process is SIGKILLed right after the map
-    raised: the record written when it raised stands (``failed``), not a rebuilt ``abandoned``."""
+    raised, or exits with the exception: the record written when it raised stands (``failed``),
+    never a rebuilt or lease-judged ``abandoned``."""
     script, gate = tmp_path / "killed_after_raising.py", tmp_path / "gate"
     script.write_text(KILLED_AFTER_RAISING)
-    # no pipes: the local backend's worker running call 0 outlives the kill until the gate opens
-    proc = subprocess.Popen([sys.executable, str(script), str(gate)], stdout=open(tmp_path / "out", "w"),
+    # no pipes: the local backend's worker running call 1 outlives its client until the gate opens
+    proc = subprocess.Popen([sys.executable, str(script), str(gate), end], stdout=open(tmp_path / "out", "w"),
                             stderr=subprocess.DEVNULL, env=_script_env())
     try:
-        assert proc.wait(120) == -signal.SIGKILL
+        assert proc.wait(120) == (-signal.SIGKILL if end == "kill" else 1)
         job = fnmap.job((tmp_path / "out").read_text().strip())
         summary = job.summary()
         assert summary["status"] == "failed" and summary["raised"]["error"] == "ValueError: item 0 is bad", summary
@@ -243,11 +250,12 @@ AUTO_CHUNKED = textwrap.dedent('''
     GATE = sys.argv[1]
 
     def work(x):
-        while x >= 30 and not os.path.exists(GATE):
+        time.sleep(0.05 if x < 30 else 0)  # calls of about one item each (the local backend's target)
+        while x >= 30 and not os.path.exists(GATE):  # then both slots wait, the feed makes no more calls
             time.sleep(0.02)
         return x
 
-    job = fnmap.map(work, range(40), return_job=True, workers=2, backend="local")
+    job = fnmap.map(work, range(400), return_job=True, workers=2, backend="local")
     print(job.id, flush=True)
     print(len(job.results()), flush=True)
 ''')
@@ -261,8 +269,9 @@ def _counts(line: str) -> tuple[int, int, dict[str, int]]:
 
 
 def test_watch_counts_of_a_running_automatically_chunked_job_add_up(tmp_path):
-    """Its start entry counts the first calls only, and the calls made since report as they end:
-    the watched line never has more calls done than calls, and its states add up to the calls."""
+    """Its start entry counts the first calls only, and the calls made since report as they end,
+    while items in no call yet wait: the watched line never says all calls are done with one
+    running, nor more calls done than calls, and its states add up to the calls."""
     gate, script = tmp_path / "gate", tmp_path / "auto.py"
     script.write_text(AUTO_CHUNKED)
     proc = subprocess.Popen([sys.executable, str(script), str(gate)], stdout=subprocess.PIPE,
@@ -281,6 +290,8 @@ def test_watch_counts_of_a_running_automatically_chunked_job_add_up(tmp_path):
         assert summary["calls_done"] < summary["calls"], summary
         assert sum(summary["states"].values()) == summary["calls"], summary["states"]
         assert summary["states"]["running"] >= 1 and summary["items_unreported"] >= 10, summary
+        listed = next(j for j in history.list_jobs(store) if j["job_id"] == job_id)  # what `fnmap jobs` shows
+        assert listed["status"] == "running" and listed["calls"] >= listed["calls_done"] > started, listed
         watcher = subprocess.Popen([sys.executable, "-m", "fnmap", "job", job_id, "--watch"], stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
         line = watcher.stdout.readline()
@@ -293,7 +304,7 @@ def test_watch_counts_of_a_running_automatically_chunked_job_add_up(tmp_path):
             watcher.communicate(timeout=30)
         gate.touch()
         out, err = proc.communicate(timeout=120)
-    assert out.split()[-1] == "40", err
+    assert out.split()[-1] == "400", err
 
 
 def _reported(store, job_id: str) -> list[dict]:

@@ -288,19 +288,20 @@ def run_seconds(call: dict) -> float | None:
 
 
 def _job_status(record: dict, n_done: int, failed: list) -> str:
-    """What happened to the job: a failure outranks the cancellation of the calls it stopped, and a
-    job whose exception reached its caller (``raised``) ended then, as that exception says."""
+    """What happened to the job.  One whose exception reached its caller (``raised``) ended then, as
+    that exception says: ``failed`` for an item's or a call's failure (the calls it stopped are
+    cancelled, not the job), ``cancelled`` for an interrupt or a cancel."""
     calls = record["calls"]
     raised = record.get("raised")
     if record.get("error"):  # stopped before any call ran, e.g. an item that does not pickle
         return "failed"
-    if n_done < len(calls) and not raised:
-        return "running" if record.get("finished") is None else "incomplete"
-    if failed:
-        return "failed"
     if raised:
         return raised["status"]
-    return "cancelled" if any(c["status"] == "cancelled" for c in calls) else "succeeded"
+    if n_done < len(calls):
+        return "running" if record.get("finished") is None else "incomplete"
+    if any(c["status"] == "cancelled" for c in calls):
+        return "cancelled"
+    return "failed" if failed else "succeeded"
 
 
 def summarize(record: dict) -> dict:
