@@ -421,7 +421,8 @@ def _function_runtime(function: dict) -> dict:
     python = recorded.get("python") or (runtime[len("python"):] if runtime.startswith("python") else None)
     # A container image (no Runtime) deployed without FNMAP_RUNTIME cannot tell; its calls report
     # a mismatch themselves ("version" fault).
-    return {"python": python or mine["python"], "cloudpickle": recorded.get("cloudpickle") or mine["cloudpickle"]}
+    return {"protocol": recorded.get("protocol") if recorded else mine["protocol"],
+            "python": python or mine["python"], "cloudpickle": recorded.get("cloudpickle") or mine["cloudpickle"]}
 
 
 def _fault_from_error_response(response: dict, target: str) -> PlatformFault:
