@@ -141,6 +141,8 @@ class Job:
         #: message", "status": "failed" or "cancelled"}``.  The job ended there, whatever its calls
         #: still settling do, and its record says so (:func:`fnmap.observe.records.build`).
         self.raised: dict | None = None
+        #: Why this process gave the job up unfinished (its exit: :mod:`fnmap.lease`), or None.
+        self.given_up: str | None = None
         #: Held while the record is built and written: a snapshot never lands after a later record.
         self._record_lock = threading.Lock()
         self.retry_on_names = sorted(
@@ -237,10 +239,12 @@ class Job:
             self._record_failed(e)
 
     def save_ended_record(self) -> None:
-        """Write the record of a job whose exception reached its caller, before its stopped calls
-        have settled: should the process end first (a script's last line, a kill), the job reads
-        as what its caller saw (``failed``, or ``cancelled`` for an interrupt), never as a client
-        that went away.  The record the scheduler writes once every call is done replaces it."""
+        """Write the record of a job that ended before its stopped calls settled: its exception
+        reached its caller (then, should the process end first, a script's last line or a kill,
+        the job reads as what its caller saw: ``failed``, or ``cancelled`` for an interrupt), or
+        its process gave it up at exit (:attr:`given_up`; its lease says ``abandoned``).  Its calls
+        still out are recorded as stopped; the record the scheduler writes once every call is
+        done, if the process lives that long, replaces this one."""
         with self._record_lock:
             if self._run.record_saved:  # the scheduler's own final record is written (or about to be)
                 return

@@ -210,11 +210,14 @@ class _Leases:
                 except Exception:
                     pass
                 continue
-            self._write(store, job_id, seconds, abandoned="its client process exited before the job finished")
+            reason = "its client process exited before the job finished"
+            self._write(store, job_id, seconds, abandoned=reason)
             try:
                 job.cancel(stop_platform=True)  # no retries against an emulator stopping, no copies
             except Exception:  # exiting anyway: the lease says what happened
                 pass
+            job.given_up = reason
+            job.save_ended_record()  # its calls stopped, not left for readers to rebuild (the process ends first)
 
     def _settle_cancelled(self) -> None:
         """Wait (at most ``SETTLE_CANCELLED_AT_EXIT_SECONDS`` in all) for the jobs cancelled from

@@ -74,10 +74,15 @@ def build(job) -> dict:
         calls = [_call_entry(s, job.call_errors.get(s.call_id)) for s in job.calls]
         finished = job.finished if job.done_count == len(job.calls) and job.sealed else None
     if raised is not None:  # its caller has its exception: what is still out was stopped with the job
+        stopped = f"stopped unfinished: the job ended when {raised['error']} reached its caller"
+    elif job.given_up is not None:  # its process gave it up at exit
+        stopped = f"the job was abandoned ({job.given_up}): stopped unfinished"
+    else:
+        stopped = None
+    if stopped is not None:
         for call in calls:
             if call["status"] in UNFINISHED:
-                call.update(status="cancelled", error=f"stopped unfinished: the job ended when {raised['error']} "
-                            "reached its caller")
+                call.update(status="cancelled", error=stopped)
         finished = finished or time.time()
     cfg = job.config
     record = {
