@@ -306,9 +306,14 @@ def format_summary(record: dict) -> str:
                      "(fnmap.job(ID).results() has an exception in their place)")
     if record.get("rebuilt"):
         lines.append(f"note     {record['rebuilt']}")
-    failed = [
-        c for c in record["calls"] if c["status"] not in ("ok", "cancelled", "pending", "running")
-    ]
+    lines.extend(_failures(record))
+    return "\n".join(lines)
+
+
+def _failures(record: dict) -> list[str]:
+    """The failed calls of ``fnmap job ID``: ten at most, the first traceback, where to read more."""
+    s, lines = record["summary"], []
+    failed = [c for c in record["calls"] if c["status"] not in ("ok", "cancelled", "pending", "running")]
     if failed:
         lines.append("failures:")
         for c in failed[:10]:
@@ -327,7 +332,7 @@ def format_summary(record: dict) -> str:
         if len(failed) > 10:
             lines.append(f"  ... and {len(failed) - 10} more (fnmap job {s['job_id'][:12]} --json)")
         lines.append(f"  output of a call: fnmap logs {s['job_id'][:12]} --call N")
-    return "\n".join(lines)
+    return lines
 
 
 # -- fnmap logs ID ---------------------------------------------------------------
