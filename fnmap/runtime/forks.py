@@ -43,8 +43,16 @@ def keep(*objects) -> None:
 
 
 def _after_fork_in_child() -> None:
+    """Every reset, each whatever the others did; the first error is raised after them all (the
+    interpreter reports an error of an at-fork hook and goes on with the child)."""
+    failed = None
     for reset in _resets:
-        reset()
+        try:
+            reset()
+        except Exception as e:  # the next module's reset still runs
+            failed = failed or e
+    if failed is not None:
+        raise failed
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
