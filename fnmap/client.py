@@ -109,7 +109,8 @@ class Client:
         try:
             parts = dump_parts(chunk if plain else _large_values_out_of_band(chunk))
         except Exception:
-            _raise_unpicklable(chunk, first_index)
+            _raise_unpicklable(chunk, first_index)  # names the item that cannot be pickled
+            raise  # no item alone: the chunk's own error, not a later NameError
         by_reference = parts_size(parts) > job.config.inline_limit
         payload = b"" if by_reference else parts[0] if len(parts) == 1 else b"".join(parts)
         state = CallRun(len(job.calls), first_index, n_items, func_key, payload, None, future or Future(), unwrap)

@@ -297,3 +297,24 @@ def test_an_unpicklable_submit_argument_is_named_by_position_or_keyword():
             ex.submit(str, 1, x=threading.Lock())
     with pytest.raises(fnmap.SerializationError, match=r"^argument 0 of item 1 cannot be pickled"):
         fnmap.starmap(max, [(1, 2), (threading.Lock(), 3)], backend="local")
+
+
+class _FailsOnce:
+    """Pickles on every try but the second (the first stores the job's items, the second makes the
+    call's chunk): a chunk whose error no item alone reproduces."""
+
+    tries = 0
+
+    def __reduce__(self):
+        type(self).tries += 1
+        if type(self).tries == 2:
+            raise OSError("the chunk's own error")
+        return (int, (7,))
+
+
+def test_an_error_of_the_chunk_that_no_item_reproduces_is_raised_as_itself():
+    import fnmap
+
+    _FailsOnce.tries = 0
+    with pytest.raises(OSError, match="the chunk's own error"):
+        fnmap.map(abs, [_FailsOnce()], backend="local")
