@@ -1,7 +1,7 @@
 """A scikit-learn grid search whose fits run as fnmap calls: ``python examples/sklearn_search.py``.
 
 With no configuration the fits run on the embedded emulator; the same code runs them on Lambda
-with ``FNMAP_BACKEND=aws`` (see the README).  The digits data set ships with scikit-learn.
+with ``FNMAP_BACKEND=aws`` (see docs/deploy.md, "Run on AWS").  The digits data set ships with scikit-learn.
 """
 
 import time

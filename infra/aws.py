@@ -6,7 +6,7 @@
     python -m infra.aws destroy
 
 The same as ``fnmap deploy aws ...``; ``--help`` lists every option.  It prints
-the FNMAP_* settings a client needs.  See README, "Run on AWS".
+the FNMAP_* settings a client needs.  See docs/deploy.md, "Run on AWS".
 """
 
 import sys

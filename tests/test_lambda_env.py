@@ -34,7 +34,8 @@ pytest.importorskip("awslambdaric", reason="the emulator's Lambda environments r
 pytest.importorskip("moto.server", reason="fnmap emulator --aws serves S3 with moto")
 pytestmark = pytest.mark.timeout(300)
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY_PAGE = ROOT / "docs" / "deploy.md"
 
 
 def make_wheel(folder: Path, name: str, version: str = "0.1") -> Path:
@@ -225,17 +226,17 @@ def test_from_imports_finds_the_installed_distributions_a_script_imports(tmp_pat
     assert imported_distributions(str(script)) == ["numpy"]  # not the stdlib, fnmap, or a local module
 
 
-def test_the_readme_offline_block_runs_as_a_script(tmp_path):
-    """The README's offline block, pasted as it is into ``bash -e``: the emulator returns once the env
+def test_the_docs_offline_block_runs_as_a_script(tmp_path):
+    """The offline block of docs/deploy.md, pasted as it is into ``bash -e``: the emulator returns once the env
     file is written (0600), a numpy function runs on the aws path with the layer the command builds, and
     the emulator stops."""
     pytest.importorskip("numpy")
-    text = README.read_text()
-    section = text[text.index("### Rehearse the AWS path offline"):]
+    text = DEPLOY_PAGE.read_text()
+    section = text[text.index("## Rehearse the AWS path offline"):]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     assert "--detach" in block and "kill $OFFLINE_EMULATOR_PID" in block
     (tmp_path / "examples").mkdir()
-    example = README.parent / "examples" / "lambda_numpy.py"
+    example = ROOT / "examples" / "lambda_numpy.py"
     (tmp_path / "examples" / "lambda_numpy.py").write_text(example.read_text())
     script = tmp_path / "rehearse.sh"
     script.write_text("set -e\n" + block)

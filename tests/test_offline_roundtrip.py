@@ -1,4 +1,4 @@
-"""The README's offline AWS rehearsal, as a user runs it: its files stay private, a restarted emulator
+"""The offline AWS rehearsal of docs/deploy.md, as a user runs it: its files stay private, a restarted emulator
 ignores the endpoints the shell still exports, and deploy/destroy over it round-trip.
 
 Each test starts ``fnmap emulator --aws --env-file F --port 0 --detach`` (moto's S3, IAM, STS and Logs
@@ -189,7 +189,7 @@ def test_deploy_over_the_rehearsal_keeps_its_secret_and_layers_and_destroy_remov
     rehearsal.start()
     work, shell = rehearsal.work, rehearsal.shell
     lam, iam, s3 = (rehearsal.client(s) for s in ("lambda", "iam", "s3"))
-    # What `fnmap deploy aws env` does in the README: a layer, attached to the function the clients call.
+    # What `fnmap deploy aws env` does in docs/deploy.md: a layer, attached to the function the clients call.
     module = "offline_probe"
     layer = lam.publish_layer_version(LayerName="fnmap-deps", Content={"ZipFile": _layer_zip(module)},
                                       CompatibleRuntimes=[f"python{sys.version_info.major}.{sys.version_info.minor}"])

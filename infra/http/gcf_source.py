@@ -8,7 +8,7 @@
 
 The folder holds ``main.py`` (``handlers/gcf.py``), fnmap, handlers and the
 client's cloudpickle, and a ``requirements.txt``.  ``--runtime`` must be the
-client's Python (python311 for 3.11).  See README, "HTTP function hosts".
+client's Python (python311 for 3.11).  See docs/deploy.md, "HTTP function hosts".
 """
 
 import argparse
