@@ -4,7 +4,7 @@
 >>> fnmap.map(lambda x: x + 1, [1, 2, 3])
 [2, 3, 4]
 
-The default backend is a local emulator started on demand; see the README for
+The default backend is a local emulator started on demand; see the README and docs/ for
 ``backend=`` (``local``, ``http``, ``aws``, ``batch``) and ``storage=``.
 """
 

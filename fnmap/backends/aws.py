@@ -146,7 +146,7 @@ class AwsBackend(BaseBackend):
             if code in ("AccessDeniedException", "AccessDenied", "UnrecognizedClientException"):
                 raise ConfigError(
                     f"cannot read the configuration of {where} ({code}): the client's credentials need "
-                    "lambda:GetFunctionConfiguration and lambda:InvokeFunction on it (see README, Run on AWS)"
+                    "lambda:GetFunctionConfiguration and lambda:InvokeFunction on it (see docs/deploy.md, Run on AWS)"
                 ) from None
             raise ConfigError(f"cannot read the configuration of {where}: {e}") from e
         except BotoCoreError as e:

@@ -506,7 +506,7 @@ def explain_failure(action: str, name: str, e: Exception) -> str:
     again = "then run it again: every step is safe to repeat"
     if isinstance(e, (NoCredentialsError, PartialCredentialsError)) or (
             isinstance(e, ClientError) and e.response.get("Error", {}).get("Code") in AUTH_ERROR_CODES):
-        return f"{stopped} Check the credentials and their permissions (README, Run on AWS), {again}"
+        return f"{stopped} Check the credentials and their permissions (docs/deploy.md, Run on AWS), {again}"
     if isinstance(e, ClientError) and e.response.get("Error", {}).get("Code") == "NotImplemented":
         return (f"{stopped} The endpoint does not serve that operation (AWS_ENDPOINT_URL_LAMBDA or "
                 f"AWS_ENDPOINT_URL points elsewhere than AWS); use AWS itself for it")
