@@ -20,7 +20,8 @@ below; none hangs.  Before forked children got a fresh client (:mod:`fnmap.runti
 cases with ``multiprocessing`` around ``fnmap`` hung until their timeout.  With ``--backend local``
 the calls run on the caller's own dispatch threads: ``fnmap`` nested in ``fnmap``
 (``test_nested_loop[fnmap-fnmap]``, ``test_backend_nesting_level[*-fnmap-fnmap]``) waits for
-threads its outer calls hold, and times out; the other cases give 101 passed, the 4 loky ones
+threads its outer calls hold, and times out (the script's exit then waits for those calls, as an
+executor's exit does); the other cases give 101 passed, the 4 loky ones
 ``EXPECTED`` (the Manager case passes: the tasks run in the caller's process).
 """
 
