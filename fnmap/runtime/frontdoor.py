@@ -110,7 +110,7 @@ class FrontDoor:
 
     def __init__(self, app, hosts: set[str] | None = None):
         self.app = app
-        self.hosts = None if hosts is None else frozenset(host_name(h) for h in hosts)
+        self.hosts = None if hosts is None else frozenset(split_host(h)[0] for h in hosts)
         #: Bound to every address (0.0.0.0 or ::): any IP literal is one of ours.
         self._any_ip = False
 
