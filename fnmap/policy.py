@@ -184,9 +184,14 @@ def deterministic_crash(exits: list) -> str | None:
     exception every time, so a third run would only be paid for; DESIGN.md's rule for user
     exceptions (not re-run) then holds for it too.
     """
-    if len(exits) >= 2 and exits[-1] is not None and exits[-1] == exits[-2]:
+    if len(exits) >= 2 and exits[-1] is not None and exits[-1] == exits[-2] and exits[-1] not in _FROM_OUTSIDE:
         return exits[-1]
     return None
+
+
+#: Exits that come from outside the function (``kill -9``, the OOM killer, a platform stopping a
+#: host): no function sends them to itself by accident, so twice in a row says nothing about it.
+_FROM_OUTSIDE = frozenset({"killed by signal SIGKILL", "killed by signal SIGTERM"})
 
 
 def deterministic_crash_message(exit: str, detail: str) -> str:

@@ -194,6 +194,8 @@ def test_only_the_same_known_exit_twice_in_a_row_is_a_deterministic_crash():
     assert deterministic_crash(["exit code 3", "exit code 3"]) == "exit code 3"
     assert deterministic_crash(["killed by signal SIGKILL", "exit code 3"]) is None
     assert deterministic_crash([None, None]) is None  # the platform did not say how: retried as before
+    # Killed from outside twice (kill -9, the OOM killer, the emulator's --kill-rate): not the function's doing.
+    assert deterministic_crash(["killed by signal SIGKILL", "killed by signal SIGKILL"]) is None
     assert deterministic_crash(["exit code 3", "killed by signal SIGSEGV", "killed by signal SIGSEGV"])
 
 
