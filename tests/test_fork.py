@@ -116,6 +116,40 @@ def test_forked_children_map_within_a_bounded_time(tmp_path, setup):
     assert report["executor_after"] == 16
 
 
+LOCK_HELD_SCRIPT = textwrap.dedent("""
+    import multiprocessing
+    import fnmap
+    from fnmap.backends import emulator
+    from fnmap.emulator import shared
+
+    def child_that_calls_fnmap_map(n):
+        return sum(fnmap.map(abs, range(-n, 0)))
+
+    if __name__ == "__main__":
+        fnmap.map(abs, [-1])
+        (emu,) = emulator._embedded.values()
+        # As a thread of this process attaching to (or starting) the shared emulator at the fork.
+        with shared._locked(emu.folder):
+            pool = multiprocessing.get_context("fork").Pool(2)
+        print(pool.map(child_that_calls_fnmap_map, [3, 4]))
+        pool.close()
+        pool.join()
+""")
+
+
+def test_a_child_forked_while_the_shared_emulators_lock_is_held(tmp_path):
+    """The lock that makes concurrent starters start one shared emulator is an ``flock``, held by the
+    open file that the fork shares: the child must close its copy, or the lock outlives the parent's
+    release and the child's own attach waits on it for ever."""
+    env = _environment(FNMAP_EMULATOR_IDLE="30", XDG_RUNTIME_DIR=str(tmp_path))
+    try:
+        done = _run(LOCK_HELD_SCRIPT, env)
+    finally:
+        _stop_shared(env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["[6,", "10]"]
+
+
 KILLED_PARENT_SCRIPT = textwrap.dedent("""
     import os, sys, time
     import fnmap

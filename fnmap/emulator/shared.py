@@ -41,6 +41,7 @@ import sys
 import time
 
 from ..errors import FnmapError
+from ..runtime import forks
 
 #: Seconds a shared emulator waits for a request before it stops, unless ``emulator_idle`` says.
 DEFAULT_IDLE = 300.0
@@ -250,16 +251,36 @@ def _listening(url: str) -> bool:
     return True
 
 
+#: The lock files this process has open in :func:`_locked`, by any thread.
+_lock_fds: set[int] = set()
+
+
 @contextlib.contextmanager
 def _locked(folder: str):
     import fcntl
 
     fd = os.open(os.path.join(folder, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    _lock_fds.add(fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
+        _lock_fds.discard(fd)
         os.close(fd)
+
+
+@forks.at_fork
+def _close_inherited_locks() -> None:
+    """In a forked child: close the copies of the lock files a thread of the parent had open.  An
+    ``flock`` belongs to the open file, which the fork shares: a copy left open would hold the lock
+    for as long as the child lives, and the child's own attach (or any other process's) would
+    wait on it for ever."""
+    for fd in list(_lock_fds):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _lock_fds.clear()
 
 
 def _reap_in_background(proc) -> None:
