@@ -150,6 +150,45 @@ def test_a_child_forked_while_the_shared_emulators_lock_is_held(tmp_path):
     assert done.stdout.split() == ["[6,", "10]"]
 
 
+WORKER_LOCK_SCRIPT = textwrap.dedent("""
+    import multiprocessing, threading
+    import fnmap
+    from fnmap.runtime import setup, worker
+
+    def ready():
+        pass
+
+    def child_that_calls_fnmap_map(n):
+        return sum(fnmap.map(abs, range(-n, 0), backend="local", initializer=ready))
+
+    if __name__ == "__main__":
+        held = {"functions": worker._functions_lock, "initializer": setup._lock}[HELD_LOCK]
+        taken, release = threading.Event(), threading.Event()
+
+        def hold():  # as a local-backend call loading its function or running its initializer
+            with held:
+                taken.set()
+                release.wait()
+
+        threading.Thread(target=hold).start()
+        taken.wait()
+        pool = multiprocessing.get_context("fork").Pool(2)
+        release.set()
+        print(pool.map(child_that_calls_fnmap_map, [3, 4]))
+        pool.close()
+        pool.join()
+""")
+
+
+@pytest.mark.parametrize("lock", ["functions", "initializer"])
+def test_a_child_forked_while_a_local_call_holds_a_worker_lock(lock):
+    """The local backend runs the worker routine on the client's threads: a lock one of them held at
+    the fork (loading a function, running an initializer) is fresh in the child."""
+    done = _run(WORKER_LOCK_SCRIPT.replace("HELD_LOCK", repr(lock)), _environment())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["[6,", "10]"]
+
+
 KILLED_PARENT_SCRIPT = textwrap.dedent("""
     import os, sys, time
     import fnmap

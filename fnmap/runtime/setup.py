@@ -29,12 +29,21 @@ import traceback
 from typing import Any
 
 from ..errors import InitializerError
+from . import forks
 
 #: Name, in the initializer's namespace, of the ``{digest: None or (error message, traceback)}`` of its runs.
 _DONE = "__fnmap_initialized__"
 #: Namespace of initializers without ``__globals__`` (builtins, callable objects).
 _process_namespace: dict = {}
 _lock = threading.RLock()
+
+
+@forks.at_fork
+def _new_lock() -> None:
+    """In a forked child: a fresh lock (a local-backend thread running an initializer at the fork
+    held it, and that thread is gone)."""
+    global _lock
+    _lock = threading.RLock()
 
 
 class WithInitializer:

@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import STORAGE_REFUSED_ERRNOS, storage_fix
 from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
-from . import compression, input_mac, keys, setup, signing
+from . import compression, forks, input_mac, keys, setup, signing
 from .capture import captured as _captured
 from .items import Deadline, Expired, run_items
 from .outcome import count, count_failed, dump_all, each, failure, for_client, from_exception, retry_outcome, succeeded
@@ -36,6 +36,16 @@ WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 _functions: OrderedDict[str, Any] = OrderedDict()
 _FUNCTION_CACHE_SIZE = 32
 _functions_lock = threading.Lock()
+
+
+@forks.at_fork
+def _new_functions_lock() -> None:
+    """In a forked child: a fresh lock (a local-backend thread loading a function at the fork held
+    it, and that thread is gone)."""
+    global _functions_lock
+    _functions_lock = threading.Lock()
+
+
 _calls_served = 0
 _peak_memory = PeakMemory()
 
