@@ -15,7 +15,11 @@ forgets to :func:`keep`, so that nothing of it is finalized in the child either:
 wait on a lock that a thread of the parent held at the fork, or close what the parent reads.
 
 It lives beside the worker side, which imports nothing of the client side, because storage (shared
-by both sides) registers a reset too; the client side's modules register theirs at import.
+by both sides) and the worker routine (which the ``local`` backend runs on the client's threads)
+register resets too.  Registered at import: ``fnmap.client`` (the clients), ``fnmap.executor``
+(what exit waits for), ``fnmap.lease``, ``fnmap.joblib``, ``fnmap.backends.emulator`` (the
+emulator handles), ``fnmap.emulator.shared`` (the start lock's files), ``fnmap.storage``,
+``fnmap.runtime.worker`` and ``fnmap.runtime.setup`` (their locks).
 """
 
 from __future__ import annotations
