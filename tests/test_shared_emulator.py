@@ -448,6 +448,10 @@ def test_stop_refuses_while_another_process_has_calls_on_it_and_force_does_not_l
     client = _slow_client(2, 4, "stop-me")
     try:
         until(lambda: _in_flight(client.pid))
+        status = fnmap_cli("status")
+        assert f"client pid {client.pid} in {os.getcwd()}: " in status and "calls in flight (job " in status
+        assert f"python {sys.executable}" in status and "MB (its processes and workers)" in status
+        assert "stops after" in status and "s more without requests" in status
         refused = subprocess.run([sys.executable, "-m", "fnmap", "emulator", "stop"], capture_output=True,
                                  text=True, timeout=60)
         assert refused.returncode == 1
