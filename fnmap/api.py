@@ -1,6 +1,6 @@
 """``fnmap.map``, ``starmap``, ``imap`` and ``map_reduce``: thin wrappers over the process-wide client.
 
-Data in object storage (issue 7): a storage URL, glob or list of URLs as
+Data in object storage: a storage URL, glob or list of URLs as
 ``items`` is listed and split into partitions by :mod:`fnmap.data`;
 ``map_reduce`` keeps large map outputs in storage and reduces them as a tree
 (:mod:`fnmap.runtime.reduce`).
@@ -12,13 +12,15 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import policy, redrive
+from . import named, policy
 from .client import get_client
 from .config import resolve
 from .errors import ConfigError, RemoteTraceback
 from .feed import ChunkFeed
 from .jobs import CallOutcome
+from .kinds import KINDS
 from .observe.progress import make_progress
+from .redrive import Recorder
 from .runtime import keys
 from .runtime.wire import MODE_ARGS, MODE_ONE
 
@@ -89,10 +91,8 @@ def map(
     """
     config = resolve(**options)
     items = _input_items(items, obj_chunk_size, obj_chunk_number)
-    if job_name is not None:  # issue 23
-        from .named import start_named
-
-        job = start_named(func, items, config, job_name)
+    if job_name is not None:
+        job = _start_named(func, items, config, job_name)
     else:
         job = start_map(func, items, config)
     if return_job:
@@ -126,10 +126,8 @@ def starmap(
             "argument tuples, e.g. [(1, 2), (3, 4)]"
         )
     items = (_star_args(i, args) for i, args in enumerate(iterable))
-    if job_name is not None:  # issue 23
-        from .named import start_named
-
-        job = start_named(func, items, config, job_name, mode=MODE_ARGS)
+    if job_name is not None:
+        job = _start_named(func, items, config, job_name, mode=MODE_ARGS)
     else:
         job = start_map(func, items, config, mode=MODE_ARGS)
     if return_job:
@@ -226,10 +224,20 @@ def _input_items(items, obj_chunk_size: int | None, obj_chunk_number: int | None
     return items
 
 
-def start_map(func: Callable, items: Iterable, config, mode: str = MODE_ONE, kind: str = "map",
-              job_id: str | None = None):
+def start_map(func: Callable, items: Iterable, config, mode: str = MODE_ONE):
     """Serialize every chunk first (so a bad item fails before anything runs), then dispatch all."""
-    return _start(get_client(config), config, func, kind, lambda _job_id: items, mode, job_id=job_id)
+    return _start(get_client(config), config, func, "map", lambda _job_id: items, mode)
+
+
+def _start_named(func: Callable, items: Iterable, config, name: str, mode: str = MODE_ONE):
+    """The job named ``name`` (:mod:`fnmap.named`): started now, re-attached, or redriven; refused if it differs."""
+    named.check_name(name)
+    client = get_client(config)
+    items = items if isinstance(items, list) else list(items)
+    claim = named.claim(client, config, name, func, items, mode)
+    if claim.job is not None:
+        return claim.job
+    return _start(client, config, func, "map", lambda _job_id: items, mode, job_id=claim.job_id)
 
 
 def _start(
@@ -247,7 +255,8 @@ def _start(
 
     With ``chunksize`` set, every chunk is made and pickled here; unset (automatic), the first
     calls are made here and a :class:`fnmap.feed.ChunkFeed` makes the rest as calls end."""
-    job = client.new_job(config, kind, function=func, stream=stream, job_id=job_id)
+    recorder = Recorder(client.store, client.secret) if KINDS[kind].recorded else None
+    job = client.new_job(config, kind, function=func, stream=stream, job_id=job_id, recorder=recorder)
     index = 0
     states = []
     stores: list = []  # large inputs being stored meanwhile, by the client's input threads
@@ -257,7 +266,7 @@ def _start(
         if config.chunksize is None:
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
-            size, plain = redrive.store_items(client, job, mode, items)  # a bad item is named before anything runs
+            size, plain = client.add_items(job, mode, items)  # a bad item is named before anything runs
             client.use_feed(job, ChunkFeed(client, job, func_key, mode, items, size, plain))
             states = job.feed.start(stores)
             index = len(items)

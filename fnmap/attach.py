@@ -14,8 +14,8 @@ from concurrent.futures import CancelledError
 
 from .errors import CallLost, FnmapError, KeyNotFound, PlatformError
 from .jobs import remote_exception
+from .lease import ABANDONED
 from .observe import history, records
-from .observe.identity import ABANDONED
 from .observe.logs import logs_text
 from .runtime import cancel, compression, keys, signing
 from .runtime import outcome as _outcome
@@ -23,13 +23,6 @@ from .runtime.serialization import loads
 
 #: Statuses after which nothing about a job changes any more.
 FINAL = ("succeeded", "failed", "cancelled", "incomplete", ABANDONED)
-
-
-def client_runs(summary: dict) -> bool:
-    """Whether a live client runs the job, by the one judge every reader uses
-    (:func:`fnmap.lease.judge`, applied by :func:`fnmap.observe.records.load`): ``fnmap cancel``
-    then asks it to stop, and ``fnmap redrive`` refuses, so the two never disagree."""
-    return summary["status"] == "running"
 
 
 def job(job_id: str, **options) -> AttachedJob:

@@ -14,16 +14,16 @@ import hashlib
 import threading
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
-from . import lease, redrive
 from .backends import create_backend
+from .chunk_pickle import dump_chunk
 from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageError, storage_fix
 from .jobs import Job
 from .run import CallRun
 from .runtime import cancel, forks, input_mac, keys
-from .runtime.serialization import dump_parts, dumps_checked, out_of_band, parts_size, pickle_function
+from .runtime.serialization import dumps_checked, parts_size, pickle_function
 from .runtime.setup import WithInitializer
-from .runtime.wire import MODE_ARGS, MODE_ONE
 from .scheduler import Scheduler
 from .storage import open_store
 
@@ -31,6 +31,18 @@ from .storage import open_store
 CANCEL_CHECK_SECONDS = 1.0
 #: Threads storing a map's large inputs at once (SHA-256 and file writes release the GIL).
 INPUT_THREADS = 4
+
+
+class Recorder(Protocol):
+    """What stores a job's calls and items as they are sent, so that they can be run again from
+    another process (:class:`fnmap.redrive.Recorder`): the front-end that starts the job hands
+    one to :meth:`Client.new_job`, and the client calls it beside the send path."""
+
+    def record_items(self, job: Job, mode: str, parts: list) -> None:
+        """The pickle (``parts``) of every item of an automatically chunked ``job``, at its start."""
+
+    def record_calls(self, job: Job, states: list[CallRun]) -> None:
+        """What these calls of ``job`` run, before they are sent; a failure is the recorder's to report."""
 
 
 class Client:
@@ -61,19 +73,20 @@ class Client:
     # -- the front-ends' API -------------------------------------------------------
 
     def new_job(self, config, kind: str = "map", *, function=None, stream: bool = False,
-                speculate_open: bool = False, job_id: str | None = None, created: float | None = None) -> Job:
+                speculate_open: bool = False, job_id: str | None = None, created: float | None = None,
+                recorder: Recorder | None = None) -> Job:
         """A new, empty job of this deployment (``kind`` names the front-end in its record,
         ``function`` the job in ``fnmap jobs``; ``stream``: its calls are handed on as they are
         done, for ``imap``; ``speculate_open``: stragglers get copies before it is sealed;
-        ``job_id``/``created``: those of a job run again, a redrive or a named job, issue 23).
+        ``job_id``/``created``: those of a job run again, a redrive or a named job; ``recorder``:
+        what stores its calls and items for a redrive, or None).
 
         Its "running" index entry is written now, before any function or input is looked up: a
         ``fnmap gc`` in another process then sees a job being built and keeps every shared object
         (one small PUT per job; it is rewritten with the counts when the job is sealed)."""
         job = Job(self.scheduler, self.store, config, kind, function=function, stream=stream,
-                  speculate_open=speculate_open, job_id=job_id, created=created)
+                  speculate_open=speculate_open, job_id=job_id, created=created, recorder=recorder)
         job.save_record(final=False)
-        lease.hold(job)  # renewed in storage while this process runs it (issue 23)
         return job
 
     def upload_function(self, func, job: Job) -> str:
@@ -106,11 +119,7 @@ class Client:
         here; the caller calls :meth:`finish_stores` before submitting (a map stores its inputs
         two or more at a time: hashing and writing release the GIL).  ``plain``: the caller
         checked that no item is a large ``bytes`` (a pass over every item saved per chunk)."""
-        try:
-            parts = dump_parts(chunk if plain else _large_values_out_of_band(chunk))
-        except Exception:
-            _raise_unpicklable(chunk, first_index)  # names the item that cannot be pickled
-            raise  # no item alone: the chunk's own error, not a later NameError
+        parts, _ = dump_chunk(chunk, first_index, plain)  # an item that cannot be pickled is named
         by_reference = parts_size(parts) > job.config.inline_limit
         payload = b"" if by_reference else parts[0] if len(parts) == 1 else b"".join(parts)
         state = CallRun(len(job.calls), first_index, n_items, func_key, payload, None, future or Future(), unwrap)
@@ -124,21 +133,24 @@ class Client:
     def add_stored_call(self, job: Job, call_id: int, first_index: int, n_items: int, func_key: str,
                         items_key: str | None, payload: bytes, future: Future | None = None) -> CallRun:
         """Add to ``job`` a call whose input is pickled already (inline ``payload``, or stored at
-        ``items_key``), under its own id: a redrive sends a stopped job's calls again (issue 23)."""
+        ``items_key``), under its own id: a redrive sends a stopped job's calls again."""
         if call_id != len(job.calls):
             raise ValueError(f"call {call_id} of job {job.id} added as call {len(job.calls)}: add them in order")
         state = CallRun(call_id, first_index, n_items, func_key, payload, items_key, future or Future(), False)
         self.scheduler.add(job, state)
         return state
 
-    @staticmethod
-    def check_items(mode: str, items: list) -> None:
-        """Raise, naming the item, if one of ``items`` cannot be pickled: an automatically chunked
-        map pickles its chunks as it runs, so this is what fails it before anything runs."""
-        try:
-            dump_parts(_large_values_out_of_band((mode, items)))  # large buffers are not copied
-        except Exception:
-            _raise_unpicklable((mode, items), 0)
+    def add_items(self, job: Job, mode: str, items: list) -> tuple[int, bool]:
+        """Pickle every item of an automatically chunked ``job`` (its feed pickles its chunks as it
+        runs, so this is what names an item that cannot be pickled before anything runs) and hand
+        the pickle to the job's recorder.  Returns its size in bytes and whether no item is a large
+        ``bytes`` that travels out of band (the feed's chunks then skip that scan: :meth:`add_call`'s
+        ``plain``)."""
+        parts, plain = dump_chunk((mode, items))  # large buffers are not copied
+        if job.recorder is not None:
+            with self.storage_errors("store the items of the map"):
+                job.recorder.record_items(job, mode, parts)
+        return parts_size(parts), plain
 
     def _store_input(self, state: CallRun, parts: list, job: Job) -> None:
         """Store a call's chunk for that call under the name that authenticates it (a GMAC tag where
@@ -165,7 +177,8 @@ class Client:
 
     def submit(self, job: Job, states: list[CallRun]) -> None:
         """Send these calls of ``job``; their futures complete as they finish."""
-        redrive.record_calls(self, job, states)  # what they run, stored first: redrive can run them again
+        if job.recorder is not None:  # what they run, stored first: a redrive can run them again
+            job.recorder.record_calls(job, states)
         self.scheduler.submit(job, states)
 
     def seal(self, job: Job) -> None:
@@ -221,33 +234,6 @@ def with_initializer(func, config):
     initargs = tuple(config.initargs)
     data = dumps_checked((config.initializer, initargs), "the initializer or its initargs")
     return WithInitializer(func, config.initializer, initargs, hashlib.sha256(data).hexdigest()[:32])
-
-
-def _large_values_out_of_band(chunk: tuple) -> tuple:
-    """The chunk with its items' (or their arguments') large ``bytes`` marked to be pickled out of
-    band; arrays and other protocol-5 buffers are out of band wherever they are."""
-    mode, items = chunk
-    if mode == MODE_ONE:
-        if bytes not in set(map(type, items)):  # no bytes at all (C speed: 100,000 ints, a few ms)
-            return chunk
-        return mode, [out_of_band(item) for item in items]
-    if mode == MODE_ARGS:
-        return mode, [(tuple(out_of_band(a) for a in args), {k: out_of_band(v) for k, v in kwargs.items()})
-                      for args, kwargs in items]
-    return chunk
-
-
-def _raise_unpicklable(chunk: tuple, first_index: int) -> None:
-    mode, items = chunk
-    for offset, item in enumerate(items):
-        where = f"item {first_index + offset}"
-        if mode == MODE_ARGS:  # (args, kwargs) of Executor.submit / starmap: name the argument
-            args, kwargs = item
-            for position, arg in enumerate(args):
-                dumps_checked(arg, f"argument {position} of {where}")
-            for name, arg in kwargs.items():
-                dumps_checked(arg, f"keyword argument {name!r} of {where}")
-        dumps_checked(item, where)
 
 
 _clients: dict[tuple, Client] = {}

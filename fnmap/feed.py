@@ -12,7 +12,7 @@ fails the items in no call yet, as one call with a ``storage`` fault.
 Invariants the front-ends rely on:
 
 * every item is pickled once before anything runs, only to check that it pickles
-  (:meth:`fnmap.client.Client.check_items`), so a bad item is named and nothing ran;
+  (:meth:`fnmap.client.Client.add_items`), so a bad item is named and nothing ran;
 * a call's successors are added to ``job.calls`` before its own outcome is delivered, so a
   reader walking ``job.calls`` in order (``results``, ``imap``) never reaches the end early;
 * a cancelled job's items that are in no call yet become one cancelled call (:meth:`stop`),

@@ -123,7 +123,8 @@ class Job:
     """
 
     def __init__(self, scheduler, store, config, kind: str = "map", *, function=None, stream: bool = False,
-                 speculate_open: bool = False, job_id: str | None = None, created: float | None = None):
+                 speculate_open: bool = False, job_id: str | None = None, created: float | None = None,
+                 recorder=None):
         self.id = job_id or keys.new_job_id()  # a given id: a redrive or a named job (fnmap.redrive)
         self._scheduler = scheduler
         #: What the scheduler decided about this job and its calls (read it; only the scheduler writes it).
@@ -131,6 +132,8 @@ class Job:
         self.store = store
         self.config = config
         self.kind = kind
+        #: What stores the job's calls and items for a redrive (``fnmap.client.Recorder``), or None.
+        self.recorder = recorder
         #: The name of the function the job runs (``fnmap jobs``, the plot; issue 14), or None.
         self.function_name: str | None = function_label(function) if function is not None else None
         self.created = created or time.time()
@@ -233,6 +236,7 @@ class Job:
                 lease.release(self)  # the job has ended: its lease is not renewed any more
             else:
                 records.write_index(self.store, records.started_summary(self))
+                lease.hold(self)  # renewed in storage while this process runs the job, released above
         except Exception as e:  # results matter more than the record: warn, do not fail the job
             if isinstance(e, StorageError) and not final and not self._run.calls:
                 raise  # the job's first write: a storage that refuses it refuses the job, one error

@@ -1,4 +1,4 @@
-"""Leases: which jobs a live client still runs, told through storage, from any machine (issue 23).
+"""Leases: which jobs a live client still runs, told through storage, from any machine.
 
 While a client process runs a job it keeps a small JSON object at ``keys.lease_key(job_id)``::
 
@@ -35,6 +35,7 @@ import threading
 import time
 import weakref
 
+from .kinds import KINDS
 from .observe.identity import client_process, gone_reason
 from .runtime import forks, keys
 
@@ -42,10 +43,8 @@ from .runtime import forks, keys
 RENEWALS_PER_LEASE = 6
 #: Statuses a lease can turn into ``abandoned``: a job that succeeded did all its work regardless.
 _JUDGED = ("running", "unknown", "incomplete", "cancelled", "failed", "abandoned")
-#: Kinds of job a client gives up at its exit (``fnmap.map`` and the like, which nobody waits for
-#: any more); an ``Executor``'s or Dask's job is left to finish or to expire.
-_GIVEN_UP_AT_EXIT = ("map", "reduce")
-#: Status of a job whose client stopped before it finished (the same word as observe.records).
+#: Status of a job whose client stopped before it finished: it gave the job up at its exit, its
+#: process is gone, or its lease expired (:func:`gone`).
 ABANDONED = "abandoned"
 #: Longest a process's exit waits for its jobs cancelled by ``fnmap cancel`` to settle: the platform
 #: was told to stop their calls in flight, and a script usually ends as its map raises
@@ -83,6 +82,13 @@ def gone(lease: dict, now: float | None = None) -> str | None:
         return (f"its client ({who.get('host')}, pid {who.get('pid')}) stopped renewing its lease "
                 f"{now - float(lease.get('renewed') or 0):.0f} s ago")
     return None
+
+
+def client_runs(summary: dict) -> bool:
+    """Whether a live client runs the job of ``summary`` (judged by :func:`judge`, which
+    :func:`fnmap.observe.records.load` applies): ``fnmap cancel`` then asks it to stop, and
+    ``fnmap redrive`` refuses, so the two never disagree."""
+    return summary["status"] == "running"
 
 
 def live(lease: dict | None, now: float | None = None) -> bool:
@@ -129,6 +135,9 @@ class _Leases:
         seconds = float(job.config.lease)
         with self._lock:
             if self._exiting:
+                return
+            held = self._held.get(job.id)
+            if held is not None and held[0]() is job:  # its record written again: the lease is renewed already
                 return
             if self._holder is None or self._holder["pid"] != os.getpid():  # a forked child is another holder
                 self._holder, self._thread = holder(), None
@@ -199,7 +208,7 @@ class _Leases:
             held, self._held = list(self._held.items()), {}
         for job_id, (ref, store, seconds) in held:
             job = ref()
-            if job is not None and not job.done and job.kind not in _GIVEN_UP_AT_EXIT:
+            if job is not None and not job.done and not KINDS[job.kind].given_up_at_exit:
                 continue  # an Executor finishes its pending work at exit (as the standard library's); else it expires
             if job is not None and not job.done and job.raised is not None:
                 job.save_ended_record()  # with what settled meanwhile; nobody renews the lease any more

@@ -1,8 +1,9 @@
 """Redrive: run again, from any process with the storage and the secret, the calls of a job that
-have no committed result (issue 23), reusing the function and inputs the job stored.
+have no committed result, reusing the function and inputs the job stored.
 
 What a map stores so that it can be redriven (both sealed with the deployment's secret, as results
-are, so a redrive unpickles nothing it did not write):
+are, so a redrive unpickles nothing it did not write), through the :class:`Recorder` its front-end
+hands the client with the job (a job of a kind that is not recorded, :mod:`fnmap.kinds`, gets none):
 
 * before a batch of calls is sent, what they run: per call its id, first item, item count,
   function key, stored-input key or inline input (``keys.call_inputs_key``; one PUT per batch: a
@@ -26,13 +27,19 @@ import math
 import pickle
 import types
 import warnings
+from typing import NamedTuple
 
+from . import lease
+from .client import get_client
+from .config import resolve
 from .errors import FnmapError, KeyNotFound
+from .jobs import CallOutcome
+from .observe import records
+from .observe.progress import make_progress
+from .policy import chunks
 from .runtime import input_mac, keys, signing
-from .runtime.serialization import dump_parts, loads, parts_size
+from .runtime.serialization import loads, parts_size
 
-#: Job kinds whose calls are stored for a redrive (fnmap.map, starmap, imap and map_reduce).
-RECORDED_KINDS = ("map", "reduce")
 #: An automatically chunked map stores its items for a redrive only up to this many bytes: larger
 #: items would be stored twice (their calls store them too) and copied once more in memory.  A
 #: redrive of such a map runs the calls it stored; items in no call yet are refused, saying so.
@@ -43,39 +50,47 @@ class RedriveError(FnmapError, RuntimeError):
     """A job cannot be redriven: it still runs elsewhere, or it stored no inputs."""
 
 
-def record_calls(client, job, states: list) -> None:
-    """Store what these calls of ``job`` run, before they are sent (one PUT)."""
-    if job.kind not in RECORDED_KINDS or not states:
-        return
-    entries = [(s.call_id, s.first_index, s.n_items, s.func_key, s.items_key, bytes(s.payload or b""))
-               for s in states]
-    try:
-        _put_record(client.store, client.secret, keys.call_inputs_key(job.id, states[0].call_id), entries)
-    except Exception as e:  # the job runs on; only a later redrive of these calls is refused
-        warnings.warn(f"fnmap: could not store the inputs of job {job.id} for a redrive: {e}",
-                      RuntimeWarning, stacklevel=3)
+class CallRecord(NamedTuple):
+    """What one call runs, as stored before it is sent: enough to send it again under its own id."""
+
+    call_id: int
+    first_index: int
+    n_items: int
+    func_key: str
+    #: Where its input is stored, or None: it travels inline, as ``payload``.
+    items_key: str | None
+    payload: bytes
 
 
-def store_items(client, job, mode: str, items: list) -> tuple[int, bool]:
-    """Check that every item pickles (raising as ``Client.check_items`` does) and store the pickle;
-    returns its size in bytes and whether no item is a large ``bytes`` that travels out of band
-    (the feed's chunks then skip that scan: see ``Client.add_call``'s ``plain``)."""
-    from .client import _large_values_out_of_band
+class Recorder:
+    """Stores what a job's calls run, and an automatically chunked map's items, in the job's storage
+    sealed with the deployment's secret: the :class:`fnmap.client.Recorder` that the front-ends
+    hand the client for the jobs of a recorded kind (:mod:`fnmap.kinds`)."""
 
-    chunk = (mode, items)
-    try:
-        marked = _large_values_out_of_band(chunk)
-        parts = dump_parts(marked)
-    except Exception:
-        client.check_items(mode, items)  # names the item that does not pickle
-        raise
-    size, plain = parts_size(parts), marked is chunk
-    if job.kind not in RECORDED_KINDS or size > ITEMS_STORE_LIMIT:
-        return size, plain  # large items are stored by their calls, content-addressed; not a second time here
-    key = keys.job_items_key(job.id)
-    with client.storage_errors("store the items of the map"):
-        client.store.put(key, signing.seal(client.secret, key, b"".join(parts)))
-    return size, plain
+    def __init__(self, store, secret: bytes):
+        self.store = store
+        self.secret = secret
+
+    def record_items(self, job, mode: str, parts: list) -> None:
+        """Store the pickle of every item of ``job`` (``parts``), unless it is over ``ITEMS_STORE_LIMIT``:
+        large items are stored by their calls, content-addressed, not a second time here."""
+        if parts_size(parts) > ITEMS_STORE_LIMIT:
+            return
+        key = keys.job_items_key(job.id)
+        self.store.put(key, signing.seal(self.secret, key, b"".join(parts)))
+
+    def record_calls(self, job, states: list) -> None:
+        """Store what these calls of ``job`` run, before they are sent (one PUT); a failure is
+        warned about, and the job runs on: only a later redrive of these calls is refused."""
+        if not states:
+            return
+        entries = [CallRecord(s.call_id, s.first_index, s.n_items, s.func_key, s.items_key, bytes(s.payload or b""))
+                   for s in states]
+        try:
+            _put_record(self.store, self.secret, keys.call_inputs_key(job.id, states[0].call_id), entries)
+        except Exception as e:
+            warnings.warn(f"fnmap: could not store the inputs of job {job.id} for a redrive: {e}",
+                          RuntimeWarning, stacklevel=3)
 
 
 def _get_sealed(store, secret: bytes, key: str):
@@ -83,37 +98,33 @@ def _get_sealed(store, secret: bytes, key: str):
 
 
 def _put_record(store, secret: bytes, key: str, entries: list) -> None:
-    store.put(key, signing.seal(secret, key, pickle.dumps(entries, protocol=5)))  # plain data
+    """Store ``entries`` (call records) at ``key``, as plain tuples: unpickling them needs no class."""
+    data = pickle.dumps([tuple(entry) for entry in entries], protocol=5)
+    store.put(key, signing.seal(secret, key, data))
 
 
 def _records(store, job_id: str, secret: bytes):
-    """``(key, entries)`` of each record :func:`record_calls` stored for the job (one per batch sent)."""
+    """``(key, entries)`` of each record :meth:`Recorder.record_calls` stored for the job (one per
+    batch sent), its entries as :class:`CallRecord`."""
     for key in store.list(keys.call_inputs_prefix(job_id)):
-        yield key, _get_sealed(store, secret, key)
+        yield key, [CallRecord(*entry) for entry in _get_sealed(store, secret, key)]
 
 
-def stored_calls(store, job_id: str, secret: bytes) -> dict[int, tuple]:
-    """Call id -> ``(call_id, first_index, n_items, func_key, items_key, payload)`` of every call
-    the job stored before sending it."""
-    return {entry[0]: entry for _, entries in _records(store, job_id, secret) for entry in entries}
+def stored_calls(store, job_id: str, secret: bytes) -> dict[int, CallRecord]:
+    """Call id -> the :class:`CallRecord` of every call the job stored before sending it."""
+    return {entry.call_id: entry for _, entries in _records(store, job_id, secret) for entry in entries}
 
 
 def redrive(store, job_id: str, config=None, **options):
     """Run the calls of job ``job_id`` that have no committed result; the running
     :class:`fnmap.jobs.Job` (its ``results()`` are every item's, in order)."""
-    from . import lease
-    from .attach import client_runs
-    from .client import get_client
-    from .config import resolve
-    from .observe import records
-
     config = config or resolve(**options)
     client = get_client(config)
     if client.store.url != store.url:
         raise RedriveError(f"job {job_id} is in {store.url} but the configured storage is {client.store.url}: "
                            f"pass storage={store.url!r}")
     summary = records.load(store, job_id)["summary"]  # judged: abandoned at once if its client is gone
-    if client_runs(summary):
+    if lease.client_runs(summary):
         held = lease.read(store, job_id)
         who = (held or {}).get("holder") or summary.get("client") or {}
         raise RedriveError(f"job {job_id} is still running in {who.get('host')} pid {who.get('pid')} (its lease was "
@@ -129,7 +140,7 @@ def redrive(store, job_id: str, config=None, **options):
     store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
     function = types.SimpleNamespace(__qualname__=summary.get("function") or "redrive")  # its name in `fnmap jobs`
     job = client.new_job(config, summary.get("kind") or "map", function=function, job_id=job_id,
-                         created=summary["created"])
+                         created=summary["created"], recorder=Recorder(client.store, client.secret))
     job = _submit(client, job, (ordered, rest), config)
     if renamed:  # the calls sent, and the job's records, name the SHA-256 copies now
         store.delete(list(renamed))
@@ -151,7 +162,7 @@ def _plan(store, job_id: str, secret: bytes, n_items: int) -> tuple[list, object
         raise RedriveError(f"calls {unknown[:10]} of job {job_id} have no stored inputs (the storage refused "
                            "them when they were sent): the job cannot be redriven; run the map again")
     ordered = [calls[i] for i in range(len(calls))]
-    first = max(c[1] + c[2] for c in ordered)
+    first = max(c.first_index + c.n_items for c in ordered)
     try:
         mode, items = _get_sealed(store, secret, keys.job_items_key(job_id))
     except (OSError, LookupError):  # KeyNotFound: chunksize was set (every call was made up front), or too large
@@ -166,10 +177,6 @@ def _plan(store, job_id: str, secret: bytes, n_items: int) -> tuple[list, object
 
 
 def _submit(client, job, plan: tuple, config):
-    from .jobs import CallOutcome
-    from .observe.progress import make_progress
-    from .policy import chunks
-
     ordered, rest = plan
     states = [client.add_stored_call(job, call_id, first, n_items, func_key, items_key, payload,
                                      CallOutcome())
@@ -178,7 +185,7 @@ def _submit(client, job, plan: tuple, config):
     if rest is not None:
         mode, first, items = rest
         size = config.chunksize or max(1, math.ceil(len(items) / (4 * client.max_workers)))
-        func_key = ordered[0][3]
+        func_key = ordered[0].func_key
         for chunk in chunks(items, size):
             states.append(client.add_call(job, func_key, (mode, chunk), first, len(chunk), CallOutcome()))
             first += len(chunk)
@@ -210,7 +217,7 @@ def _checkable_by_workers(client, job_id: str, ordered: list) -> tuple[list, dic
             if key != items_key:
                 renamed[items_key] = key
                 items_key = key
-        out.append((call_id, first, n_items, func_key, items_key, payload))
+        out.append(CallRecord(call_id, first, n_items, func_key, items_key, payload))
     return out, renamed
 
 
@@ -218,9 +225,9 @@ def _rename_in_records(store, secret: bytes, job_id: str, renamed: dict[str, str
     """Rewrite the stored records of the job's calls (``record_calls``; a job sent its calls in
     several batches, one record each) so that they name the inputs' new keys, ``renamed[old]``."""
     for key, entries in _records(store, job_id, secret):
-        if any(entry[4] in renamed for entry in entries):
-            _put_record(store, secret, key,
-                        [(*entry[:4], renamed.get(entry[4], entry[4]), entry[5]) for entry in entries])
+        if any(entry.items_key in renamed for entry in entries):
+            _put_record(store, secret, key, [entry._replace(items_key=renamed.get(entry.items_key, entry.items_key))
+                                             for entry in entries])
 
 
 def _store_by_sha256(client, job_id: str, call_id: int, items_key: str, name: str) -> str:

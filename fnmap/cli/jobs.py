@@ -220,7 +220,8 @@ def watch(store, job_id: str, period: float = 1.0) -> int:
 
 
 def run_cancel(args) -> int:
-    from ..attach import AttachedJob, client_runs
+    from ..attach import AttachedJob
+    from ..lease import client_runs
     from ..observe import history, records
     from ..runtime.cancel import request_cancel
 

@@ -9,8 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import lease
 from ..errors import FnmapError
+from ..lease import ABANDONED
 from ..runtime import keys
-from .identity import ABANDONED, gone_reason
+from .identity import gone_reason
 
 
 class JobNotFound(FnmapError, LookupError):

@@ -71,6 +71,3 @@ def gone_reason(client: dict | None) -> str | None:
         return None
     return f"its client ({client.get('host')}, pid {client.get('pid')}) is gone from this host (killed or crashed)"
 
-
-#: Status of a job whose client process is gone before the job finished (killed, crashed).
-ABANDONED = "abandoned"

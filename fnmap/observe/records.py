@@ -36,10 +36,11 @@ import time
 
 from .. import lease
 from ..errors import FnmapError
+from ..lease import ABANDONED
 from ..runtime import keys
 from . import cost, identity
 from .history import JobNotFound, get_json_many, resolve_id, started_entry, write_index
-from .identity import ABANDONED, gone_reason
+from .identity import gone_reason
 from .logs import logs_text
 
 #: What fnmap.jobs (and older callers) read from here; the index and logs are re-exported from their modules.

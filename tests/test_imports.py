@@ -1,0 +1,106 @@
+"""No import circle in ``fnmap/``: the modules form layers, each readable and testable without those above it.
+
+Every ``import`` counts, at module level and inside functions alike.  An import inside a function
+is still a dependency of its module; fnmap defers one only to keep ``import fnmap`` light (boto3,
+Flask, the client machinery), and a deferred import is also how a circle hides: every circle this
+check found when it was written (``client`` <-> ``redrive``, ``attach`` <-> ``redrive``, ``api``
+<-> ``named``) ran through one, while the module-level imports alone were acyclic already.
+Names that a registry imports by string at run time (``fnmap/backends/__init__.py``, the command
+line's subcommands) are no edge: choosing among them by name is what a registry is for.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from test_layout import ROOT, fnmap_imports
+
+
+def _module(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph(sources: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """Module of ``fnmap/`` -> the modules of ``fnmap/`` it imports (``sources``: the text of some
+    files, by path under the root, in place of what is on disk)."""
+    sources = sources or {}
+    paths = {_module(p): p for p in sorted((ROOT / "fnmap").rglob("*.py"))}
+    graph = {}
+    for name, path in paths.items():
+        edges = set()
+        for _, imported in fnmap_imports(path, sources.get(str(path.relative_to(ROOT)))):
+            while imported not in paths:  # `from .client import get_client` imports fnmap.client
+                imported = imported.rpartition(".")[0]
+            if imported != name:
+                edges.add(imported)
+        graph[name] = edges
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle (``[a, b, ..., a]``) through each group of modules that import one another
+    (each strongly connected component of more than one module, by Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                groups.append(set(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [_circle_in(graph, group) for group in groups]
+
+
+def _circle_in(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """The shortest path from the group's first module back to it, inside the group."""
+    start = min(group)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & group):
+                if nxt == start:
+                    return [*paths[node], start]
+                if nxt not in paths:
+                    paths[nxt] = [*paths[node], nxt]
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no circle in {group}")
+
+
+def test_no_import_circle_in_fnmap():
+    found = [" -> ".join(circle) for circle in circles(import_graph())]
+    assert not found, ("modules of fnmap/ import one another (inside functions too): " + "; ".join(found)
+                       + ". Move what both need into a module below both, or hand the lower one an object")
+
+
+def test_the_check_finds_a_circle_behind_an_import_inside_a_function():
+    """The checker itself: one import inside a function, from a low module up to one that imports it,
+    is a circle, named module by module."""
+    lease = (ROOT / "fnmap" / "lease.py").read_text()
+    assert "fnmap.lease" in import_graph()["fnmap.observe.records"]
+    probe = {"fnmap/lease.py": lease + "\n\ndef _probe():\n    from .observe.records import load\n"}
+    assert circles(import_graph(probe)) == [["fnmap.lease", "fnmap.observe.records", "fnmap.lease"]]
+    assert "fnmap.lease" in import_graph()["fnmap.attach"]
+    probe = {"fnmap/lease.py": lease + "\n\ndef _probe():\n    from . import attach\n"}
+    assert circles(import_graph(probe)) == [["fnmap.attach", "fnmap.lease", "fnmap.attach"]]
