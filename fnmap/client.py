@@ -4,7 +4,9 @@ It holds what jobs share (the backend and its emulator or connections, the store
 secret, the functions uploaded so far) and offers the front-ends (``fnmap.map``, the ``Executor``,
 the Dask shim, ``map_reduce``) one small API: :meth:`Client.new_job`, :meth:`Client.add_call`,
 :meth:`Client.submit`, :meth:`Client.seal`.  Everything that happens to a call after it is
-submitted is the :class:`fnmap.scheduler.Scheduler`'s.
+submitted is the :class:`fnmap.scheduler.Scheduler`'s.  What makes a job durable stays beside
+this path: a front-end hands :meth:`Client.new_job` a :class:`Recorder` for a job whose calls are
+stored for a redrive, and the job holds its own lease (:mod:`fnmap.lease`).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from .client import get_client
 from .config import resolve
 from .errors import FnmapError, KeyNotFound
 from .jobs import CallOutcome
+from .kinds import KINDS
 from .observe import records
 from .observe.progress import make_progress
 from .policy import chunks
@@ -132,6 +133,10 @@ def redrive(store, job_id: str, config=None, **options):
     if summary["status"] == "succeeded":
         raise RedriveError(f"job {job_id} succeeded: every call has its result, nothing to redrive "
                            "(fnmap.job(ID).results() reads them)")
+    kind = summary.get("kind") or "map"
+    if not KINDS[kind].recorded:
+        raise RedriveError(f"job {job_id} is an {kind!r} job, whose calls are not stored for a redrive: only maps "
+                           "(fnmap.map, starmap, imap, map_reduce) store theirs; run its work again")
     ordered, rest = _plan(store, job_id, client.secret, summary.get("items") or 0)
     ordered, renamed = _checkable_by_workers(client, job_id, ordered)  # refused here, before anything changes
     if renamed:  # every record of the job's calls names the new copies (a later redrive reads them all)
@@ -139,7 +144,7 @@ def redrive(store, job_id: str, config=None, **options):
     # A stale cancel request would stop this run at once; the stale final record would stand while it runs.
     store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
     function = types.SimpleNamespace(__qualname__=summary.get("function") or "redrive")  # its name in `fnmap jobs`
-    job = client.new_job(config, summary.get("kind") or "map", function=function, job_id=job_id,
+    job = client.new_job(config, kind, function=function, job_id=job_id,
                          created=summary["created"], recorder=Recorder(client.store, client.secret))
     job = _submit(client, job, (ordered, rest), config)
     if renamed:  # the calls sent, and the job's records, name the SHA-256 copies now

@@ -158,8 +158,7 @@ def test_a_large_input_is_named_by_its_sha256_and_deleted_from_s3_by_the_lambda_
 def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_renamed_by_sha256(aws, s3_env, tmp_path):
     """The emulator names large inputs by a GMAC tag, which a Lambda zip (no ``cryptography``)
     cannot check: the redrive checks the stored input and stores it again under its SHA-256."""
-    from fnmap.client import get_client
-    from fnmap.redrive import RedriveError, record_calls, stored_calls
+    from fnmap.redrive import RedriveError, stored_calls
 
     marker = str(tmp_path / "crashed")
     items = [(str(tmp_path / "never"), 7), (marker, int.from_bytes(os.urandom(300_000), "big"))]  # call 1 stored
@@ -172,7 +171,7 @@ def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_ren
     assert tagged.rsplit("-", 1)[1].startswith("g"), tagged
     # Call 1 recorded once more on its own, as when a map's calls are sent in batches while their
     # inputs are written (each batch one record; which way a run goes depends on timing).
-    record_calls(get_client(job.config), job, [job.calls[1]])
+    job.recorder.record_calls(job, [job.calls[1]])
 
     def inputs_left() -> list:
         listed = s3_env.client.list_objects_v2(Bucket=aws.bucket, Prefix=f"fnmap/jobs/{job.id}/in/")
@@ -190,7 +189,7 @@ def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_ren
     assert redriven.results() == [x + 1 for _, x in items]
     assert aws.stats().get("Event", 0) + aws.stats().get("RequestResponse", 0) >= 1  # it ran on Lambda
     # What a later redrive would send (every record of the job's calls read): the SHA-256 copy.
-    sent = stored_calls(redriven.store, job.id, aws.secret.encode())[1][4]
+    sent = stored_calls(redriven.store, job.id, aws.secret.encode())[1].items_key
     assert len(sent.rsplit("-", 1)[1]) == 64 and sent != tagged, sent
     assert inputs_left() == []  # the GMAC copy deleted by the redrive, the SHA-256 one by the Lambda
 

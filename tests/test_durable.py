@@ -204,3 +204,30 @@ def test_a_redrive_refuses_items_that_were_in_no_call_and_not_stored(tmp_path):
                              text=True, env=env, timeout=300)
     assert redrive.returncode != 0
     assert re.search(r"has 12 items but its stored calls hold \d+; .*run the map again", redrive.stderr), redrive.stderr
+
+
+def _fails_on_two(x):
+    if x == 2:
+        raise ValueError(x)
+    return x
+
+
+def test_the_kind_table_says_which_jobs_record_their_calls_and_can_be_redriven():
+    """A map records its calls before it sends them (one record per batch) and can be redriven; an
+    Executor's job records nothing, and its redrive is refused for its kind (``fnmap.kinds``)."""
+    from fnmap.redrive import RedriveError, stored_calls
+    from fnmap.runtime import keys
+
+    mapped = fnmap.map(_fails_on_two, range(4), chunksize=1, return_exceptions=True, return_job=True, secret=SECRET)
+    assert mapped.results(return_exceptions=True)[3] == 3
+    calls = stored_calls(mapped.store, mapped.id, SECRET.encode())
+    assert [(c.call_id, c.first_index, c.n_items) for c in calls.values()] == [(i, i, 1) for i in range(4)]
+    with fnmap.Executor(secret=SECRET) as ex:
+        futures = [ex.submit(_fails_on_two, x) for x in range(4)]
+    assert isinstance(futures[2].exception(), ValueError)
+    job = ex.job
+    assert job.recorder is None and not list(job.store.list(keys.call_inputs_prefix(job.id)))
+    assert fnmap.job(job.id).status == "failed"
+    with pytest.raises(RedriveError, match=r"is an 'executor' job, whose calls are not stored for a redrive"):
+        fnmap.job(job.id, secret=SECRET).redrive()
+    assert fnmap.job(mapped.id, secret=SECRET).redrive().results(return_exceptions=True)[3] == 3
