@@ -14,8 +14,8 @@ from .runtime.wire import MODE_ARGS, MODE_ONE
 def dump_chunk(chunk: tuple, first_index: int = 0, plain: bool = False) -> tuple[list, bool]:
     """The parts of ``chunk``'s pickle (``(mode, items)``; see ``dump_parts``), and whether no item
     is a large ``bytes`` that travels out of band.  An item that does not pickle is named, with its
-    index counted from ``first_index``.  ``plain``: the caller knows that no item is such a
-    ``bytes`` (a pass over every item saved)."""
+    index counted from ``first_index`` (an error no item alone reproduces is raised as itself).
+    ``plain``: the caller knows that no item is such a ``bytes`` (a pass over every item saved)."""
     try:
         marked = chunk if plain else out_of_band_values(chunk)
         return dump_parts(marked), marked is chunk
