@@ -18,12 +18,11 @@ from . import policy
 from .backends.base import Answer, Invocation
 from .errors import FaultKind, PlatformFault
 from .runtime import compression, keys, signing
-from .runtime.outcome import READS_PLAIN
 from .runtime.serialization import loads, runtime_info
 from .runtime.wire import CallRequest, decode_response, encode
 
-#: What every request says of this client: its versions, and that it reads all-ok outcomes' plain form.
-_RUNTIME = {**runtime_info(), READS_PLAIN: True}
+#: What every request says of this client: its fnmap protocol and the versions its pickles need.
+_RUNTIME = runtime_info()
 #: Backends whose workers write to this process's terminal: their captured output is not echoed
 #: there unless output="live" (issue 14); cloud workers echo it into the platform's log.
 _BACKENDS_ON_THIS_TERMINAL = ("emulator", "local")

@@ -174,31 +174,3 @@ def test_a_result_up_to_twice_the_sample_is_compressed_in_one_pass(monkeypatch):
     assert passes == [len(mid)]
     noise = os.urandom(100_000)
     assert compression.pack(noise) is noise  # incompressible: left as it is
-
-
-def test_a_client_that_does_not_ask_for_the_plain_form_is_answered_in_the_mixed_form(tmp_path):
-    """A client of an earlier version (its requests' ``runtime`` without ``plain_outcomes``) reads
-    only the mixed form: the worker answers it so; this version's client asks for the plain form."""
-    from fnmap.runtime import wire, worker
-    from fnmap.runtime.outcome import READS_PLAIN
-    from fnmap.runtime.serialization import dumps, pickle_function, runtime_info
-    from fnmap.storage import open_store
-
-    store = open_store(tmp_path.as_uri())
-    digest, data = pickle_function(triple)
-    store.put(keys.function_key(digest), data)
-    secret = b"s" * 32
-    answers = {}
-    for asks, runtime in (("old", runtime_info()), ("new", {**runtime_info(), READS_PLAIN: True})):
-        job_id = keys.new_job_id()
-        store.put(keys.job_record_key(job_id), b"{}")  # the worker serves calls of jobs with a record
-        req = wire.CallRequest(job_id=job_id, call_id=0, func_key=keys.function_key(digest),
-                               store_url=store.url, runtime=runtime)
-        body = wire.encode(req, dumps(("one", [1, 2, 3])))
-        status, answer = worker.handle(body, signing.sign(secret, body), secret)
-        resp, payload = wire.decode_response(answer)
-        assert status == 200 and resp.ok and resp.inline, answer[:300]
-        key = keys.result_key(job_id, 0)
-        answers[asks] = loads(compression.unpack(signing.unseal(secret, key, payload)))
-        assert loads(compression.unpack(signing.unseal(secret, key, store.get(key)))) == answers[asks]
-    assert answers == {"old": [("ok", 3), ("ok", 6), ("ok", 9)], "new": ("values", [3, 6, 9])}

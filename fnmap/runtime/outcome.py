@@ -11,10 +11,8 @@ one, :func:`succeeded`, :func:`value` and :func:`failure` (a :class:`Failure`) r
 (pickling 100,000 values took 2 ms where their ``("ok", value)`` tuples took 21 ms, and loading
 them as much again).  Otherwise the *mixed* form, a list with one outcome per item, each failure
 at its item's index.  A list is never the plain form, nor a tuple the mixed one, so the two cannot
-be confused, and results stored by earlier versions (always mixed) read as before; a client of an
-earlier version, which asks for nothing (:data:`READS_PLAIN`), is answered in the mixed form.  Read a call's
-outcomes only through :func:`plain_values`, :func:`values`, :func:`count`, :func:`count_failed`,
-:func:`each` and :func:`first`.
+be confused.  Read a call's outcomes only through :func:`plain_values`, :func:`values`,
+:func:`count`, :func:`count_failed`, :func:`each` and :func:`first`.
 
 **Attempt** (one per send of a call, kept by the scheduler): its number, when it was sent and
 ended, how it ended (``"ok"``, ``"error"``, a fault kind, ``"cancelled"``, ``"superseded"`` when
@@ -76,16 +74,6 @@ def failure(outcome: tuple) -> Failure:
 
 #: The first element of a call's outcomes in the plain form (every item returned a value).
 VALUES = "values"
-
-
-#: Set in a request's ``runtime`` (a free-form dict a worker of an older version ignores) by a client
-#: that reads the plain form; a request without it (an older client) is answered in the mixed form.
-READS_PLAIN = "plain_outcomes"
-
-
-def for_client(outcomes, runtime: dict):
-    """A call's outcomes in a form the client that sent ``runtime`` with its request reads."""
-    return outcomes if runtime.get(READS_PLAIN) else each(outcomes)
 
 
 def all_ok(values: list) -> tuple:

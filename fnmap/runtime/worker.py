@@ -27,7 +27,7 @@ from ..storage import is_unreachable, open_store
 from . import compression, forks, input_mac, keys, setup, signing
 from .capture import captured as _captured
 from .items import Deadline, Expired, run_items
-from .outcome import count, count_failed, dump_all, each, failure, for_client, from_exception, retry_outcome, succeeded
+from .outcome import count, count_failed, dump_all, each, failure, from_exception, retry_outcome, succeeded
 from .peakmem import PeakMemory
 from .serialization import load_stream, loads, runtime_mismatch
 from .wire import CallRequest, CallResponse, EncodedDict, decode_header, decode_request, encode
@@ -124,7 +124,7 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
     with _call_environment(req.extra_env), _captured(logs, echo=req.echo_output):
         if error is None:
             func, error = _set_up(func, req)  # the initializer, once per worker process
-        outcomes = for_client(run_items(func, items, mode, req.timeout, req.first_index), req.runtime) \
+        outcomes = run_items(func, items, mode, req.timeout, req.first_index) \
             if error is None else [from_exception(error)] * max(1, len(items or ()))
     # Large results compressed (issue 7); sealed with the secret, so the reader checks before unpickling.
     data = signing.seal(secret, result_key, compression.pack(dump_all(outcomes)))
