@@ -23,7 +23,7 @@ from .chunk_pickle import dump_chunk
 from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageError, storage_fix
 from .jobs import Job
 from .run import CallRun
-from .runtime import cancel, forks, input_mac, keys
+from .runtime import cancel, forks, keys
 from .runtime.serialization import dumps_checked, parts_size, pickle_function
 from .runtime.setup import WithInitializer
 from .scheduler import Scheduler
@@ -155,14 +155,14 @@ class Client:
         return parts_size(parts), plain
 
     def _store_input(self, state: CallRun, parts: list, job: Job) -> None:
-        """Store a call's chunk for that call under the name that authenticates it (a GMAC tag where
-        the workers run with this installation, else its SHA-256: :mod:`fnmap.runtime.input_mac`)
-        and name it in the call (its signed request names it); its large buffers go from the
-        caller's memory to storage without a copy (``dump_parts``).  The worker that commits the
-        call's result deletes it."""
-        tagged = self.backend.workers_share_installation
-        name = input_mac.name(parts, self.secret if tagged else None, job.id)
-        items_key = keys.input_key(job.id, state.call_id, name)
+        """Store a call's chunk for that call under its SHA-256, which authenticates it (the call's
+        signed request names the key; the worker checks the bytes against it before unpickling),
+        and name it in the call; its large buffers go from the caller's memory to storage without a
+        copy (``dump_parts``).  The worker that commits the call's result deletes it."""
+        digest = hashlib.sha256()
+        for part in parts:  # the GIL is released while each buffer is hashed: stores run on threads
+            digest.update(part)
+        items_key = keys.input_key(job.id, state.call_id, digest.hexdigest())
         with self.storage_errors("store the input of the call"):
             self.store.put(items_key, parts)
         self.scheduler.input_stored(state, items_key)

@@ -32,13 +32,13 @@ from typing import NamedTuple
 from . import lease
 from .client import get_client
 from .config import resolve
-from .errors import FnmapError, KeyNotFound
+from .errors import FnmapError
 from .jobs import CallOutcome
 from .kinds import KINDS
 from .observe import records
 from .observe.progress import make_progress
 from .policy import chunks
-from .runtime import input_mac, keys, signing
+from .runtime import keys, signing
 from .runtime.serialization import loads, parts_size
 
 #: An automatically chunked map stores its items for a redrive only up to this many bytes: larger
@@ -138,18 +138,12 @@ def redrive(store, job_id: str, config=None, **options):
         raise RedriveError(f"job {job_id} is an {kind!r} job, whose calls are not stored for a redrive: only maps "
                            "(fnmap.map, starmap, imap, map_reduce) store theirs; run its work again")
     ordered, rest = _plan(store, job_id, client.secret, summary.get("items") or 0)
-    ordered, renamed = _checkable_by_workers(client, job_id, ordered)  # refused here, before anything changes
-    if renamed:  # every record of the job's calls names the new copies (a later redrive reads them all)
-        _rename_in_records(store, client.secret, job_id, renamed)
     # A stale cancel request would stop this run at once; the stale final record would stand while it runs.
     store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
     function = types.SimpleNamespace(__qualname__=summary.get("function") or "redrive")  # its name in `fnmap jobs`
     job = client.new_job(config, kind, function=function, job_id=job_id,
                          created=summary["created"], recorder=Recorder(client.store, client.secret))
-    job = _submit(client, job, (ordered, rest), config)
-    if renamed:  # the calls sent, and the job's records, name the SHA-256 copies now
-        store.delete(list(renamed))
-    return job
+    return _submit(client, job, (ordered, rest), config)
 
 
 def _plan(store, job_id: str, secret: bytes, n_items: int) -> tuple[list, object]:
@@ -199,55 +193,3 @@ def _submit(client, job, plan: tuple, config):
     client.seal(job)
     client.submit(job, states)
     return job
-
-
-def _checkable_by_workers(client, job_id: str, ordered: list) -> tuple[list, dict]:
-    """The stored calls to redrive with their inputs under names this backend's workers can check,
-    and ``{old key: new key}`` of the inputs stored again (each old copy is deleted once the calls
-    naming the new ones are sent).
-
-    A job started on a backend whose workers share the client's installation (the emulator) named
-    its large inputs by a GMAC tag; workers that run elsewhere (a Lambda zip has no ``cryptography``)
-    check SHA-256 names only.  Redriven there, such an input is checked here and stored again under
-    its SHA-256; one that is gone belongs to a call whose result was committed, which its worker
-    answers from that result without reading an input.
-    """
-    if client.backend.workers_share_installation:
-        return ordered, {}
-    out, renamed = [], {}
-    for call_id, first, n_items, func_key, items_key, payload in ordered:
-        name = keys.stored_input_name(items_key) if items_key else None
-        if name and name.startswith(input_mac.GMAC_MARK):
-            key = _store_by_sha256(client, job_id, call_id, items_key, name)
-            if key != items_key:
-                renamed[items_key] = key
-                items_key = key
-        out.append(CallRecord(call_id, first, n_items, func_key, items_key, payload))
-    return out, renamed
-
-
-def _rename_in_records(store, secret: bytes, job_id: str, renamed: dict[str, str]) -> None:
-    """Rewrite the stored records of the job's calls (``record_calls``; a job sent its calls in
-    several batches, one record each) so that they name the inputs' new keys, ``renamed[old]``."""
-    for key, entries in _records(store, job_id, secret):
-        if any(entry.items_key in renamed for entry in entries):
-            _put_record(store, secret, key, [entry._replace(items_key=renamed.get(entry.items_key, entry.items_key))
-                                             for entry in entries])
-
-
-def _store_by_sha256(client, job_id: str, call_id: int, items_key: str, name: str) -> str:
-    """The key of a SHA-256-named copy of the GMAC-named input at ``items_key``, checked against
-    ``name`` first (``items_key`` itself when the input is gone: see above)."""
-    try:
-        data = client.store.get(items_key)
-    except KeyNotFound:
-        return items_key
-    checker = input_mac.Checker(name, client.secret, job_id)
-    checker.update(data)
-    if not checker.matches():
-        raise RedriveError(f"the stored input of call {call_id} of job {job_id} ({items_key}) does not match its "
-                           "name under this secret: redrive with the deployment's secret (FNMAP_SECRET)")
-    key = keys.input_key(job_id, call_id, input_mac.name([data]))
-    with client.storage_errors("store the input of the call again for this backend's workers"):
-        client.store.put(key, data)
-    return key

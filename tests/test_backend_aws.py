@@ -142,9 +142,8 @@ def test_request_over_the_payload_limit_travels_by_reference(aws):
 
 
 def test_a_large_input_is_named_by_its_sha256_and_deleted_from_s3_by_the_lambda_that_commits(aws, s3_env):
-    """A Lambda function's zip carries no compiled libraries: its inputs are checked by SHA-256 (the
-    emulator's and the local backend's by a GMAC tag, tests/test_call_inputs.py); the worker deletes
-    each once its result is committed, in S3 as in a folder."""
+    """A large input is named by its SHA-256, as on every backend (tests/test_call_inputs.py); the
+    worker deletes each once its result is committed, in S3 as in a folder."""
     blobs = [os.urandom(300_000) for _ in range(3)]
     job = fnmap.map(size_of, blobs, chunksize=1, return_job=True)
     assert job.results() == [300_000] * 3
@@ -155,11 +154,9 @@ def test_a_large_input_is_named_by_its_sha256_and_deleted_from_s3_by_the_lambda_
     assert stored and not [key for key in stored if "/in/" in key], stored
 
 
-def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_renamed_by_sha256(aws, s3_env, tmp_path):
-    """The emulator names large inputs by a GMAC tag, which a Lambda zip (no ``cryptography``)
-    cannot check: the redrive checks the stored input and stores it again under its SHA-256."""
-    from fnmap.redrive import RedriveError, stored_calls
-
+def test_a_job_started_on_the_emulator_is_redriven_on_lambda_from_the_inputs_it_stored(aws, s3_env, tmp_path):
+    """A stored input is named by its SHA-256 on every backend: a job started on the emulator is
+    redriven on Lambda from its inputs as they are, and the Lambda that commits deletes them."""
     marker = str(tmp_path / "crashed")
     items = [(str(tmp_path / "never"), 7), (marker, int.from_bytes(os.urandom(300_000), "big"))]  # call 1 stored
     open(items[0][0], "w").close()  # the first item never crashes
@@ -167,31 +164,19 @@ def test_a_job_started_on_the_emulator_is_redriven_on_lambda_with_its_inputs_ren
                     return_job=True)
     with pytest.raises(fnmap.PlatformError):
         job.results()
-    tagged = job.calls[1].items_key
-    assert tagged.rsplit("-", 1)[1].startswith("g"), tagged
-    # Call 1 recorded once more on its own, as when a map's calls are sent in batches while their
-    # inputs are written (each batch one record; which way a run goes depends on timing).
-    job.recorder.record_calls(job, [job.calls[1]])
+    stored = job.calls[1].items_key
 
     def inputs_left() -> list:
         listed = s3_env.client.list_objects_v2(Bucket=aws.bucket, Prefix=f"fnmap/jobs/{job.id}/in/")
         return [o["Key"].removeprefix("fnmap/") for o in listed.get("Contents", [])]
 
-    assert inputs_left() == [tagged]
+    assert inputs_left() == [stored] and len(stored.rsplit("-", 1)[1]) == 64, stored
     assert not aws.stats().get("Event") and not aws.stats().get("RequestResponse")
-    original = s3_env.client.get_object(Bucket=aws.bucket, Key=f"fnmap/{tagged}")["Body"].read()
-    s3_env.client.put_object(Bucket=aws.bucket, Key=f"fnmap/{tagged}", Body=original[:-1] + b"!")
-    with pytest.raises(RedriveError, match="does not match its name"):  # an altered input: refused, nothing sent
-        fnmap.job(job.id).redrive()
-    assert inputs_left() == [tagged] and not aws.stats().get("Event") and not aws.stats().get("RequestResponse")
-    s3_env.client.put_object(Bucket=aws.bucket, Key=f"fnmap/{tagged}", Body=original)
     redriven = fnmap.job(job.id).redrive()
     assert redriven.results() == [x + 1 for _, x in items]
     assert aws.stats().get("Event", 0) + aws.stats().get("RequestResponse", 0) >= 1  # it ran on Lambda
-    # What a later redrive would send (every record of the job's calls read): the SHA-256 copy.
-    sent = stored_calls(redriven.store, job.id, aws.secret.encode())[1].items_key
-    assert len(sent.rsplit("-", 1)[1]) == 64 and sent != tagged, sent
-    assert inputs_left() == []  # the GMAC copy deleted by the redrive, the SHA-256 one by the Lambda
+    assert redriven.calls[1].items_key == stored
+    assert inputs_left() == []  # deleted by the Lambda that committed the call
 
 
 def test_remote_exception_keeps_its_type(aws):

@@ -1,7 +1,7 @@
-"""A call's stored input: stored for that call alone, named by its SHA-256 or a GMAC tag (where the
-workers run with this installation), checked before unpickling, and deleted by the worker that
-commits the call's result, so storage holds a map's inputs only while their calls run (they took
-27 GB of one user's cache, every map's inputs kept until `fnmap gc`)."""
+"""A call's stored input: stored for that call alone, named by its SHA-256 on every backend,
+checked before unpickling, and deleted by the worker that commits the call's result, so storage
+holds a map's inputs only while their calls run (they took 27 GB of one user's cache, every map's
+inputs kept until `fnmap gc`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import pytest
 
 import fnmap
-from fnmap.runtime import compression, input_mac, keys, signing, wire, worker
+from fnmap.runtime import compression, keys, signing, wire, worker
 from fnmap.runtime.serialization import dump_parts, dumps, loads, pickle_function, runtime_info
 from fnmap.storage import open_store
 
@@ -33,10 +33,9 @@ def test_a_maps_inputs_are_deleted_as_their_calls_commit_and_its_results_stay(ba
                     backend=backend)
     assert job.results() == [b[0] for b in items]
     named = [call.items_key for call in job.calls]
+    # Each named by a SHA-256 (is_input_of), which the worker found its bytes to have.
     assert all(keys.is_input_of(key, job.id, call.call_id) for key, call in zip(named, job.calls, strict=True))
-    # These workers run with this installation: the inputs are named by a GMAC tag, not a SHA-256.
-    assert all(key.rsplit("-", 1)[1].startswith(input_mac.GMAC_MARK) for key in named), named
-    assert store.list(f"{keys.job_prefix(job.id)}in/") == [] and store.list("inputs/") == []
+    assert store.list(f"{keys.job_prefix(job.id)}in/") == []
     assert fnmap.job(job.id, storage=url).results() == [b[0] for b in items]  # a re-attach reads them still
 
 
@@ -74,24 +73,18 @@ class _TouchOnUnpickle:
         return (open, (self.path, "w"))
 
 
-def _name(naming: str, job_id: str, parts: list) -> str:
-    """The name a stored input's key ends with: its SHA-256, or a GMAC tag made right, with another
-    secret, or for another job."""
-    if naming == "sha256":
-        return hashlib.sha256(b"".join(bytes(p) for p in parts)).hexdigest()
-    secret = b"another-secret-0123456789abcdef" if naming == "other secret" else SECRET
-    return input_mac.name(parts, secret, keys.new_job_id() if naming == "other job" else job_id)
+def _sha256(parts: list) -> str:
+    """The name a stored input's key ends with: the SHA-256 of its bytes."""
+    return hashlib.sha256(b"".join(bytes(p) for p in parts)).hexdigest()
 
 
-def _call(store, func, chunk_parts: list, naming: str = "gmac", shared: bool = False):
-    """A signed request for call 0 of a new job whose chunk is stored under a name made as
-    ``naming`` says: the call's own input key, or (``shared``) an older client's ``inputs/`` key."""
+def _call(store, func, chunk_parts: list):
+    """A signed request for call 0 of a new job whose chunk is stored under the call's own input key."""
     digest, data = pickle_function(func)
     store.put(keys.function_key(digest), data)
     job_id = keys.new_job_id()
     store.put(keys.job_record_key(job_id), b"{}")  # the worker serves calls of jobs with a record
-    name = _name(naming, job_id, chunk_parts)
-    items_key = keys.shared_input_key(name) if shared else keys.input_key(job_id, 0, name)
+    items_key = keys.input_key(job_id, 0, _sha256(chunk_parts))
     store.put(items_key, chunk_parts)
     req = wire.CallRequest(job_id=job_id, call_id=0, func_key=keys.function_key(digest), store_url=store.url,
                            runtime=runtime_info(), items_key=items_key)
@@ -109,37 +102,18 @@ def _value(store, job_id: str):
     return loads(compression.unpack(signing.unseal(SECRET, key, store.get(key))))
 
 
-@pytest.mark.parametrize("naming", ["sha256", "gmac"])
-def test_a_planted_input_is_refused_before_unpickling_and_kept(naming, tmp_path):
+def test_a_planted_input_is_refused_before_unpickling_and_kept(tmp_path):
     store = open_store(tmp_path.as_uri())
     marker = str(tmp_path / "unpickled")
-    req, body = _call(store, len, dump_parts(("one", [os.urandom(SMALL)])), naming)
+    req, body = _call(store, len, dump_parts(("one", [os.urandom(SMALL)])))
     assert _answer(body)[0].ok  # the genuine input passes its check
-    req, body = _call(store, len, dump_parts(("one", [os.urandom(SMALL)])), naming)
+    req, body = _call(store, len, dump_parts(("one", [os.urandom(SMALL)])))
     store.put(req.items_key, dumps(("one", [_TouchOnUnpickle(marker)])))  # swapped after it was named
     resp, _ = _answer(body)
     assert not resp.ok and resp.error_kind == "rejected", resp
     assert f"input object {req.items_key!r}" in resp.error and "refused, not unpickled" in resp.error
     assert not os.path.exists(marker)
     assert store.exists(req.items_key)  # nothing committed: not the worker's to delete
-
-
-@pytest.mark.parametrize("naming", ["other secret", "other job"])
-def test_a_gmac_tag_holds_only_for_the_secret_and_the_job_it_was_made_for(naming, tmp_path):
-    store = open_store(tmp_path.as_uri())
-    req, body = _call(store, len, dump_parts(("one", [os.urandom(SMALL)])), naming)
-    resp, _ = _answer(body)
-    assert not resp.ok and resp.error_kind == "rejected" and "refused, not unpickled" in resp.error, resp
-
-
-def test_an_input_shared_by_jobs_is_read_and_left_for_gc(tmp_path):
-    """An older client's ``inputs/xx/<digest>`` (a redrive of its job names it) may serve other jobs."""
-    store = open_store(tmp_path.as_uri())
-    req, body = _call(store, len, dump_parts(("one", [os.urandom(SMALL)])), "sha256", shared=True)
-    resp, _ = _answer(body)
-    assert resp.ok and resp.committed, resp
-    assert _value(store, req.job_id) == [("ok", SMALL)]
-    assert store.exists(req.items_key)
 
 
 class _CommitsWhileLoading:
@@ -166,7 +140,7 @@ def test_an_attempt_whose_input_went_with_another_attempts_commit_is_answered_fr
     parts = dump_parts(("one", [os.urandom(SMALL)]))
     job_id = keys.new_job_id()
     store.put(keys.job_record_key(job_id), b"{}")
-    items_key = keys.input_key(job_id, 0, _name("gmac", job_id, parts))
+    items_key = keys.input_key(job_id, 0, _sha256(parts))
     store.put(items_key, parts)
     func = _CommitsWhileLoading(store.url, job_id, items_key)
     digest, data = pickle_function(func)

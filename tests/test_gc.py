@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -28,6 +27,10 @@ def first_byte(blob: bytes) -> int:
     return blob[0]
 
 
+def last_byte(blob: bytes) -> int:
+    return blob[-1]
+
+
 def noise(n: int) -> bytes:
     return os.urandom(n)  # does not compress: the result takes n bytes in storage
 
@@ -41,42 +44,35 @@ def gc_cli(url: str, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def plant_legacy_input(store) -> str:
-    """An input as clients before per-call inputs stored it (``inputs/xx/<SHA-256>``, shared by
-    jobs); now only an older client's job leaves one, and gc removes it once no kept job names it."""
-    blob = os.urandom(1024 * 1024)
-    key = keys.shared_input_key(hashlib.sha256(blob).hexdigest())
-    store.put(key, blob)
-    return key
-
-
 def test_gc_removes_shared_objects_no_kept_job_uses_and_reports_bytes(tmp_path):
     url = (tmp_path / "store").as_uri()
     store = open_store(url)
     big = os.urandom(1024 * 1024)
     old = fnmap.map(first_byte, [big], storage=url, return_job=True, inline_limit=SMALL)
     old.results()
-    old_input = [plant_legacy_input(store)]
+    other = fnmap.map(last_byte, [b"small"], storage=url, return_job=True)
+    other.results()
+    other_function = records.load(store, other.id)["shared"]
     time.sleep(0.05)
     between = time.time()
     time.sleep(0.05)
-    new = fnmap.map(first_byte, [b"small"], storage=url, return_job=True)  # the same function
+    new = fnmap.map(first_byte, [b"small"], storage=url, return_job=True)  # the same function as old
     new.results()
     function = records.load(store, old.id)["shared"]  # its input went once its call committed
     assert len(function) == 1 and function[0].startswith("functions/")
     assert records.load(store, new.id)["shared"] == function
 
     dry = gc_since(store, between, dry_run=True)
-    assert dry["deleted_jobs"] == [old.id]
-    # The old 1 MB input no job names goes; the function stays, though written before the cutoff:
-    # the kept job uses it.
-    assert dry["deleted_shared"] == old_input
-    assert dry["deleted_bytes"] > 1024 * 1024 and dry["deleted_job_bytes"][old.id] > 0
-    assert store.list(keys.job_prefix(old.id)) and store.list("inputs/") == old_input
+    assert sorted(dry["deleted_jobs"]) == sorted([old.id, other.id])
+    # The function no kept job uses goes; old's stays, though written before the cutoff: the kept
+    # job uses it.
+    assert len(other_function) == 1 and dry["deleted_shared"] == other_function
+    assert dry["deleted_bytes"] > 0 and dry["deleted_job_bytes"][old.id] > 0
+    assert store.list(keys.job_prefix(old.id)) and set(other_function) <= set(store.list("functions/"))
 
     done = gc_since(store, between)
     assert done["deleted_bytes"] == dry["deleted_bytes"]
-    assert store.list("inputs/") == [] and store.list(keys.job_prefix(old.id)) == []
+    assert store.list(keys.job_prefix(old.id)) == []
     assert store.list("functions/") == function
     assert fnmap.job(new.id, storage=url).results() == [ord("s")]
 
@@ -91,7 +87,7 @@ def test_while_a_kept_job_runs_no_shared_object_is_removed(tmp_path):
     store = open_store(url)
     old = fnmap.map(first_byte, [os.urandom(1024 * 1024)], storage=url, inline_limit=SMALL, return_job=True)
     old.results()
-    plant_legacy_input(store)
+    old_function = records.load(store, old.id)["shared"]  # no kept job uses it
     time.sleep(0.05)
     between = time.time()
     time.sleep(0.05)
@@ -102,10 +98,10 @@ def test_while_a_kept_job_runs_no_shared_object_is_removed(tmp_path):
         report = gc_since(store, between)
         assert report["deleted_jobs"] == [old.id]
         assert report["kept_shared_because_running"] and report["deleted_shared"] == []
-        assert store.list("inputs/")
+        assert set(old_function) <= set(store.list("functions/"))
     after = gc_since(store, between)
-    assert after["deleted_jobs"] == [] and len(after["deleted_shared"]) == 2  # the old input and old's function
-    assert store.list("inputs/") == []
+    assert after["deleted_jobs"] == [] and after["deleted_shared"] == old_function
+    assert not set(old_function) & set(store.list("functions/"))
 
 
 def test_gc_cli_reports_bytes_per_job_human_and_json(tmp_path):

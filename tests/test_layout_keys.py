@@ -12,7 +12,7 @@ from test_layout import ROOT, fnmap_imports
 
 CONTROL_PATH = ("fnmap/client.py", "fnmap/scheduler.py")
 #: The prefixes of the key layout: no string outside keys.py starts with one.
-LAYOUT = ("jobs/", "index/jobs/", "functions/", "inputs/", ".tmp-")
+LAYOUT = ("jobs/", "index/jobs/", "functions/", ".tmp-")
 
 
 @pytest.mark.parametrize("name", CONTROL_PATH)

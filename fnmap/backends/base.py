@@ -104,11 +104,6 @@ class BaseBackend:
     batches_calls = False
     #: The most calls ``invoke_batch`` takes in one platform request (0 or 1: one call a request).
     batch_limit = 0
-    #: True when the workers run with this client's installation (the emulator's, in-process):
-    #: large inputs are then authenticated by an AES-GMAC tag, which needs the compiled
-    #: ``cryptography`` package where they run; elsewhere (a Lambda zip is pure Python) by their
-    #: SHA-256, four times the CPU (:mod:`fnmap.runtime.input_mac`).
-    workers_share_installation = False
     #: True when ``poll_failures`` reports every accepted call that fails on the platform; the client
     #: then never declares such calls lost on a timer (a container job may queue for a long time).
     watches_calls = False

@@ -43,7 +43,6 @@ class EmulatorBackend(HttpBackend):
     name = "emulator"
     #: A loopback request to a warm worker costs about a millisecond: 0.1 s calls amortize it.
     call_seconds = 0.1
-    workers_share_installation = True
 
     def __init__(self, config):
         self.embedded = None  # the emulator this backend attached to or started

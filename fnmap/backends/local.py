@@ -25,7 +25,6 @@ class LocalBackend(BaseBackend):
     name = "local"
     #: A call is a function call on a thread here: 0.05 s amortizes the bookkeeping.
     call_seconds = 0.05
-    workers_share_installation = True
 
     def __init__(self, config):
         self.max_workers = config.workers or (os.cpu_count() or 2)

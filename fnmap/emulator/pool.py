@@ -220,13 +220,10 @@ def _context():
     with _ctx_lock:
         if _ctx is None:
             ctx = multiprocessing.get_context("forkserver")
-            # The cipher that checks a GMAC-named input (fnmap.runtime.input_mac) too: about 20 ms to
-            # import, once here rather than in every worker at its first such input.
             # The worker routine too: a shared emulator forks a client's workers when it attaches, and
             # each would otherwise import it first (25 ms of a fresh script's first map).
             ctx.set_forkserver_preload(["fnmap.emulator.process", "fnmap.runtime.worker",
-                                        "fnmap.runtime.batch_frames", "fnmap.runtime.heap",
-                                        "cryptography.hazmat.primitives.ciphers", "cryptography.exceptions"])
+                                        "fnmap.runtime.batch_frames", "fnmap.runtime.heap"])
             _ctx = ctx
         return _ctx
 

@@ -3,8 +3,8 @@
 A job is old when it was created before the cutoff (dated by its index entry, else by its newest
 status record).  An old job is kept whole while it may still run: its lease
 (:func:`fnmap.runtime.keys.lease_key`) has not expired, or it has no final record and neither an
-expired lease nor a client known to be gone says it stopped.  Shared objects (function pickles,
-content-addressed inputs) go once no kept job names them and no kept job is running.  The file
+expired lease nor a client known to be gone says it stopped.  Shared objects (function pickles)
+go once no kept job names them and no kept job is running.  The file
 store's temporary files left by killed writers (``.tmp-*``) go too, and the folders of the jobs
 deleted.  Every byte is counted as the storage holds it (a file store's blocks and folders, as
 ``du`` counts them, not the files' lengths): what is deleted and what is left add up to it.

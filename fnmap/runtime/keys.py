@@ -10,8 +10,6 @@ from __future__ import annotations
 import secrets
 import zlib
 
-from . import input_mac
-
 
 def new_job_id() -> str:
     """A random, unguessable job id (128 bits), so one job cannot name another's objects."""
@@ -65,30 +63,24 @@ def function_key(digest: str) -> str:
 
 
 def input_key(job_id: str, call_id: int, name: str) -> str:
-    """A call's input over the inline limit, stored for that call alone under the name that
-    authenticates it (:func:`fnmap.runtime.input_mac.name`: its SHA-256 or a GMAC tag), which the
-    worker checks before unpickling.  The worker that commits the call's result deletes it:
-    nothing runs the call again once a result is committed."""
+    """A call's input over the inline limit, stored for that call alone under its SHA-256 (hex),
+    which the worker checks before unpickling (:func:`content_digest`).  The worker that commits
+    the call's result deletes it: nothing runs the call again once a result is committed."""
     return f"jobs/{job_id}/in/{spread(call_id)}/{call_id}-{name}"
 
 
 def is_input_of(key: str, job_id: str, call_id: int) -> bool:
     """Whether ``key`` is the :func:`input_key` of this call (the one input its worker may delete)."""
     prefix = f"jobs/{job_id}/in/{spread(call_id)}/{call_id}-"
-    return key.startswith(prefix) and input_mac.is_name(key[len(prefix):])
+    return key.startswith(prefix) and _is_sha256(key[len(prefix):])
 
 
-def stored_input_name(key: str) -> str | None:
-    """The name that authenticates a stored input (:func:`input_key`, or an older client's
-    :func:`shared_input_key`: its SHA-256), or None for any other key."""
-    job_id = job_of(key)
-    name = key.rsplit("/", 1)[-1]
-    if job_id is not None and key.startswith(f"jobs/{job_id}/in/"):
-        name = name.partition("-")[2]
-        return name if input_mac.is_name(name) else None
-    if key.startswith("inputs/") and len(name) == input_mac.SHA256_NAME_LENGTH and input_mac.is_name(name):
-        return name
-    return None
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+def _is_sha256(text: str) -> bool:
+    """Whether ``text`` is a SHA-256 as :meth:`hashlib.sha256().hexdigest` spells it."""
+    return len(text) == 64 and _HEX_DIGITS.issuperset(text)
 
 
 def result_key(job_id: str, call_id: int) -> str:
@@ -118,23 +110,19 @@ def call_id_from_key(key: str) -> int:
     return int(key.rsplit("/", 1)[1])
 
 
-def shared_input_key(digest: str) -> str:
-    """Where clients before per-call inputs stored a call's input, once by content hash and shared
-    by jobs; a redrive of such a job still names them, so workers still read (and check) them.
-    ``fnmap gc`` removes one once no kept job uses it."""
-    return f"inputs/{digest[:2]}/{digest}"
-
-
 def content_digest(key: str) -> str | None:
     """The SHA-256 hex digest (or, for a function, its first 32 digits) a content-addressed key
-    names (inverse of :func:`function_key`, :func:`shared_input_key` and :func:`joblib_argument_key`);
+    names (inverse of :func:`function_key`, :func:`input_key` and :func:`joblib_argument_key`);
     None for any other key."""
     name = key.rsplit("/", 1)[-1]
     if key.startswith("functions/") and name.endswith(".pkl") and len(name) == 36:
         return name[:32]
-    if (key.startswith("inputs/") or key == joblib_argument_key(job_of(key) or "", name)) and len(name) == 64:
-        return name
-    return None
+    job_id = job_of(key) or ""
+    if key.startswith(f"jobs/{job_id}/in/"):
+        name = name.partition("-")[2]
+    elif key != joblib_argument_key(job_id, name):
+        return None
+    return name if _is_sha256(name) else None
 
 
 def joblib_argument_key(job_id: str, digest: str) -> str:
@@ -142,8 +130,8 @@ def joblib_argument_key(job_id: str, digest: str) -> str:
     return f"jobs/{job_id}/joblib/{digest}"
 
 
-#: Prefixes of objects shared by jobs (functions, inputs), kept while a job refers to them.
-SHARED_PREFIXES = ("functions/", "inputs/")
+#: Prefixes of objects shared by jobs (functions), kept while a job refers to them.
+SHARED_PREFIXES = ("functions/",)
 
 
 def blob_key(job_id: str, name: str) -> str:

@@ -18,9 +18,9 @@ The worker also refuses a call whose result is already committed or whose job re
 (:mod:`fnmap.runtime.worker`), so a replay inside the window runs nothing either.
 
 Objects a reader unpickles from storage are authenticated too: results and stored values carry
-:func:`seal`'s MAC (bound to their key); functions are named by their SHA-256 and the worker checks
-the digest their key names (:func:`content_digest_ok`); calls' inputs are named by their SHA-256 or
-a GMAC tag, checked as :mod:`fnmap.runtime.input_mac` says; both before unpickling.
+:func:`seal`'s MAC (bound to their key); functions and calls' inputs are named by their SHA-256
+and the worker checks the digest their key names (:func:`content_digest_ok`; an input as it is
+read); both before unpickling.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def unseal(secret: bytes | None, key: str, sealed: bytes | memoryview) -> memory
             "to the deployment's secret")
     if bytes(view[: len(SEALED_MAGIC)]) != SEALED_MAGIC or len(view) < _SEAL_HEAD:
         raise UnauthenticatedObject(f"stored object {key!r} carries no fnmap MAC: refused, not unpickled "
-                                    "(planted or written by an older fnmap)")
+                                    "(planted, or written without one)")
     data = view[_SEAL_HEAD:]
     if not hmac.compare_digest(bytes(view[len(SEALED_MAGIC) : _SEAL_HEAD]), _seal_mac(secret, key, data)):
         raise UnauthenticatedObject(f"stored object {key!r} fails its MAC check: it was altered or planted "
@@ -162,7 +162,7 @@ def unseal(secret: bytes | None, key: str, sealed: bytes | memoryview) -> memory
 
 def content_digest_ok(key: str, data) -> bool:
     """Whether ``data`` has the SHA-256 a content-addressed ``key`` names (:func:`keys.content_digest`:
-    ``functions/<first 32 hex digits>.pkl``, an older client's ``inputs/xx/<64 hex digits>``).  Any
+    ``functions/<first 32 hex digits>.pkl``, a call's input ``.../<call>-<64 hex digits>``).  Any
     other key is refused."""
     expected = keys.content_digest(key)
     if expected is None:

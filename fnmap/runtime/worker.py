@@ -12,6 +12,8 @@ response ``ok=False``.  Nothing here imports the client side.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import io
 import json
 import os
@@ -24,7 +26,7 @@ from typing import Any
 from ..errors import STORAGE_REFUSED_ERRNOS, storage_fix
 from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
-from . import compression, forks, input_mac, keys, setup, signing
+from . import compression, forks, keys, setup, signing
 from .capture import captured as _captured
 from .items import Deadline, Expired, run_items
 from .outcome import count, count_failed, dump_all, each, failure, from_exception, retry_outcome, succeeded
@@ -116,7 +118,7 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
     except Exception as e:
         return _platform_error(resp, "rejected", f"cannot open storage {req.store_url!r}: {e}"), b""
     result_key = keys.result_key(req.job_id, req.call_id)
-    loaded = _load_call(store, req, resp, payload, result_key, secret)
+    loaded = _load_call(store, req, resp, payload, result_key)
     if isinstance(loaded, CallResponse):  # refused as final, or a platform error
         return loaded, b""
     func, items, mode, error, loaded_at = loaded
@@ -137,14 +139,14 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
     return _commit(store, resp, data, observed, result_key)
 
 
-def _load_call(store, req: CallRequest, resp: CallResponse, payload, result_key: str, secret: bytes):
+def _load_call(store, req: CallRequest, resp: CallResponse, payload, result_key: str):
     """``(func, items, mode, None, when loaded)``, or ``(None, None, None, the error, when)`` when the
     user's function or chunk failed to load (every item fails with it), or the response to give."""
     try:
         if _refused_as_final(store, req, resp, result_key):  # a replay, a late copy, or a job removed by gc
             _forget_input(store, req)  # left by a worker stopped between its commit and the delete
             return resp
-        return (*_load(store, req, payload, secret), None, time.time())
+        return (*_load(store, req, payload), None, time.time())
     # An unpicklable/unimportable function or chunk fails every item alike; a sys.exit or
     # KeyboardInterrupt while it loads (module code, __setstate__) is the user's code too.
     except BaseException as e:  # noqa: B036
@@ -199,8 +201,7 @@ def _forget_input(store, req: CallRequest) -> None:
     """Delete the call's stored input once its result is committed (by this attempt or another):
     no attempt runs it again (a late one is answered from the result, see :func:`_refused_as_final`),
     so storage holds a map's inputs only while their calls run.  Only the call's own input
-    (:func:`keys.input_key`); one shared by jobs (an older client's ``inputs/``) is gc's to remove.
-    Best effort: what a failed delete leaves goes with its job at ``fnmap gc``."""
+    (:func:`keys.input_key`).  Best effort: what a failed delete leaves goes with its job at ``fnmap gc``."""
     if req.items_key and keys.is_input_of(req.items_key, req.job_id, req.call_id):
         with contextlib.suppress(Exception):
             store.delete([req.items_key])
@@ -256,7 +257,7 @@ def _is_storage_error(e: BaseException) -> bool:
     return isinstance(e, (KeyNotFound, OSError)) or type(e).__module__.startswith("botocore")
 
 
-def _load(store, req: CallRequest, payload, secret: bytes) -> tuple[Any, list, str]:
+def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
     func = _functions.get(req.func_key)
     if func is None:
         with _functions_lock:  # threads (the local backend) share one load: one namespace, one setup
@@ -275,7 +276,7 @@ def _load(store, req: CallRequest, payload, secret: bytes) -> tuple[Any, list, s
             _functions.move_to_end(req.func_key)
     if req.items_key:
         with store.reader(req.items_key) as stream:  # large buffers read each into its own object
-            checked = _CheckingReader(stream, req.items_key, secret)
+            checked = _CheckingReader(stream, req.items_key)
             chunk = load_stream(checked, before_unpickle=checked.check)
     else:
         chunk = loads(payload)
@@ -303,14 +304,13 @@ def _set_up(func, req: CallRequest) -> tuple[Any, BaseException | None]:
 
 
 class _CheckingReader:
-    """A binary reader that passes what it reads to the check its key names
-    (:mod:`fnmap.runtime.input_mac`: a SHA-256 or a GMAC tag), so a stored input is checked after it
-    is read and before it is unpickled."""
+    """A binary reader that hashes what it reads, so a stored input is checked against the SHA-256
+    its key names (:func:`keys.content_digest`) after it is read and before it is unpickled."""
 
-    def __init__(self, stream, key: str, secret: bytes):
+    def __init__(self, stream, key: str):
         self._stream, self._key = stream, key
-        name = keys.stored_input_name(key)
-        self._checker = None if name is None else input_mac.Checker(name, secret, keys.job_of(key))
+        self._expected = keys.content_digest(key)
+        self._digest = hashlib.sha256()
 
     def read(self, size: int = -1):
         data = self._stream.read(size)
@@ -323,8 +323,7 @@ class _CheckingReader:
         return n
 
     def _update(self, data) -> None:
-        if self._checker is not None:
-            self._checker.update(data)
+        self._digest.update(data)
 
     def check(self) -> None:
         while True:  # the rest of the object (nothing, for a well-formed one) counts too
@@ -332,9 +331,9 @@ class _CheckingReader:
             if not rest:
                 break
             self._update(rest)
-        if self._checker is None or not self._checker.matches():
+        if self._expected is None or not hmac.compare_digest(self._digest.hexdigest(), self._expected):
             raise signing.UnauthenticatedObject(
-                f"input object {self._key!r} does not match the SHA-256 or GMAC tag its key names: it "
+                f"input object {self._key!r} does not match the SHA-256 its key names: it "
                 "was planted or altered; refused, not unpickled")
 
 
