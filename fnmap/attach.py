@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import CancelledError
 
-from .errors import CallLost, FnmapError, KeyNotFound, PlatformError
+from .errors import CallLost, KeyNotFound, PlatformError
 from .jobs import remote_exception
 from .lease import ABANDONED
 from .observe import history, records
@@ -82,9 +82,6 @@ class AttachedJob:
         self.wait()
         record = self.record()
         unreported = record.get("unreported", [])
-        if unreported is None:
-            raise FnmapError(f"job {self.id}: the status records do not say where each call's items stand "
-                             "(written by an older fnmap), so its results cannot be put in order")
         spans = [(c["first_item"] or 0, c) for c in record["calls"]]
         spans += [(first, {"unreported": n, "first_item": first}) for first, n in unreported]
         out = []

@@ -59,7 +59,7 @@ def holder() -> dict:
 
 
 def read(store, job_id: str) -> dict | None:
-    """The job's lease, or None (no client ever held one: an older job, or one that has ended)."""
+    """The job's lease, or None (its client has not written it yet, or the job has ended)."""
     try:
         lease = json.loads(store.get(keys.lease_key(job_id)))
     except (OSError, ValueError, LookupError):  # KeyNotFound, or a partial object

@@ -95,12 +95,10 @@ def test_a_malformed_batch_is_refused_with_a_reason(use_emulator, body):
     assert emu.health()["status"] == "ok" and _calls(emu) == []
 
 
-def test_an_emulator_without_batches_gets_one_call_a_request(use_emulator, monkeypatch):
-    """An older emulator answers 404 to ``/invoke-many``: the client sends each call alone from then on."""
-    import fnmap.backends.emulator as emulator_backend
-
-    emu = use_emulator(workers=2)
-    monkeypatch.setattr(emulator_backend, "MANY_PATH", "/no-such-route")
+def test_an_emulator_that_injects_faults_gets_one_call_a_request(use_emulator):
+    """An emulator that plans faults per request answers 404 to ``/invoke-many``: the client sends
+    each call alone from then on."""
+    emu = use_emulator("--latency-ms", "1", workers=2)
     assert fnmap.map(ident, range(200), chunksize=1, progress=False) == list(range(200))
     calls = _calls(emu)
     assert sorted(c["call_id"] for c in calls) == list(range(200))

@@ -61,7 +61,8 @@ class EmulatorBackend(HttpBackend):
         self.invoke_url = self.url + "/invoke"
         # Enough calls in flight to keep every worker busy while responses travel.
         self.max_workers = config.workers or (2 * workers if workers else 16)
-        #: Set once the emulator answered that it has no ``POST /invoke-many`` (an older one).
+        #: Set once the emulator answered that it takes one call a request (404 to ``POST
+        #: /invoke-many``: it injects faults, or its workers check every call's signature).
         self._cannot_batch = False
 
     def _embedded_emulator(self):
@@ -148,7 +149,7 @@ class EmulatorBackend(HttpBackend):
         body = pack_calls([(invocation.signature, invocation.body) for invocation in invocations])
         url = self.url + MANY_PATH
         r = self._post_plain_body((host, port, MANY_PATH), body, {"Content-Type": "application/octet-stream"}, None)
-        if r.status in (404, 405):  # an older emulator, or one injecting faults: one request a call from now on
+        if r.status == 404:  # it injects faults, or its workers check signatures: one request a call from now on
             self._cannot_batch = True
             return None
         if r.status != 200:

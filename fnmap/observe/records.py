@@ -43,7 +43,7 @@ from .history import JobNotFound, get_json_many, resolve_id, started_entry, writ
 from .identity import gone_reason
 from .logs import logs_text
 
-#: What fnmap.jobs (and older callers) read from here; the index and logs are re-exported from their modules.
+#: What fnmap.jobs reads from here; the index and logs are re-exported from their modules.
 __all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id", "started_summary",
            "summarize", "write", "write_index"]
 
@@ -378,8 +378,6 @@ def load(store, job_id: str) -> dict:
         record = None
     if record is not None:
         expand_calls(record["calls"])
-        if "states" not in record["summary"]:  # written before calls were counted per state
-            record["summary"] = summarize(record)
     status_keys = store.list(keys.status_prefix(job_id))
     if record is None:
         started = started_entry(store, job_id)
@@ -422,7 +420,6 @@ def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -
         by_call.setdefault(stats["call_id"], []).append(stats)
     calls = [_rebuilt_call(call_id, by_call[call_id]) for call_id in sorted(by_call)]
     started = started or {}
-    _place_calls(calls, started.get("calls") or 0, started.get("items") or 0)
     created = started.get("created") or min((c["started"] for c in calls if c.get("started")), default=time.time())
     record = {
         "format": FORMAT,
@@ -447,11 +444,11 @@ def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -
         summary["abandoned"] = gone
     summary["items"] = max(summary["items"], started.get("items") or 0)
     record["unreported"] = gaps = _unreported(calls, summary["items"])
-    summary["items_unreported"] = sum(n for _, n in gaps or [])
+    summary["items_unreported"] = sum(n for _, n in gaps)
     # Each range of items no call reported is one call at least: with automatic chunking the start
     # entry counts only the first calls, so the calls are at least those reported and those gaps
     # (done never exceeds calls, and running is what is left of them).
-    summary["calls"] = max(summary["calls"] + len(gaps or []), started.get("calls") or 0)
+    summary["calls"] = max(summary["calls"] + len(gaps), started.get("calls") or 0)
     unfinished = summary["calls"] - summary["calls_done"]
     summary["states"]["running"] = 0 if summary["status"] == ABANDONED else unfinished
     summary["states"][ABANDONED] = unfinished if summary["status"] == ABANDONED else 0
@@ -480,24 +477,9 @@ def _rebuilt_call(call_id: int, reports: list[dict]) -> dict:
     return call
 
 
-def _place_calls(calls: list[dict], n_calls: int, n_items: int) -> None:
-    """Fill in the ``first_item`` of calls whose status records predate it, where the calls can only
-    have been made with one fixed chunksize (every call but the last of the same size)."""
-    if all(c["first_item"] is not None for c in calls) or not calls:
-        return
-    size = max(c["items"] for c in calls)
-    last = n_calls - 1 if n_calls else None
-    uniform = all(c["items"] == size for c in calls if c["call"] != last)
-    if size and uniform and (not n_calls or n_items <= n_calls * size):
-        for c in calls:
-            c["first_item"] = c["call"] * size if c["first_item"] is None else c["first_item"]
-
-
-def _unreported(calls: list[dict], n_items: int) -> list[list[int]] | None:
+def _unreported(calls: list[dict], n_items: int) -> list[list[int]]:
     """``[[first_item, items], ...]``: the item ranges of ``0..n_items`` that no call in ``calls``
-    reported; None when a call's place is unknown (its items cannot be aligned)."""
-    if any(c["first_item"] is None for c in calls):
-        return None
+    reported (each status record names its call's ``first_item``)."""
     gaps, at = [], 0
     for c in sorted(calls, key=lambda c: c["first_item"]):
         if c["first_item"] > at:
