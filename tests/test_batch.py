@@ -19,7 +19,7 @@ from fnmap.backends import batch as batch_backend
 from fnmap.client import get_client
 from fnmap.config import resolve
 from fnmap.emulator import batch_api, batch_jobs
-from fnmap.runtime import container, keys, signing
+from fnmap.runtime import container, keys, outcome, signing
 from fnmap.runtime.serialization import dumps, loads, pickle_function, runtime_info
 from fnmap.runtime.wire import CallRequest, encode
 from fnmap.storage import open_store
@@ -168,9 +168,10 @@ def _write_requests(store_url: str, secret: str, items: list) -> tuple[str, str]
 
 
 def _outcomes(store, job_id: str, call_id: int, secret: str) -> list:
-    """A call's committed outcomes, checked with the secret as the client checks them."""
+    """A call's committed outcomes, one per item (either form), checked with the secret as the
+    client checks them."""
     key = keys.result_key(job_id, call_id)
-    return loads(signing.unseal(secret.encode(), key, store.get(key)))
+    return outcome.each(loads(signing.unseal(secret.encode(), key, store.get(key))))
 
 
 def _run_entrypoint(store_url: str, prefix: str, **env) -> subprocess.CompletedProcess:
