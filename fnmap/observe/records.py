@@ -383,7 +383,7 @@ def load(store, job_id: str) -> dict:
         started = started_entry(store, job_id)
         if not status_keys and started is None:
             raise JobNotFound(f"job {job_id} has no record and no status records in {store.url}")
-        return lease.judge(store, _rebuild(store, job_id, status_keys, started))  # issue 23: abandoned
+        return lease.judge(store, _rebuild(store, job_id, status_keys, started))  # abandoned if its client is gone
     missing = {
         c["call"]
         for c in record["calls"]
@@ -399,7 +399,7 @@ def load(store, job_id: str) -> dict:
             if found:
                 _apply_stats(call, max(found, key=lambda s: s["attempt"]))
         record["summary"] = summarize(record)
-    return lease.judge(store, record)  # issue 23: abandoned if its client's lease expired
+    return lease.judge(store, record)  # abandoned if its client is gone
 
 
 def _apply_stats(call: dict, stats: dict) -> None:

@@ -3,7 +3,7 @@
 Unpickling is code execution, so every handler verifies a request's signature
 with the deployment's shared secret *before* it unpickles anything.
 
-A signature binds more than the body (issue 26: a captured request must not run again):
+A signature binds more than the body (a captured request must not run again):
 
     v2.<issued>.<expires>.<hex HMAC of the string below>
 
