@@ -293,3 +293,25 @@ def test_a_job_whose_client_was_killed_is_abandoned_and_counts_agree(tmp_path):
     assert listed["status"] == "abandoned"
     shown = fnmap_cli("job", job_id, storage=storage).stdout
     assert "abandoned" in shown and "the client that started this job is gone" in shown
+
+
+def test_jobs_lists_past_index_entries_that_are_not_a_jobs(tmp_path):
+    """Anyone who can write the bucket can put objects under the index: ``fnmap jobs`` shows the
+    real jobs and skips the rest (an empty object, bytes that are not JSON, another job's summary)."""
+    from fnmap.runtime import keys
+    from fnmap.storage import open_store
+
+    storage = (tmp_path / "store").as_uri()
+    job = fnmap.map(abs, [-1, -2], return_job=True, storage=storage, backend="local")
+    assert job.wait(30)
+    store = open_store(storage)
+    (real,) = store.list(keys.job_index_prefix())
+    summary = json.loads(store.get(real))
+    store.put(keys.job_index_key("0" * 32, 1.0), b"{}")
+    store.put(keys.job_index_key("1" * 32, 2.0), b"\x00not json")
+    store.put(keys.job_index_key("2" * 32, 3.0), json.dumps(summary).encode())  # names another job
+    done = fnmap_cli("jobs", "--json", storage=storage)
+    assert done.returncode == 0, done.stderr
+    assert [j["job_id"] for j in json.loads(done.stdout)] == [job.id]
+    text = fnmap_cli("jobs", storage=storage)
+    assert text.returncode == 0 and job.id[:12] in text.stdout, text.stderr

@@ -52,12 +52,25 @@ def list_jobs(store, limit: int | None = 20) -> list[dict]:
     out = []
     for key in entries:
         summary = get_json(store, key)
-        if summary is None:  # deleted meanwhile (gc) or a partial object from a dead writer
-            continue
+        if not _is_summary(summary, key):  # deleted meanwhile (gc), a dead writer's partial object,
+            continue  # or not an index entry at all (anyone who can write the bucket can put one)
         if summary.get("status") == "running":
             _refresh_running(store, summary)
         out.append(lease.judge(store, summary))  # issue 23: abandoned if its client's lease expired
     return out
+
+
+def _is_summary(summary, key: str) -> bool:
+    """Whether ``summary`` read at ``key`` is a job's index entry: the job its key names, with a
+    status and a creation time (what ``fnmap jobs`` shows of every job)."""
+    if not isinstance(summary, dict):
+        return False
+    try:
+        job_id = keys.job_index_entry(key)[1]
+    except (ValueError, IndexError):
+        return False
+    return (summary.get("job_id") == job_id and isinstance(summary.get("status"), str)
+            and isinstance(summary.get("created"), (int, float)))
 
 
 def _refresh_running(store, summary: dict) -> None:
