@@ -541,3 +541,19 @@ def test_live_output_reaches_the_notebook_cell(runtime, tmp_path, monkeypatch):
     assert "[0, 2, 4]" in shown, shown
     assert sorted(re.findall(r"live line \d", shown)) == ["live line 0", "live line 1", "live line 2"], shown
     assert len(emulators(runtime)) == 1  # the shared one served it
+
+
+LIGHT_CLIENT = """
+import sys, fnmap
+fnmap.map(abs, [-1], chunksize=1)
+print(sorted(m for m in ("flask", "werkzeug", "boto3", "botocore", "requests") if m in sys.modules))
+"""
+
+
+def test_a_clients_first_map_imports_no_server_or_cloud_library(runtime):
+    """The emulator's HTTP stack (Flask, 0.1 s to import) and boto3 are the emulator's and the cloud
+    backends': a client's first map on the shared emulator loads none of them."""
+    run_script()
+    done = subprocess.run([sys.executable, "-c", LIGHT_CLIENT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

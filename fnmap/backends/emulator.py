@@ -31,7 +31,7 @@ from ..config import endpoint_environment
 from ..errors import ConfigError, FaultKind, PlatformFault
 from ..runtime import forks
 from ..runtime.batch_frames import MANY_PATH, MAX_CALLS, pack_calls, unpack_answers
-from ..runtime.http_app import SESSION_HEADER
+from ..runtime.wire import SESSION_HEADER
 from .base import Answer
 from .http import HttpBackend, fault_from_status
 

@@ -9,7 +9,7 @@ its ``PYTHONPATH`` and its stderr (the descriptor itself, ``SCM_RIGHTS``).  The 
 session token and forks that client's workers from the fork server, which has imported only fnmap
 and the standard library: the client's code and packages are imported afresh, in its folder,
 with its variables, and ``output="live"`` lines reach its own terminal or notebook cell.  Requests
-carrying the token (:data:`fnmap.runtime.http_app.SESSION_HEADER`) run on those workers; requests without one (a
+carrying the token (:data:`fnmap.runtime.wire.SESSION_HEADER`) run on those workers; requests without one (a
 ``FNMAP_HTTP_URL`` client, the Lambda API) run on the emulator's own pool.
 
 The socket stays open as long as the client lives: when it closes (the client exited, crashed

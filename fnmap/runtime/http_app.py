@@ -16,13 +16,11 @@ from .batch_frames import MANY_PATH
 from .frontdoor import FrontDoor
 from .httpwire import reason_phrase
 from .signing import SIGNATURE_HEADER
+from .wire import SESSION_HEADER
 
 Execute = Callable[[bytes, "str | None", "str | None"], "tuple[int, bytes, dict]"]
 ExecuteMany = Callable[[bytes, "str | None"], "tuple[int, bytes, dict]"]
 
-#: Names the client session whose workers run a call on a shared emulator
-#: (:mod:`fnmap.emulator.sessions`); every other host ignores it.
-SESSION_HEADER = "X-Fnmap-Session"
 _SESSION_ENVIRON = "HTTP_" + SESSION_HEADER.upper().replace("-", "_")
 
 #: Requests larger than this are refused before they are read (arguments this big go through storage).

@@ -192,3 +192,6 @@ def decode_response(body: bytes) -> tuple[CallResponse, memoryview]:
 
 #: HTTP header a handler sets on a non-200 answer to say what kind of platform failure it was.
 ERROR_KIND_HEADER = "X-Fnmap-Error-Kind"
+#: HTTP header naming the client session whose workers run a call on a shared emulator
+#: (:mod:`fnmap.emulator.sessions`); every other host ignores it.
+SESSION_HEADER = "X-Fnmap-Session"
