@@ -51,13 +51,26 @@ def list_jobs(store, limit: int | None = 20) -> list[dict]:
         entries = entries[:limit]
     out = []
     for key in entries:
-        summary = get_json(store, key)
-        if not _is_summary(summary, key):  # deleted meanwhile (gc), a dead writer's partial object,
-            continue  # or not an index entry at all (anyone who can write the bucket can put one)
-        if summary.get("status") == "running":
-            _refresh_running(store, summary)
-        out.append(lease.judge(store, summary))  # issue 23: abandoned if its client's lease expired
+        summary = read_entry(store, key)
+        if summary is None:
+            continue
+        out.append(judge_entry(store, summary))
     return out
+
+
+def read_entry(store, key: str) -> dict | None:
+    """The job index entry at ``key``, or None when it is gone (gc), a dead writer's partial
+    object, or not an index entry at all (anyone who can write the bucket can put one)."""
+    summary = get_json(store, key)
+    return summary if _is_summary(summary, key) else None
+
+
+def judge_entry(store, summary: dict) -> dict:
+    """An index entry as it stands now: a running job's calls counted from its status records, and
+    ``abandoned`` if its client is gone (:func:`fnmap.lease.judge`).  Changes ``summary`` in place."""
+    if summary.get("status") == "running":
+        _refresh_running(store, summary)
+    return lease.judge(store, summary)
 
 
 def _is_summary(summary, key: str) -> bool:

@@ -1,0 +1,209 @@
+"""What the dashboard's pages show, as plain data: a job list row, a job page, a call's output.
+
+Plain functions over the records :mod:`fnmap.observe` reads (no HTTP, no Flask), so each page's
+content is testable without a server.  Everything here is data for ``textContent``: the front end
+never interprets a stored string as HTML.
+
+A job of 100,000 calls has 100,000 bars or more; a browser draws that many, but the page would
+carry megabytes and the eye sees nothing more.  :func:`timeline` keeps every bar that is not a
+plain success (failures, retries, copies, stops, calls in flight: what a person looks for) and an
+even sample of the successes, :data:`MAX_BARS` in all, and says so on the page.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..observe.cost import describe
+from ..observe.records import UNFINISHED
+
+#: Most bars one timeline carries to the browser.
+MAX_BARS = 20_000
+#: Most points of the progress curve.
+MAX_POINTS = 300
+#: Most failed calls listed on a job page (with their tracebacks); the rest are counted.
+MAX_FAILURES = 100
+#: Most characters of one attempt's captured output sent to the page.
+MAX_LOG_CHARS = 1 << 20
+#: Bar kinds, in the order of the legend; a bar carries its kind's index.
+KINDS = ("ok", "failed", "retried", "copy", "stopped", "running")
+_KIND = {name: i for i, name in enumerate(KINDS)}
+#: Attempt outcomes that mean another attempt (or the job's end) stopped this one.
+_STOPPED = ("cancelled", "superseded")
+#: Job statuses after which a job changes no more.
+FINAL = ("succeeded", "failed", "cancelled", "incomplete", "abandoned")
+
+
+def job_row(summary: dict) -> dict:
+    """One line of the front page, from a job's index summary (:func:`fnmap.observe.history.list_jobs`)."""
+    client = summary.get("client") or {}
+    usd = (summary.get("cost") or {}).get("usd")
+    return {
+        "job_id": summary["job_id"],
+        "status": summary.get("status"),
+        "function": summary.get("function"),
+        "kind": summary.get("kind"),
+        "backend": summary.get("backend"),
+        "created": summary.get("created"),
+        "wall_seconds": summary.get("wall_seconds"),
+        "calls": summary.get("calls") or 0,
+        "states": summary.get("states") or {"done": summary.get("calls_done") or 0},
+        "items": summary.get("items") or 0,
+        "failed_items": summary.get("failed_items") or 0,
+        "retries": summary.get("retries") or 0,
+        "usd": usd,
+        "host": client.get("host"),
+        "pid": client.get("pid"),
+        "origin": summary.get("origin"),
+    }
+
+
+def job_page(record: dict, now: float | None = None) -> dict:
+    """Everything a job's page shows, from its record (:func:`fnmap.observe.records.load`)."""
+    now = time.time() if now is None else now
+    s = record["summary"]
+    return {
+        "summary": s,
+        "options": record.get("options") or {},
+        "cost_text": describe(s.get("cost") or {}),
+        "commands": commands(record),
+        "notes": _notes(record),
+        "progress": progress(record, now),
+        "timeline": timeline(record, now),
+        "failures": failures(record["calls"]),
+    }
+
+
+def commands(record: dict) -> list[dict]:
+    """The commands that act on the job, to copy: each with what it does."""
+    short = record["job_id"][:12]
+    status = record["summary"]["status"]
+    out = [{"command": f"fnmap job {short}", "does": "the summary in a terminal"},
+           {"command": f"fnmap logs {short}", "does": "every call's captured output"}]
+    if status == "running":
+        out.append({"command": f"fnmap cancel {short}", "does": "ask the client running it to stop"})
+    elif _items_left(record):
+        out.append({"command": f"fnmap redrive {short}", "does": "run the calls that have no result"})
+    return out
+
+
+def _items_left(record: dict) -> int:
+    """Items a redrive would run: those of calls stopped, never run or never reported."""
+    stopped = sum(c["items"] for c in record["calls"] if c["status"] in ("cancelled", *UNFINISHED))
+    return stopped + (record["summary"].get("items_unreported") or 0)
+
+
+def _notes(record: dict) -> list[str]:
+    s, notes = record["summary"], []
+    if s.get("error"):
+        notes.append(f"stopped before any call ran: {s['error']}")
+    if s.get("raised"):
+        notes.append(f"{s['raised'].get('error')} reached the job's caller, which stopped the calls still out")
+    if s.get("abandoned"):
+        notes.append(f"abandoned: {s['abandoned']}")
+    if s.get("items_unreported"):
+        notes.append(f"{s['items_unreported']} items have no result: their calls never ran or never reported")
+    if record.get("rebuilt"):
+        notes.append(record["rebuilt"])
+    return notes
+
+
+def progress(record: dict, now: float) -> dict:
+    """Items done over time: ``points`` as ``[seconds since created, items done]``, at most
+    :data:`MAX_POINTS` of them, and the job's total items."""
+    created = record["created"]
+    ends = sorted((c["ended"], c["items"]) for c in record["calls"]
+                  if c["status"] not in UNFINISHED and c.get("ended") is not None)
+    points, done = [[0.0, 0]], 0
+    step = max(1, math.ceil(len(ends) / MAX_POINTS))
+    for i, (ended, items) in enumerate(ends):
+        done += items
+        if (i + 1) % step == 0 or i == len(ends) - 1:
+            points.append([round(ended - created, 3), done])
+    if record["summary"]["status"] == "running":
+        points.append([round(now - created, 3), done])
+    return {"points": points, "items": record["summary"].get("items") or 0}
+
+
+def attempt_kind(call: dict, attempt: dict, later: bool) -> str:
+    """How one attempt shows on the timeline (:data:`KINDS`); ``later``: another attempt followed it."""
+    outcome = attempt.get("outcome")
+    if attempt.get("ended") is None or outcome is None:
+        return "running"
+    if outcome in _STOPPED:
+        return "stopped"
+    if attempt["attempt"] in (call.get("copies") or ()):
+        return "copy"
+    if outcome == "ok":
+        return "ok"
+    if outcome == "error" or not later:
+        return "failed"  # its items raised, or a fault with no attempt after it
+    return "retried"
+
+
+def timeline(record: dict, now: float) -> dict:
+    """One bar per attempt, ``[call, start, end, kind]`` (the call's number, seconds since the job
+    was created, the kind's index in :data:`KINDS`); sampled past :data:`MAX_BARS`."""
+    created = record["created"]
+    plain: list[list] = []
+    notable: list[list] = []
+    for call in record["calls"]:
+        attempts = call["attempts"]
+        for i, attempt in enumerate(attempts):
+            if attempt.get("sent") is None:
+                continue
+            kind = attempt_kind(call, attempt, later=i < len(attempts) - 1)
+            end = attempt["ended"] if attempt.get("ended") is not None else now
+            bar = [call["call"], round(attempt["sent"] - created, 3), round(end - created, 3), _KIND[kind]]
+            (plain if kind == "ok" else notable).append(bar)
+    total = len(plain) + len(notable)
+    if total > MAX_BARS:
+        notable = notable[: MAX_BARS // 2]
+        stride = math.ceil(len(plain) / (MAX_BARS - len(notable)))
+        plain = plain[::stride]
+    bars = sorted(plain + notable)
+    numbers = [c["call"] for c in record["calls"]]
+    return {"kinds": list(KINDS), "first_call": min(numbers, default=0), "last_call": max(numbers, default=0),
+            "bars": bars, "total": total, "end": max((b[2] for b in bars), default=0.0)}
+
+
+def failures(calls: list[dict]) -> dict:
+    """The failed calls, first :data:`MAX_FAILURES`, each with its error and remote traceback."""
+    failed = [c for c in calls if c["status"] not in ("ok", "cancelled", *UNFINISHED)]
+    shown = [{
+        "call": c["call"],
+        "items": _item_range(c),
+        "status": c["status"],
+        "error": c.get("error"),
+        "failed_items": c.get("failed_items"),
+        "traceback": c.get("traceback"),
+        "log_tail": c.get("log_tail"),
+    } for c in failed[:MAX_FAILURES]]
+    return {"total": len(failed), "calls": shown}
+
+
+def _item_range(call: dict) -> str:
+    first = call.get("first_item")
+    if first is None:
+        return "?"
+    return str(first) if call["items"] == 1 else f"{first}..{first + call['items'] - 1}"
+
+
+def call_output(record: dict, found: list[tuple[int, int, str]], call: int) -> dict:
+    """A call's captured output per attempt (``found``: :func:`fnmap.observe.logs.read_logs`) and
+    its traceback, each text cut to :data:`MAX_LOG_CHARS`."""
+    entry = next((c for c in record["calls"] if c["call"] == call), None)
+    return {
+        "call": call,
+        "known": entry is not None,
+        "status": entry["status"] if entry else None,
+        "attempts": [{"attempt": a, "text": _cut(text)} for c, a, text in found if c == call],
+        "traceback": _cut(entry.get("traceback")) if entry else None,
+    }
+
+
+def _cut(text: str | None) -> str | None:
+    if text is None or len(text) <= MAX_LOG_CHARS:
+        return text
+    return text[:MAX_LOG_CHARS] + f"\n... ({len(text) - MAX_LOG_CHARS} more characters: fnmap logs)"
