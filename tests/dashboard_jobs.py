@@ -1,0 +1,74 @@
+"""Real jobs and a real dashboard for the dashboard's tests (tests/test_dashboard*.py).
+
+The jobs run on the emulator a test process starts by itself, into a storage folder of the test
+module's own, so the dashboard lists exactly them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import fnmap
+from fnmap.dashboard.server import Dashboard
+from fnmap.storage import open_store
+
+#: The name and the error of the job whose strings are markup: they must show as text.
+MARKUP_NAME = "<script>alert(1)</script>"
+MARKUP_ERROR = '<img src=x onerror="alert(2)"><b>bold?</b>'
+
+
+def failed_job(storage: str, marker_dir: str) -> str:
+    """A finished 6-call job: call 1's worker crashes once (retried), every call prints, item 3
+    raises a ValueError whose message has markup.  Its id."""
+    marker = os.path.join(marker_dir, "crashed-once")
+
+    def work(x):
+        if x == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(3)
+        print(f"item {x} says hello")
+        if x == 3:
+            raise ValueError(f"item {x} is <b>not</b> welcome")
+        return x * x
+
+    job = fnmap.map(work, range(6), chunksize=1, return_job=True, storage=storage)
+    job.results(return_exceptions=True)
+    return job.id
+
+
+def markup_job(storage: str) -> str:
+    """A finished job whose function is named :data:`MARKUP_NAME` and whose item raises
+    :data:`MARKUP_ERROR`.  Its id."""
+
+    def named(x):
+        raise RuntimeError(MARKUP_ERROR)
+
+    named.__name__ = named.__qualname__ = MARKUP_NAME
+    job = fnmap.map(named, range(1), return_job=True, storage=storage)
+    job.results(return_exceptions=True)
+    return job.id
+
+
+def wait_for_file(path: str, timeout: float = 60.0):
+    """A function for a job that stays running until ``path`` exists (then returns its item)."""
+
+    def held(x):
+        deadline = time.time() + timeout
+        while not os.path.exists(path) and time.time() < deadline:
+            time.sleep(0.05)
+        return x
+
+    return held
+
+
+@contextlib.contextmanager
+def serving(storage: str, token: str = "a-test-token-of-enough-length"):
+    """A dashboard over ``storage`` on a free loopback port, from a thread of this process."""
+    store = open_store(storage, "the test's storage", create=False)
+    dashboard = Dashboard(store, token, port=0).start()
+    try:
+        yield dashboard
+    finally:
+        dashboard.close()
