@@ -19,9 +19,9 @@ MARKUP_NAME = "<script>alert(1)</script>"
 MARKUP_ERROR = '<img src=x onerror="alert(2)"><b>bold?</b>'
 
 
-def failed_job(storage: str, marker_dir: str) -> str:
-    """A finished 6-call job: call 1's worker crashes once (retried), every call prints, item 3
-    raises a ValueError whose message has markup.  Its id."""
+def failed_job(storage: str, marker_dir: str, items: int = 6) -> str:
+    """A finished job of ``items`` calls: call 1's worker crashes once (retried), every call prints
+    and takes a few tens of milliseconds, item 3 raises a ValueError whose message has markup.  Its id."""
     marker = os.path.join(marker_dir, "crashed-once")
 
     def work(x):
@@ -29,11 +29,12 @@ def failed_job(storage: str, marker_dir: str) -> str:
             open(marker, "w").close()
             os._exit(3)
         print(f"item {x} says hello")
+        time.sleep(0.02 * (x % 5))
         if x == 3:
             raise ValueError(f"item {x} is <b>not</b> welcome")
         return x * x
 
-    job = fnmap.map(work, range(6), chunksize=1, return_job=True, storage=storage)
+    job = fnmap.map(work, range(items), chunksize=1, return_job=True, storage=storage, output="none")
     job.results(return_exceptions=True)
     return job.id
 
@@ -46,15 +47,18 @@ def markup_job(storage: str) -> str:
         raise RuntimeError(MARKUP_ERROR)
 
     named.__name__ = named.__qualname__ = MARKUP_NAME
-    job = fnmap.map(named, range(1), return_job=True, storage=storage)
+    job = fnmap.map(named, range(1), return_job=True, storage=storage, output="none")
     job.results(return_exceptions=True)
     return job.id
 
 
 def wait_for_file(path: str, timeout: float = 60.0):
-    """A function for a job that stays running until ``path`` exists (then returns its item)."""
+    """A function for a job that stays running until ``path`` exists: item 0 returns at once, the
+    others once ``path`` exists (each returns its item)."""
 
     def held(x):
+        if x == 0:
+            return x
         deadline = time.time() + timeout
         while not os.path.exists(path) and time.time() < deadline:
             time.sleep(0.05)

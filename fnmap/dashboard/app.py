@@ -76,7 +76,7 @@ def create_app(store, token: str, job_list: JobList | None = None) -> Flask:
 
     @app.get("/api/jobs")
     def api_jobs():
-        return _json({"storage": store.url, "now": time.time(), "jobs": jobs.rows()})
+        return _json({"storage": store.url, "jobs": jobs.rows()})
 
     @app.get("/api/jobs/<job_id>")
     def api_job(job_id: str):

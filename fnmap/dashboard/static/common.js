@@ -43,7 +43,15 @@ const fnmap = {
 
   usd(v) {
     if (v === null || v === undefined) return "-";
-    return v < 0.01 ? "$" + v.toPrecision(2) : "$" + v.toFixed(2);
+    if (v === 0) return "$0";
+    if (v >= 0.01) return "$" + v.toFixed(2);
+    return v >= 0.000001 ? "$" + v.toFixed(6) : "< $0.000001";
+  },
+
+  // Wall time: the job's, or for a running job the time since it started.
+  wall(status, wallSeconds, created) {
+    if (wallSeconds === null && status === "running" && created) return fnmap.seconds(Date.now() / 1000 - created) + " so far";
+    return fnmap.seconds(wallSeconds);
   },
 
   // GET JSON from this server; the cookie carries the token.

@@ -27,7 +27,7 @@
       ["items", `${s.items}` + (s.failed_items ? ` (${s.failed_items} failed)` : "")],
       ["retries", `${s.retries} (${s.calls_retried} calls retried)`],
       ["started", fnmap.time(s.created)],
-      ["wall", fnmap.seconds(s.wall_seconds)],
+      ["wall", fnmap.wall(s.status, s.wall_seconds, s.created)],
       ["call run time", `p50 ${fnmap.seconds(d.p50)}, p95 ${fnmap.seconds(d.p95)}, max ${fnmap.seconds(d.max)}`],
       ["workers", `${s.workers} (${s.cold_starts} cold starts)`],
       ["started by", [client.host, client.pid ? "pid " + client.pid : null].filter(Boolean).join(" ") || "-"],

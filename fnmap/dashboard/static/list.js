@@ -26,9 +26,9 @@
       calls,
       fnmap.el("td", {class: "num", text: items}),
       fnmap.el("td", {class: "num", text: fnmap.time(job.created)}),
-      fnmap.el("td", {class: "num", text: fnmap.seconds(job.wall_seconds)}),
+      fnmap.el("td", {class: "num", text: fnmap.wall(job.status, job.wall_seconds, job.created)}),
       fnmap.el("td", {class: "num", text: fnmap.usd(job.usd)}),
-      fnmap.el("td", {}, fnmap.el("div", {text: who || "-"}),
+      fnmap.el("td", {class: "who"}, fnmap.el("div", {text: who || "-"}),
                fnmap.el("div", {class: "muted", text: job.origin || ""})));
   }
 
