@@ -11,9 +11,11 @@ the Content-Security-Policy allows scripts and styles from this server alone, so
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from concurrent.futures import Future
 from importlib import resources
 
 from flask import Flask, Response, redirect, request
@@ -66,6 +68,7 @@ def create_app(store, token: str, job_list: JobList | None = None) -> Flask:
 
     @app.get("/jobs/<job_id>")
     def job(job_id: str):
+        pages.prefetch(job_id)
         return _file(files, "job.html", "text/html; charset=utf-8")
 
     @app.get("/static/<name>")
@@ -136,8 +139,10 @@ def _json(data, status: int = 200) -> Response:
 
 
 class _JobPages:
-    """Job pages as JSON; an ended job's kept for :data:`.listing.RECHECK_SECONDS` (a 100,000-call
-    record takes about a second to read), a few at most."""
+    """Job pages as JSON.  Reading a 100,000-call record takes about a second, so: the page's JSON
+    is started as soon as its HTML is asked for (:meth:`prefetch`), while the browser loads the
+    scripts that will ask for it; a page asked for while it is being made waits for that one; an
+    ended job's page is kept for :data:`.listing.RECHECK_SECONDS`, a few pages at most."""
 
     KEEP = 8
 
@@ -147,13 +152,42 @@ class _JobPages:
         self.store = store
         self.recheck = RECHECK_SECONDS if recheck is None else recheck
         self._kept: dict[str, tuple[float, bytes]] = {}
+        self._making: dict[str, Future] = {}
         self._lock = threading.Lock()
+
+    def prefetch(self, job_id: str) -> None:
+        """Start making ``job_id``'s page in the background (its errors are the API's to report)."""
+        threading.Thread(target=self._quietly, args=(job_id,), daemon=True, name="fnmap-dashboard-prefetch").start()
+
+    def _quietly(self, job_id: str) -> None:
+        with contextlib.suppress(Exception):
+            self.page(job_id)
 
     def page(self, job_id: str) -> bytes:
         with self._lock:
             kept = self._kept.get(job_id)
-        if kept is not None and time.monotonic() - kept[0] < self.recheck:
-            return kept[1]
+            if kept is not None and time.monotonic() - kept[0] < self.recheck:
+                return kept[1]
+            making = self._making.get(job_id)
+            if making is None:
+                making = self._making[job_id] = Future()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            return making.result()
+        try:
+            body = self._make(job_id)
+        except BaseException as e:
+            making.set_exception(e)
+            raise
+        finally:
+            with self._lock:
+                self._making.pop(job_id, None)
+        making.set_result(body)
+        return body
+
+    def _make(self, job_id: str) -> bytes:
         record = records.load(self.store, job_id)
         body = json.dumps(views.job_page(record), separators=(",", ":")).encode()
         if record["summary"]["status"] in views.FINAL:

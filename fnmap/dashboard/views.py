@@ -145,24 +145,28 @@ def attempt_kind(call: dict, attempt: dict, later: bool) -> str:
 def timeline(record: dict, now: float) -> dict:
     """One bar per attempt, ``[call, start, end, kind]`` (the call's number, seconds since the job
     was created, the kind's index in :data:`KINDS`); sampled past :data:`MAX_BARS`."""
-    created = record["created"]
-    plain: list[list] = []
-    notable: list[list] = []
+    plain: list[tuple] = []  # (call, sent, ended) of calls answered by their one attempt
+    notable: list[tuple] = []  # (call, sent, ended, kind index) of every other attempt
     for call in record["calls"]:
         attempts = call["attempts"]
+        if len(attempts) == 1 and attempts[0]["outcome"] == "ok" and not call.get("copies"):
+            only = attempts[0]  # most calls of a big job: no need to ask what kind of bar it is
+            if only["sent"] is not None and only["ended"] is not None:
+                plain.append((call["call"], only["sent"], only["ended"]))
+                continue
         for i, attempt in enumerate(attempts):
             if attempt.get("sent") is None:
                 continue
             kind = attempt_kind(call, attempt, later=i < len(attempts) - 1)
             end = attempt["ended"] if attempt.get("ended") is not None else now
-            bar = [call["call"], round(attempt["sent"] - created, 3), round(end - created, 3), _KIND[kind]]
-            (plain if kind == "ok" else notable).append(bar)
+            notable.append((call["call"], attempt["sent"], end, _KIND[kind]))
     total = len(plain) + len(notable)
     if total > MAX_BARS:
         notable = notable[: MAX_BARS // 2]
-        stride = math.ceil(len(plain) / (MAX_BARS - len(notable)))
-        plain = plain[::stride]
-    bars = sorted(plain + notable)
+        plain = plain[:: math.ceil(len(plain) / (MAX_BARS - len(notable)))]
+    created = record["created"]
+    bars = sorted([c, round(sent - created, 3), round(end - created, 3), kind]
+                  for c, sent, end, kind in (*((c, s, e, 0) for c, s, e in plain), *notable))
     numbers = [c["call"] for c in record["calls"]]
     return {"kinds": list(KINDS), "first_call": min(numbers, default=0), "last_call": max(numbers, default=0),
             "bars": bars, "total": total, "end": max((b[2] for b in bars), default=0.0)}
