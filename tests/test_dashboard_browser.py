@@ -26,7 +26,7 @@ from dashboard_jobs import MARKUP_ERROR, MARKUP_NAME, failed_job, markup_job, se
 
 import fnmap
 
-#: Where the pages' screenshots go besides the test's folder (an environment variable of the tests, not a setting of fnmap).
+#: Where the pages' screenshots go besides the test's folder (the tests' variable, not fnmap's).
 SCREENSHOTS = os.environ.get("DASHBOARD_SCREENSHOTS")
 TOKEN = "a-browser-test-token-of-enough-length"
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -150,7 +150,8 @@ def test_the_front_page_lists_jobs_and_follows_a_running_one_live(browser, dashb
     mapping.start()
     try:
         _until(browser, lambda d: d.find_element("id", "count").text == "3 jobs", "the new job listed, live")
-        listed = browser.execute_script("return [...document.querySelectorAll('#jobs tbody tr')].map((r) => r.dataset.job)")
+        listed = browser.execute_script(
+            "return [...document.querySelectorAll('#jobs tbody tr')].map((r) => r.dataset.job)")
         new = next(job_id for job_id in listed if job_id not in jobs.values())
         running = _until(browser, lambda d: (t := _cell_texts(d, new)) and "1 done" in t[3] and t,
                          "the running job's first call done, live")
@@ -234,8 +235,3 @@ def test_a_page_without_the_token_shows_nothing(browser, dashboard, jobs):
     browser.get(dashboard.url + "jobs/" + jobs["failed"])
     assert "needs its token" in browser.find_element("tag name", "body").text
     assert browser.find_elements("id", "failures") == []
-
-
-def test_a_thread_count_stays_small(dashboard):
-    """The server's connection threads end with their connections (the browser's keep-alives)."""
-    assert threading.active_count() < 200

@@ -20,6 +20,7 @@ from importlib import resources
 
 from flask import Flask, Response, redirect, request
 
+from ..attach import FINAL
 from ..errors import FnmapError
 from ..observe import records
 from ..observe.history import JobNotFound
@@ -190,7 +191,7 @@ class _JobPages:
     def _make(self, job_id: str) -> bytes:
         record = records.load(self.store, job_id)
         body = json.dumps(views.job_page(record), separators=(",", ":")).encode()
-        if record["summary"]["status"] in views.FINAL:
+        if record["summary"]["status"] in FINAL:
             with self._lock:
                 self._kept[job_id] = self._kept[record["job_id"]] = (time.monotonic(), body)
                 while len(self._kept) > self.KEEP:

@@ -31,8 +31,6 @@ KINDS = ("ok", "failed", "retried", "copy", "stopped", "running")
 _KIND = {name: i for i, name in enumerate(KINDS)}
 #: Attempt outcomes that mean another attempt (or the job's end) stopped this one.
 _STOPPED = ("cancelled", "superseded")
-#: Job statuses after which a job changes no more.
-FINAL = ("succeeded", "failed", "cancelled", "incomplete", "abandoned")
 
 
 def job_row(summary: dict) -> dict:
