@@ -244,3 +244,27 @@ def test_the_command_prints_the_url_and_serves(storage, job_id, tmp_path):
     helped = subprocess.run([sys.executable, "-m", "fnmap", "dashboard", "--help"], capture_output=True, text=True,
                             timeout=60)
     assert helped.returncode == 0 and "--token-file" in helped.stdout and "/metrics" in helped.stdout
+
+
+def test_a_running_job_page_offers_cancel_and_spans_every_call(dashboard, storage, tmp_path):
+    """While a map runs, its page is rebuilt from the workers' reports: it says so (not that items
+    have no result), offers `fnmap cancel`, and its timeline spans all the job's calls."""
+    import threading
+
+    release = str(tmp_path / "release")
+    results = []
+    mapping = threading.Thread(target=lambda: results.extend(
+        fnmap.map(wait_for_file(release), range(4), chunksize=1, storage=storage, output="none")))
+    mapping.start()
+    try:
+        rows = _wait_for(lambda: [r for r in _authed(dashboard, "/api/jobs").json()["jobs"]
+                                  if r["status"] == "running"], "the running job")
+        page = _authed(dashboard, f"/api/jobs/{rows[0]['job_id']}").json()
+        assert page["summary"]["status"] == "running"
+        assert len(page["notes"]) == 1 and page["notes"][0].startswith("running: ")
+        assert any(c["command"].startswith("fnmap cancel ") for c in page["commands"])
+        assert page["timeline"]["first_call"] == 0 and page["timeline"]["last_call"] == 3
+    finally:
+        open(release, "w").close()
+        mapping.join(60)
+    assert results == [0, 1, 2, 3]

@@ -94,6 +94,9 @@ def _items_left(record: dict) -> int:
 
 def _notes(record: dict) -> list[str]:
     s, notes = record["summary"], []
+    if s.get("status") == "running" and record.get("rebuilt"):  # the reader's notes are about a stopped job
+        return [f"running: {s.get('calls_done', 0)} of {s.get('calls', 0)} calls have reported; this page is "
+                "rebuilt from the workers' status records, so a call shows once it reports"]
     if s.get("error"):
         notes.append(f"stopped before any call ran: {s['error']}")
     if s.get("raised"):
@@ -165,9 +168,13 @@ def timeline(record: dict, now: float) -> dict:
     created = record["created"]
     bars = sorted([c, round(sent - created, 3), round(end - created, 3), kind]
                   for c, sent, end, kind in (*((c, s, e, 0) for c, s, e in plain), *notable))
-    numbers = [c["call"] for c in record["calls"]]
-    return {"kinds": list(KINDS), "first_call": min(numbers, default=0), "last_call": max(numbers, default=0),
-            "bars": bars, "total": total, "end": max((b[2] for b in bars), default=0.0)}
+    # A running job's record holds the calls that reported so far: draw the rows and the time of the whole job.
+    numbers = [c["call"] for c in record["calls"]] + [max(0, (record["summary"].get("calls") or 0) - 1)]
+    end = max((b[2] for b in bars), default=0.0)
+    if record["summary"].get("status") == "running":
+        end = max(end, round(now - created, 3))
+    return {"kinds": list(KINDS), "first_call": min(0, *numbers), "last_call": max(numbers),
+            "bars": bars, "total": total, "end": end}
 
 
 def failures(calls: list[dict]) -> dict:

@@ -50,7 +50,7 @@ const fnmap = {
 
   // Wall time: the job's, or for a running job the time since it started.
   wall(status, wallSeconds, created) {
-    if (wallSeconds === null && status === "running" && created) return fnmap.seconds(Date.now() / 1000 - created) + " so far";
+    if (status === "running" && created) return fnmap.seconds(Date.now() / 1000 - created) + " so far";
     return fnmap.seconds(wallSeconds);
   },
 
