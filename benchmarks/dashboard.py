@@ -10,7 +10,10 @@ leaves.  Then it serves the dashboard on loopback and times:
 
 * the JSON answers a page fetches, first (nothing read yet) and again (a poll);
 * with Debian's Chromium (Selenium), on a dashboard that has read nothing yet, the time from
-  asking for each page until it shows: every row of the front page, the job page's timeline drawn.
+  asking for each page until it shows: every row of the front page; the job page's summary, then
+  its timeline drawn.
+
+Each first opening is the median over ``--rounds`` fresh dashboards.
 
 The targets (issue 35): each page opens within 2 s.
 """
@@ -112,13 +115,17 @@ def timed_get(url: str) -> tuple[float, int]:
     return time.perf_counter() - start, len(answer.content)
 
 
-def browser_times(dashboard, big: str, jobs: int) -> dict[str, float]:
-    """Seconds from asking for each page until it shows, in headless Chromium (none if absent)."""
+def _median(timings: list[tuple[float, int]]) -> tuple[float, int]:
+    return statistics.median(t for t, _ in timings), timings[0][1]
+
+
+def browser_times(store, big: str, jobs: int, rounds: int) -> dict[str, float]:
+    """Seconds from asking for each page until it shows, in headless Chromium, median of ``rounds``
+    dashboards that have read nothing yet (none if Chromium or Selenium is absent)."""
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
-        from selenium.webdriver.support.ui import WebDriverWait
     except ImportError:
         return {}
     if not chromium or not driver_path:
@@ -130,25 +137,40 @@ def browser_times(dashboard, big: str, jobs: int) -> dict[str, float]:
         options.add_argument(flag)
     options.binary_location = chromium
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    out = {}
+    found: dict[str, list[float]] = {}
     try:
-        driver.get(f"{dashboard.url}jobs/0?token={TOKEN}")  # the cookie, on a page that reads no job
-        rows = f"return document.querySelectorAll('#jobs tbody tr').length === {jobs + 1}"
-        note = "return document.getElementById('timeline-note').textContent !== ''"
-        pages = ((f"front page, its {jobs} rows shown", dashboard.url, rows),
-                 ("job page, its timeline drawn", dashboard.url + "jobs/" + big, note))
-        for name, url, shown in pages:
-            start = time.perf_counter()
-            driver.get(url)
-            WebDriverWait(driver, 60, poll_frequency=0.02).until(lambda d, shown=shown: d.execute_script(shown))
-            out[name] = time.perf_counter() - start
-            fetched = driver.execute_script(
-                "const e = performance.getEntriesByType('resource').filter((r) => r.name.includes('/api/'));"
-                "return e.length ? e[e.length - 1].responseEnd / 1000 : null")
-            if fetched is not None:
-                out[f"{name.split(',')[0]}, its JSON received"] = fetched
+        for _ in range(rounds):
+            with Dashboard(store, TOKEN, port=0) as fresh:
+                time.sleep(2)  # its page-making process has started and imported, as a dashboard left open has
+                for name, seconds in _open_pages(driver, fresh, big, jobs).items():
+                    found.setdefault(name, []).append(seconds)
     finally:
         driver.quit()
+    return {name: statistics.median(values) for name, values in found.items()}
+
+
+def _open_pages(driver, dashboard, big: str, jobs: int) -> dict[str, float]:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    out = {}
+    driver.get(f"{dashboard.url}jobs/0?token={TOKEN}")  # the cookie, on a page that reads no job
+    rows = f"return document.querySelectorAll('#jobs tbody tr').length === {jobs + 1}"
+    summary = "return document.getElementById('facts').children.length > 0"
+    drawn = "return document.getElementById('timeline-note').textContent.includes('attempts')"
+    pages = ((dashboard.url, ((f"front page, its {jobs} rows shown", rows),)),
+             (dashboard.url + "jobs/" + big, (("job page, its summary shown", summary),
+                                              ("job page, its timeline drawn", drawn))))
+    for url, steps in pages:
+        start = time.perf_counter()
+        driver.get(url)
+        for name, shown in steps:
+            WebDriverWait(driver, 60, poll_frequency=0.02).until(lambda d, shown=shown: d.execute_script(shown))
+            out[name] = time.perf_counter() - start
+        fetched = driver.execute_script(
+            "const e = performance.getEntriesByType('resource').filter((r) => r.name.includes('/api/'));"
+            "return e.length ? e[e.length - 1].responseEnd / 1000 : null")
+        if fetched is not None:
+            out[f"{steps[0][0].split(',')[0]}, its JSON received"] = fetched
     return out
 
 
@@ -157,6 +179,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--calls", type=int, default=100_000)
     parser.add_argument("--no-browser", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3, help="fresh dashboards per measurement (median)")
     args = parser.parse_args()
     load = os.getloadavg()
     folder = tempfile.mkdtemp(prefix="fnmap-dashboard-bench-")
@@ -167,23 +190,27 @@ def main() -> None:
         size = os.path.getsize(os.path.join(folder, "jobs", big, "job.json"))
         print(f"wrote {args.jobs} jobs and a {args.calls}-call job ({size / 1e6:.1f} MB record) "
               f"in {time.perf_counter() - start:.1f} s")
-        with Dashboard(store, TOKEN, port=0) as dashboard:
-            rows = [("front page JSON, first", *timed_get(dashboard.url + "api/jobs"))]
-            rows += [("front page JSON, a later poll", *min(timed_get(dashboard.url + "api/jobs") for _ in range(3)))]
-            first = timed_get(dashboard.url + f"api/jobs/{big}")
-            rows += [(f"{args.calls}-call job JSON, first", *first)]  # (its HTML not asked for: no prefetch)
-            rows += [(f"{args.calls}-call job JSON, again", *timed_get(dashboard.url + f"api/jobs/{big}"))]
-            metrics = [timed_get(dashboard.url + "metrics") for _ in range(3)]
-            rows += [("/metrics", statistics.median(m[0] for m in metrics), metrics[0][1])]
-        shown = {}
-        if not args.no_browser:
-            with Dashboard(store, TOKEN, port=0) as fresh:  # nothing read yet: the pages' first opening
-                shown = browser_times(fresh, big, args.jobs)
+        firsts: dict[str, list] = {}
+        for _ in range(args.rounds):  # a fresh dashboard each: the first opening, nothing read yet
+            with Dashboard(store, TOKEN, port=0) as dashboard:
+                time.sleep(2)  # its page-making process has started and imported
+                firsts.setdefault("list", []).append(timed_get(dashboard.url + "api/jobs"))
+                firsts.setdefault("job", []).append(timed_get(dashboard.url + f"api/jobs/{big}"))
+                polls = [timed_get(dashboard.url + "api/jobs") for _ in range(3)]
+                again = timed_get(dashboard.url + f"api/jobs/{big}")
+                metrics = [timed_get(dashboard.url + "metrics") for _ in range(3)]
+        rows = [("front page JSON, first", *_median(firsts["list"])),
+                ("front page JSON, a later poll", *_median(polls)),
+                (f"{args.calls}-call job JSON, first", *_median(firsts["job"])),
+                (f"{args.calls}-call job JSON, again", *again),
+                ("/metrics", *_median(metrics))]
+        shown = {} if args.no_browser else browser_times(store, big, args.jobs, args.rounds)
         print("| what | seconds | bytes |\n| --- | --- | --- |")
         for name, seconds, size in rows:
             print(f"| {name} | {seconds:.3f} | {size:,} |")
         for name, seconds in shown.items():
             print(f"| Chromium, nothing read yet: {name} | {seconds:.3f} | |")
+        print(f"medians of {args.rounds} fresh dashboards")
         print(f"load average before: {load[0]:.1f}; after: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -52,7 +52,7 @@ def _authed(dashboard, path: str, **kwargs) -> requests.Response:
 
 
 ROUTES = ["/", "/jobs/{job}", "/static/list.js", "/static/dashboard.css", "/api/jobs", "/api/jobs/{job}",
-          "/api/jobs/{job}/calls/3", "/metrics", "/no-such-page"]
+          "/api/jobs/{job}/summary", "/api/jobs/{job}/calls/3", "/metrics", "/no-such-page"]
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -128,6 +128,8 @@ def test_a_failed_job_page_has_its_traceback_and_output(dashboard, job_id):
     output = _authed(dashboard, f"/api/jobs/{job_id[:10]}/calls/3").json()
     assert any("item 3 says hello" in a["text"] for a in output["attempts"])
     assert "ValueError" in output["traceback"]
+    summary = _authed(dashboard, f"/api/jobs/{job_id[:8]}/summary").json()["summary"]
+    assert summary["job_id"] == job_id and summary["states"] == page["summary"]["states"]
     missing = _authed(dashboard, "/api/jobs/0123456789abcdef")
     assert missing.status_code == 404 and "no job id starts with" in missing.json()["error"]
 

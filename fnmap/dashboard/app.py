@@ -11,23 +11,18 @@ the Content-Security-Policy allows scripts and styles from this server alone, so
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
-import time
-from concurrent.futures import Future
 from importlib import resources
 
 from flask import Flask, Response, redirect, request
 
-from ..attach import FINAL
 from ..errors import FnmapError
-from ..observe import records
+from ..observe import history
 from ..observe.history import JobNotFound
-from ..observe.logs import read_logs
 from ..runtime.frontdoor import FrontDoor
-from . import auth, metrics, views
+from . import auth, metrics
 from .listing import JobList
+from .pages import JobPages
 
 #: The files the pages are made of, served from the package (no CDN: the page works offline).
 ASSETS = {
@@ -54,13 +49,15 @@ def _files() -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in (*ASSETS, *PAGES)}
 
 
-def create_app(store, token: str, job_list: JobList | None = None) -> Flask:
+def create_app(store, token: str, pages: JobPages | None = None) -> Flask:
     """The dashboard over ``store``, answering only requests that carry ``token``.
-    ``app.extensions["fnmap_front_door"]`` is its front door (the server tells it its addresses)."""
+    ``app.extensions["fnmap_front_door"]`` is its front door (the server tells it its addresses);
+    ``pages`` makes the job pages (by default in this process; :class:`.server.Dashboard` gives one
+    that makes them in a process of their own)."""
     app = Flask(__name__, static_folder=None)
     files = _files()
-    jobs = job_list or JobList(store)
-    pages = _JobPages(store)
+    jobs = JobList(store)
+    pages = pages or JobPages(store)
     _guard(app, token)
 
     @app.get("/")
@@ -86,10 +83,13 @@ def create_app(store, token: str, job_list: JobList | None = None) -> Flask:
     def api_job(job_id: str):
         return Response(pages.page(job_id), mimetype="application/json")
 
+    @app.get("/api/jobs/<job_id>/summary")
+    def api_summary(job_id: str):
+        return _json({"summary": _summary(store, job_id)})
+
     @app.get("/api/jobs/<job_id>/calls/<int:call>")
     def api_call(job_id: str, call: int):
-        record = records.load(store, job_id)
-        return _json(views.call_output(record, read_logs(store, record["job_id"], call), call))
+        return Response(pages.call(job_id, call), mimetype="application/json")
 
     @app.get("/metrics")
     def prometheus():
@@ -131,69 +131,19 @@ def _guard(app: Flask, token: str) -> None:
         return response
 
 
+def _summary(store, job_id: str) -> dict:
+    """A job's summary from its index entry (one small GET): what its page shows while the record
+    of a big job is read."""
+    full = history.resolve_id(store, job_id)
+    entry = history.started_entry(store, full)
+    if entry is None:
+        raise JobNotFound(f"job {full} has no index entry in {store.url}")
+    return history.judge_entry(store, entry)
+
+
 def _file(files: dict[str, bytes], name: str, content_type: str) -> Response:
     return Response(files[name], content_type=content_type)
 
 
 def _json(data, status: int = 200) -> Response:
     return Response(json.dumps(data, separators=(",", ":")), status=status, mimetype="application/json")
-
-
-class _JobPages:
-    """Job pages as JSON.  Reading a 100,000-call record takes about a second, so: the page's JSON
-    is started as soon as its HTML is asked for (:meth:`prefetch`), while the browser loads the
-    scripts that will ask for it; a page asked for while it is being made waits for that one; an
-    ended job's page is kept for :data:`.listing.RECHECK_SECONDS`, a few pages at most."""
-
-    KEEP = 8
-
-    def __init__(self, store, recheck: float | None = None):
-        from .listing import RECHECK_SECONDS
-
-        self.store = store
-        self.recheck = RECHECK_SECONDS if recheck is None else recheck
-        self._kept: dict[str, tuple[float, bytes]] = {}
-        self._making: dict[str, Future] = {}
-        self._lock = threading.Lock()
-
-    def prefetch(self, job_id: str) -> None:
-        """Start making ``job_id``'s page in the background (its errors are the API's to report)."""
-        threading.Thread(target=self._quietly, args=(job_id,), daemon=True, name="fnmap-dashboard-prefetch").start()
-
-    def _quietly(self, job_id: str) -> None:
-        with contextlib.suppress(Exception):
-            self.page(job_id)
-
-    def page(self, job_id: str) -> bytes:
-        with self._lock:
-            kept = self._kept.get(job_id)
-            if kept is not None and time.monotonic() - kept[0] < self.recheck:
-                return kept[1]
-            making = self._making.get(job_id)
-            if making is None:
-                making = self._making[job_id] = Future()
-                mine = True
-            else:
-                mine = False
-        if not mine:
-            return making.result()
-        try:
-            body = self._make(job_id)
-        except BaseException as e:
-            making.set_exception(e)
-            raise
-        finally:
-            with self._lock:
-                self._making.pop(job_id, None)
-        making.set_result(body)
-        return body
-
-    def _make(self, job_id: str) -> bytes:
-        record = records.load(self.store, job_id)
-        body = json.dumps(views.job_page(record), separators=(",", ":")).encode()
-        if record["summary"]["status"] in FINAL:
-            with self._lock:
-                self._kept[job_id] = self._kept[record["job_id"]] = (time.monotonic(), body)
-                while len(self._kept) > self.KEEP:
-                    self._kept.pop(next(iter(self._kept)))
-        return body

@@ -15,6 +15,7 @@ from ..emulator.httpserver import WSGIServer
 from ..runtime.frontdoor import LOOPBACK_NAMES, allowed_name
 from . import DEFAULT_PORT
 from .app import create_app
+from .pages import JobPages
 
 #: Connections held at once: a few browser tabs (six each) and a scraper.
 MAX_CONNECTIONS = 64
@@ -29,7 +30,8 @@ class Dashboard:
     def __init__(self, store, token: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  allow_hosts: tuple[str, ...] = ()):
         allow_hosts = tuple(allowed_name(name) for name in allow_hosts)
-        self.app = create_app(store, token)
+        self.pages = JobPages(store, isolated=True)
+        self.app = create_app(store, token, self.pages)
         self.server = WSGIServer(self.app, host=host, port=port, max_connections=MAX_CONNECTIONS)
         self.app.extensions["fnmap_front_door"].serve_at(str(self.server.host), self.server.port, allow_hosts)
         self._token = token
@@ -63,6 +65,7 @@ class Dashboard:
 
     def close(self) -> None:
         self.server.close()
+        self.pages.close()
         if self._thread is not None:
             self._thread.join(5)
 

@@ -34,7 +34,18 @@
       ["from", s.origin],
       ["storage", s.storage],
     ]);
-    $("notes").replaceChildren(...page.notes.map((note) => fnmap.el("li", {text: note})));
+    $("notes").replaceChildren(...(page ? page.notes : []).map((note) => fnmap.el("li", {text: note})));
+  }
+
+  // The summary from the job's index entry, shown while a big job's record is read.
+  async function early() {
+    try {
+      const summary = JSON.parse(await fnmap.get(api + "/summary")).summary;
+      if (!page) {
+        renderHead(summary);
+        $("timeline-note").textContent = `reading the record of ${summary.calls} calls`;
+      }
+    } catch (e) { /* the page's own answer says what is wrong */ }
   }
 
   function renderCommands() {
@@ -210,5 +221,6 @@
   $("timeline").addEventListener("mouseleave", () => { $("tip").hidden = true; });
   $("call-show").addEventListener("click", () => showOutput($("call-number").value));
   window.addEventListener("resize", () => { if (page) { drawProgress(); drawTimeline(); } });
+  early();
   fnmap.poll(refresh);
 })();
