@@ -25,6 +25,9 @@ class Dashboard:
     """The dashboard over ``store`` bound to ``host:port`` (0: a free port) until :meth:`close`.
 
     ``allow_hosts``: names besides its own that browsers may reach it by (a port forward's name).
+    Job pages are made in a process it spawns (:mod:`.pages`): as with any spawning
+    ``multiprocessing`` user, a script that makes one guards its entry point with
+    ``if __name__ == "__main__":`` (``fnmap dashboard`` and notebooks need nothing).
     """
 
     def __init__(self, store, token: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
