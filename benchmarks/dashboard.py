@@ -15,7 +15,7 @@ leaves.  Then it serves the dashboard on loopback and times:
 
 Each first opening is the median over ``--rounds`` fresh dashboards.
 
-The targets (issue 35): each page opens within 2 s.
+The targets: each page opens within 2 s.
 """
 
 from __future__ import annotations
