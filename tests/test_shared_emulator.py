@@ -557,3 +557,21 @@ def test_a_clients_first_map_imports_no_server_or_cloud_library(runtime):
     done = subprocess.run([sys.executable, "-c", LIGHT_CLIENT], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_client_in_another_mount_namespace_gets_an_emulator_that_sees_its_files(runtime, tmp_path):
+    """A client under ``unshare`` (or in a container sharing the runtime folder) sees other files at
+    the same paths: the emulator it shares must see them too, or its workers miss the job's storage."""
+    import shutil
+
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("user namespaces are not available here (unshare -rm)")
+    run_script()  # an emulator of this namespace is up
+    store = tmp_path / "store"
+    store.mkdir()
+    env = dict(os.environ, FNMAP_STORAGE=store.as_uri())
+    shell = f"mount -t tmpfs tmpfs {store} && exec {sys.executable} -c '{SCRIPT.strip()}'"
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", shell], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "6"

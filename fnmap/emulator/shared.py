@@ -17,9 +17,10 @@ checks its own stderr gets a log record instead.
 
 Where and how it is found: a folder per user (``$XDG_RUNTIME_DIR/fnmap``, else
 ``~/.cache/fnmap/run``; mode 0700, refused when others can write it), with a sub-folder per
-*identity*: a hash of what the emulator itself is (the interpreter, fnmap's own code, the worker
-count, the extra options, the idle time and the secret's fingerprint) — not the folder or the
-environment of whoever started it, which each client's workers take from their own client.
+*identity*: a hash of what the emulator itself is (the interpreter, fnmap's own code, the Linux
+namespaces it sees files and processes in, the worker count, the extra options, the idle time and
+the secret's fingerprint) — not the folder or the environment of whoever started it, which each
+client's workers take from their own client.
 In that folder ``emulator.json`` (the URL and pid, written once it listens), ``emulator.log``
 (its output), ``sessions.sock`` (where clients attach); an exclusive ``flock`` on ``lock`` makes
 concurrent starters start one emulator.
@@ -92,11 +93,24 @@ def state_root() -> str:
 def identity(workers: int, options: str, secret: str, idle: float) -> str:
     """The hash that names the emulator these settings may share (see the module's docstring)."""
     facts = {
-        "python": sys.executable, "version": sys.version, "code": _code_fingerprint(),
+        "python": sys.executable, "version": sys.version, "code": _code_fingerprint(), "namespaces": _namespaces(),
         "workers": workers, "options": options, "idle": idle,
         "secret": hashlib.sha256(secret.encode()).hexdigest(),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _namespaces() -> list[str]:
+    """The Linux namespaces this process sees files, processes and users in (``unshare``, a
+    container sharing the runtime folder): an emulator in others would resolve the client's folder
+    and storage paths to other files, and could not see its pid.  Empty elsewhere."""
+    found = []
+    for kind in ("mnt", "pid", "user"):
+        try:
+            found.append(os.readlink(f"/proc/self/ns/{kind}"))
+        except OSError:
+            pass
+    return found
 
 
 _fingerprint: list[str] = []
