@@ -60,9 +60,8 @@ class Client:
             )
         self.secret = secret
         self.max_workers = self.backend.max_workers
-        self.scheduler = Scheduler(self.backend, self.store, secret)
-        self.scheduler.on_poll = self._cancel_if_asked
-        self.scheduler.on_poll_seconds = CANCEL_CHECK_SECONDS
+        self.scheduler = Scheduler(self.backend, self.store, secret, on_poll=self._cancel_if_asked,
+                                   on_poll_seconds=CANCEL_CHECK_SECONDS)
         #: Shared objects this process stored or found: key -> the job it last looked for.
         self._uploaded: dict[str, str] = {}
         #: Threads that store a map's large inputs (a pool starts its threads on first use).

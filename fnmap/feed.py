@@ -133,7 +133,7 @@ def parallelism(backend) -> int:
     concurrency): more one-item calls than it runs would wait in its queue before any larger call
     was measured (2,000 items on a 2-environment Lambda took 3.9x the best chunksize that way)."""
     slots = backend.max_workers
-    platform = getattr(backend, "platform_concurrency", None)
+    platform = backend.platform_concurrency
     return max(1, min(slots, platform)) if isinstance(platform, int) and platform > 0 else slots
 
 

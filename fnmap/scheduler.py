@@ -8,7 +8,8 @@ the job when no more will come; everything after that happens here.
 
 The algorithm, in the manner of ``dask.local``:
 
-1. **Send** (:mod:`fnmap.dispatch`).  A dispatch thread takes a call from the queue and asks
+1. **Send** (:class:`fnmap.dispatch.Dispatch`, which the scheduler builds and hands ``_begin``,
+   ``_decide`` and the monitor's timer).  A dispatch thread takes a call from the queue and asks
    :meth:`_begin` for the number of its next attempt.  ``_begin`` is where a call is claimed or
    found cancelled, abandoned or already decided (by another copy); it records the attempt as sent
    (a *copy* when another attempt is still out, a *retry* when the ones before failed).  The thread
@@ -25,10 +26,14 @@ The algorithm, in the manner of ``dask.local``:
    that copy decides.  A retry is not a sleeping thread: it goes on a timer heap with its backoff delay,
    and the monitor sends it when it is due.  Once a call is decided, its attempts still out end
    as ``superseded`` and the platform is asked to stop them.
-4. **Monitor** (:mod:`fnmap.monitor`).  One thread per client wakes for due timers and polls for
+4. **Monitor** (:class:`fnmap.monitor.Monitor`, handed the lock, ``_decide``, ``_speculate`` and the
+   client's ``on_poll`` hook).  One thread per client wakes for due timers and polls for
    asynchronous results, lost calls, the platform's failure reports and stragglers.
 
-Only :meth:`_begin`, :meth:`_decide`, :meth:`cancel` and the monitor's bookkeeping take the lock,
+The scheduler, its dispatch and its monitor are three objects: the two parts know the scheduler
+only through what it handed their constructors, as CPython's ``ProcessPoolExecutor`` hands its
+``_ExecutorManagerThread`` the queues and the pending work.  Only :meth:`_begin`, :meth:`_decide`,
+:meth:`cancel` and the monitor's bookkeeping take the lock,
 and they hold it for plain data changes only: futures are completed, records written and copies
 stopped after it is released (``_deliver``).  Every rule about a call (attempts, retries, the
 throttle, speculation, cancellation) can be tested by feeding answers synchronously
@@ -56,19 +61,23 @@ __all__ = ["ACCEPTED", "COALESCE_MAX_SECONDS", "COALESCE_SECONDS", "FETCH_THREAD
 _SEND, _FIRST, _SKIP, _CANCELLED, _ABANDONED = range(5)
 
 
-class Scheduler(Dispatch, Monitor):
-    """Sends, retries and settles the calls of every job of one client (backend + storage + secret)."""
+class Scheduler:
+    """Sends, retries and settles the calls of every job of one client (backend + storage + secret).
 
-    def __init__(self, backend, store, secret: bytes):
+    ``on_poll(job)`` is called from the monitor for each running job every ``on_poll_seconds`` at
+    most (the client's look for ``fnmap cancel`` requests)."""
+
+    def __init__(self, backend, store, secret: bytes, *, on_poll=None, on_poll_seconds: float = 1.0):
         self.backend = backend
         self.store = store
         self.secret = secret
-        self.max_workers = backend.max_workers
         #: The lock every decision about a call is made under (and only those).
         self.lock = YieldingLock()
         self.closed = False
-        self._start_dispatch()
-        self._start_monitor()
+        self.monitor = Monitor(backend, store, secret, self.lock, decide=self._decide, speculate=self._speculate,
+                               on_poll=on_poll, on_poll_seconds=on_poll_seconds)
+        self.dispatch = Dispatch(backend, store, secret, begin=self._begin, decide=self._decide,
+                                 after=self.monitor.after)
 
     # -- the front door: jobs and their calls ------------------------------------
 
@@ -83,10 +92,7 @@ class Scheduler(Dispatch, Monitor):
         with self.lock:
             run.calls.append(state)
             run.all_done.clear()
-        if job not in self._active:
-            with self._wake:
-                self._active.add(job)
-            self._ensure_monitor()
+        self.monitor.watch(job)
 
     def input_stored(self, state: CallRun, items_key: str) -> None:
         """The call's input is in storage under ``items_key`` (its signed request names it)."""
@@ -101,16 +107,8 @@ class Scheduler(Dispatch, Monitor):
         job.run.progress = progress
 
     def submit(self, job, states: list) -> None:
-        """Send these calls of ``job``: one by one, or together where the backend batches calls
-        (then calls submitted one at a time wait ``COALESCE_SECONDS`` for company, so 1,000
-        ``Executor.submit`` calls in a loop become one array job, not 1,000)."""
-        if not self.backend.batches_calls:
-            for state in states:
-                self._queue(self._send, job, state)
-        elif job.run.sealed or len(states) > 1:
-            self._queue(self._send_many, job, list(states))
-        else:
-            self._coalesce(job, states)
+        """Send these calls of ``job`` (see :meth:`fnmap.dispatch.Dispatch.submit`)."""
+        self.dispatch.submit(job, states)
 
     def seal(self, job) -> None:
         """No more calls will be added to ``job``: it is done when every call is."""
@@ -265,7 +263,7 @@ class Scheduler(Dispatch, Monitor):
         if fault.kind == FaultKind.RETRY_ON:
             charge = True
         elif charge is None:
-            charge = policy.charges_retry(fault.kind, self._throttle.at_floor)
+            charge = policy.charges_retry(fault.kind, self.dispatch.throttle.at_floor)
         with self.lock:
             retry = self._judge(job, state, attempt, fault, charge, final)
             if retry is False:
@@ -278,7 +276,7 @@ class Scheduler(Dispatch, Monitor):
                 delay = fault.retry_after
             else:
                 delay = policy.backoff_delay(max(1, state.charged if charge else len(state.attempts)))
-            self._after(delay, self._retry, job, state)
+            self.monitor.after(delay, self._retry, job, state)
             return
         self._deliver(job, state, *after)
 
@@ -436,7 +434,30 @@ class Scheduler(Dispatch, Monitor):
 
     def _retry(self, job, state) -> None:
         if not state.done:
-            self._queue(self._send, job, state)
+            self.dispatch.send(job, state)
+
+    def _speculate(self, job) -> None:
+        """Speculative copies of stragglers once most of the job's calls are done.  A job still
+        open speculates only if its front-end asks (``speculate_open``: a Dask graph, whose
+        frontier waiting on a few slow tasks is when a copy helps most, issue 4); an Executor's
+        ``submit`` calls do not get copies before ``shutdown``, as with the standard executors."""
+        run = job.run
+        if not job.config.speculation or run.abandoned or not (run.sealed or run.speculate_open):
+            return
+        items = None
+        with self.lock:
+            calls = run.calls
+            running = {s.call_id: s.sent_at for s in calls if not s.done and s.in_flight and not s.speculated}
+            durations = list(run.durations)
+            done, total = run.done_count, len(calls)
+            if run.feed is not None and running:  # chunks of different sizes: compare seconds per item
+                durations = [(s.stats["finished"] - s.stats["started"]) / s.n_items for s in calls
+                             if s.stats and "started" in s.stats and "finished" in s.stats]
+                items = {call_id: calls[call_id].n_items for call_id in running}
+        for call_id in policy.stragglers(running, durations, done, total, time.time(), items=items):
+            state = run.calls[call_id]
+            state.speculated = True
+            self.dispatch.send(job, state)
 
     def _stop_copies(self, job, state, attempts: list[int]) -> None:
         """A call's outcome is final while ``attempts`` of it are still out (speculative copies, an
@@ -450,8 +471,5 @@ class Scheduler(Dispatch, Monitor):
 
     def close(self) -> None:
         self.closed = True
-        self._fetchers.shutdown(wait=False)
-        for _ in self._threads:
-            self._sends.put(None)
-        with self._wake:
-            self._wake.notify()
+        self.dispatch.close()
+        self.monitor.close()

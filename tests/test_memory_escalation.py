@@ -105,7 +105,7 @@ def test_the_scheduler_climbs_only_on_out_of_memory_and_charges_no_retry(tmp_pat
     # This test plays every attempt itself: a retry the scheduler would send after its backoff is
     # recorded instead (sent, it would claim an attempt in the middle of the loop below).
     retried = []
-    sched._after = lambda delay, action, job, state: retried.append(state.call_id)
+    sched.monitor.after = lambda delay, action, job, state: retried.append(state.call_id)
     try:
         job = Job(sched, sched.store, resolve(backend="local", storage=sched.store.url, progress=False,
                                               retries=1, memory=[128, 512, 2048]))
@@ -115,7 +115,7 @@ def test_the_scheduler_climbs_only_on_out_of_memory_and_charges_no_retry(tmp_pat
         steps, charged = [], []
         for fault in ("crashed", "out_of_memory", "out_of_memory", "out_of_memory"):
             attempt = sched._begin(job, call)
-            steps.append(sched._invocation(job, call, attempt).memory)
+            steps.append(sched.dispatch._invocation(job, call, attempt).memory)
             sched._decide(job, call, attempt, PlatformFault(fault, "killed"))
             charged.append(call.charged)
         assert steps == [128, 128, 512, 2048]  # a crash retries at the same memory

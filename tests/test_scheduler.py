@@ -52,7 +52,7 @@ def ok(value):
 
 
 def timers_for(sched, state):
-    return [t for t in sched._timers if t[4] is state]
+    return [t for t in sched.monitor._timers if t[4] is state]
 
 
 def test_an_answer_finishes_the_call_and_a_later_copy_is_a_duplicate(sched):
@@ -93,9 +93,9 @@ def test_a_429_does_not_use_a_retry_until_the_throttle_is_at_its_floor(sched):
     call = job.calls[0]
     sched._decide(job, call, sched._begin(job, call), PlatformFault("throttled", "429"))
     assert not call.done and call.charged == 0 and timers_for(sched, call)
-    sched._throttle.on_throttled()
-    sched._throttle.on_throttled()  # 4 -> 2 -> 1 call in flight: the floor
-    assert sched._throttle.at_floor
+    sched.dispatch.throttle.on_throttled()
+    sched.dispatch.throttle.on_throttled()  # 4 -> 2 -> 1 call in flight: the floor
+    assert sched.dispatch.throttle.at_floor
     sched._decide(job, call, sched._begin(job, call), PlatformFault("throttled", "429"))
     with pytest.raises(fnmap.PlatformError, match="429"):
         call.future.result(0)
@@ -117,7 +117,7 @@ def test_an_accepted_call_waits_for_its_result_and_is_lost_after_its_timeout(sch
     sched._decide(job, call, sched._begin(job, call), ACCEPTED)
     assert list(call.awaiting) == [1] and not call.done
     call.awaiting[1] -= 60  # accepted a minute ago: past timeout + grace
-    sched._poll(job)
+    sched.monitor.poll(job)
     with pytest.raises(fnmap.CallLost, match="no result"):
         call.future.result(0)
 
@@ -215,7 +215,7 @@ def test_429s_lower_the_calls_in_flight_instead_of_hammering(tmp_path):
         scheduler.submit(job, states)
         assert job.wait(60)
         assert [s.future.result() for s in states] == list(range(60))
-        assert scheduler._throttle.cuts >= 1
+        assert scheduler.dispatch.throttle.cuts >= 1
         assert platform.refused < 60, platform.refused
     finally:
         scheduler.close()
