@@ -183,16 +183,16 @@ def _as_completed(job):
     """The job's calls as they are done; an automatically chunked job's calls are counted once it is
     sealed (its feed makes calls until then, each before the call that made room for it is done)."""
     taken = 0
-    while not (job.sealed and taken == len(job.calls)):
-        yield job.completed.get()
+    while not (job.run.sealed and taken == len(job.run.calls)):
+        yield job.run.completed.get()
         taken += 1
 
 
 def _in_order(job):
     """The job's calls in input order, each as soon as it and those before it are done."""
-    for state in job.calls:
+    for state in job.run.calls:
         while not state.future.done():
-            job.completed.get()  # some call finished: look again
+            job.run.completed.get()  # some call finished: look again
         yield state
 
 
@@ -268,7 +268,7 @@ def _start(
             items = items if isinstance(items, list) else list(items)
             size, plain = client.add_items(job, mode, items)  # a bad item is named before anything runs
             client.use_feed(job, ChunkFeed(client, job, func_key, mode, items, size, plain))
-            states = job.feed.start(stores)
+            states = job.run.feed.start(stores)
             index = len(items)
             client.finish_stores(stores)
         else:
@@ -286,7 +286,7 @@ def _start(
         raise
     label = label or f"fnmap {getattr(func, '__name__', 'map')}"
     client.show_progress(job, make_progress(config.progress, index, label))
-    if job.feed is None or job.feed.seal_if_complete():
+    if job.run.feed is None or job.run.feed.seal_if_complete():
         client.seal(job)
     else:  # its "running" entry with every item counted: a re-attach after the client died aligns
         job.save_record(final=False)

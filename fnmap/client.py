@@ -123,7 +123,7 @@ class Client:
         parts, _ = dump_chunk(chunk, first_index, plain)  # an item that cannot be pickled is named
         by_reference = parts_size(parts) > job.config.inline_limit
         payload = b"" if by_reference else parts[0] if len(parts) == 1 else b"".join(parts)
-        state = CallRun(len(job.calls), first_index, n_items, func_key, payload, None, future or Future(), unwrap)
+        state = CallRun(len(job.run.calls), first_index, n_items, func_key, payload, None, future or Future(), unwrap)
         if by_reference and stores is None:
             self._store_input(state, parts, job)
         elif by_reference:
@@ -135,8 +135,8 @@ class Client:
                         items_key: str | None, payload: bytes, future: Future | None = None) -> CallRun:
         """Add to ``job`` a call whose input is pickled already (inline ``payload``, or stored at
         ``items_key``), under its own id: a redrive sends a stopped job's calls again."""
-        if call_id != len(job.calls):
-            raise ValueError(f"call {call_id} of job {job.id} added as call {len(job.calls)}: add them in order")
+        if call_id != len(job.run.calls):
+            raise ValueError(f"call {call_id} of job {job.id} added as call {len(job.run.calls)}: add them in order")
         state = CallRun(call_id, first_index, n_items, func_key, payload, items_key, future or Future(), False)
         self.scheduler.add(job, state)
         return state

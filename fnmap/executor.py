@@ -141,7 +141,7 @@ class Executor(futures.Executor):
         if cancel_futures:
             self._job.cancel()
         if wait:
-            futures.wait([s.future for s in self._job.calls])
+            futures.wait([s.future for s in self._job.run.calls])
             _open_jobs.discard(self._job)
             show_call_output(self._job)  # remote print() output of its calls (output="after", issue 14)
 
@@ -259,5 +259,5 @@ def _finish_at_exit() -> None:
         _exiting = True
         jobs = list(_open_jobs)
     for job in jobs:
-        futures.wait([state.future for state in list(job.calls)])
+        futures.wait([state.future for state in list(job.run.calls)])
         show_call_output(job)

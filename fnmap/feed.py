@@ -13,8 +13,8 @@ Invariants the front-ends rely on:
 
 * every item is pickled once before anything runs, only to check that it pickles
   (:meth:`fnmap.client.Client.add_items`), so a bad item is named and nothing ran;
-* a call's successors are added to ``job.calls`` before its own outcome is delivered, so a
-  reader walking ``job.calls`` in order (``results``, ``imap``) never reaches the end early;
+* a call's successors are added to ``job.run.calls`` before its own outcome is delivered, so a
+  reader walking ``job.run.calls`` in order (``results``, ``imap``) never reaches the end early;
 * a cancelled job's items that are in no call yet become one cancelled call (:meth:`stop`),
   so the record, ``results()`` and ``fnmap.job(ID).results()`` still have one entry per item.
 """
@@ -24,8 +24,9 @@ from __future__ import annotations
 import threading
 
 from .errors import PlatformFault
-from .jobs import CallOutcome, CallState
+from .jobs import CallOutcome
 from .policy import ChunkSizer
+from .run import CallRun
 from .runtime.outcome import ANSWERED
 
 
@@ -50,7 +51,7 @@ class ChunkFeed:
         self._outstanding = 0
         self._sealed = False
 
-    def start(self, stores: list | None = None) -> list[CallState]:
+    def start(self, stores: list | None = None) -> list[CallRun]:
         """The first calls (one item each, one per dispatch slot), to submit; large inputs are
         stored on the client's input threads (``stores``, see ``Client.add_call``)."""
         with self._lock:
@@ -61,7 +62,7 @@ class ChunkFeed:
         with self._lock:
             return self._take_seal()
 
-    def call_done(self, state: CallState) -> None:
+    def call_done(self, state: CallRun) -> None:
         """A call of the job ended (the scheduler calls this before delivering its outcome):
         measure it and make the calls that keep every dispatch slot busy."""
         seconds = _answer_seconds(state)
@@ -71,7 +72,7 @@ class ChunkFeed:
                 self.sizer.observe(state.n_items, seconds)
             failed = error = None
             try:
-                new = [] if self._job.cancelled else self._make_calls(None)
+                new = [] if self._job.run.cancelled else self._make_calls(None)
             except Exception as e:  # storing a large input failed: the rest fail with it
                 new, failed, error = [], self._rest_as_one_call(), e
                 self._outstanding += failed is not None
@@ -95,7 +96,7 @@ class ChunkFeed:
 
     # -- under the lock ----------------------------------------------------------
 
-    def _make_calls(self, stores: list | None) -> list[CallState]:
+    def _make_calls(self, stores: list | None) -> list[CallRun]:
         new = []
         while self._outstanding < self.sizer.parallelism and self._next < self.total:
             size = self.sizer.next_size(self.total - self._next)
@@ -109,12 +110,12 @@ class ChunkFeed:
             self._items = []  # every item is in a call: hold no reference to them any more
         return new
 
-    def _rest_as_one_call(self) -> CallState | None:
+    def _rest_as_one_call(self) -> CallRun | None:
         """The items in no call yet as one call that is never sent (nothing pickled)."""
         rest = self.total - self._next
         if rest <= 0:
             return None
-        state = CallState(len(self._job.calls), self._next, rest, self._func_key, b"", None, CallOutcome(), False)
+        state = CallRun(len(self._job.run.calls), self._next, rest, self._func_key, b"", None, CallOutcome(), False)
         self._client.scheduler.add(self._job, state)
         self._next = self.total
         self._items = []
@@ -137,7 +138,7 @@ def parallelism(backend) -> int:
     return max(1, min(slots, platform)) if isinstance(platform, int) and platform > 0 else slots
 
 
-def _answer_seconds(state: CallState) -> float | None:
+def _answer_seconds(state: CallRun) -> float | None:
     """How long the call took: the worker's own time (load, run, write the result) where it said,
     else from the send of the attempt that answered to its answer (results found in storage);
     None if no attempt answered.  The worker's time leaves out the wait for a free worker, which

@@ -32,10 +32,6 @@ from .runtime import keys
 from .runtime import outcome as _outcome
 from .runtime.serialization import unpack_exception
 
-#: The run state of one call, written by the scheduler (the name front-ends and tests knew it by).
-CallState = CallRun
-
-
 _PENDING, _RUNNING, _FINISHED, _FAILED, _CANCELLED = range(5)
 
 
@@ -118,7 +114,7 @@ class Job:
 
     The :class:`fnmap.scheduler.Scheduler` decides everything about the calls and keeps what it
     decided in the job's run state (:class:`fnmap.run.JobRun`, written by it alone under its lock);
-    the job reads that state (the read-only properties below) and turns the scheduler's decisions
+    the job reads that state (:attr:`run`, read-only) and turns the scheduler's decisions
     into what a user sees: completed futures, the progress bar, the job record in storage.
     """
 
@@ -158,38 +154,8 @@ class Job:
 
     @property
     def run(self) -> JobRun:
+        """What the scheduler decided about this job and its calls: read it, never write it."""
         return self._run
-
-    calls = property(lambda self: self._run.calls, doc="The job's calls (:class:`fnmap.run.CallRun`), in order.")
-    sealed = property(lambda self: self._run.sealed, doc="No more calls will be added.")
-    cancelled = property(lambda self: self._run.cancelled,
-                         doc="No call starts any more; calls already started complete with their own results.")
-    abandoned = property(lambda self: self._run.abandoned,
-                         doc="Nobody waits for the results any more: no retries, no copies, failures are final.")
-    speculate_open = property(lambda self: self._run.speculate_open,
-                              doc="Stragglers get speculative copies before the job is sealed (Dask).")
-    cancel_reason = property(lambda self: self._run.cancel_reason,
-                             doc="Who asked another process to stop this job (``fnmap cancel``), once seen.")
-    stopped_attempts = property(lambda self: frozenset(self._run.stopped_attempts),
-                                doc="``(call id, attempt)`` stopped because the job was abandoned.")
-    done_count = property(lambda self: self._run.done_count, doc="Calls decided (finished, failed, cancelled).")
-    failed_count = property(lambda self: self._run.failed_count, doc="Items that failed.")
-    cancelled_count = property(lambda self: self._run.cancelled_count, doc="Calls that ended cancelled.")
-    retry_count = property(lambda self: self._run.retry_count, doc="Attempts sent after failed ones.")
-    copy_count = property(lambda self: self._run.copy_count, doc="Speculative copies sent.")
-    duplicate_count = property(lambda self: self._run.duplicate_count,
-                               doc="Answers that came after their call was decided (discarded).")
-    durations = property(lambda self: list(self._run.durations), doc="Seconds the finished calls ran.")
-    call_errors = property(lambda self: self._run.call_errors,
-                           doc="Call id -> (status, \"Type: message\"[, traceback]) of calls that failed.")
-    finished = property(lambda self: self._run.finished, doc="When the last call was decided (None: running).")
-    setup_error = property(lambda self: self._run.setup_error,
-                           doc="Why nothing ran (a function or item that does not pickle), or None.")
-    progress = property(lambda self: self._run.progress, doc="The job's progress bar, or None.")
-    completed = property(lambda self: self._run.completed,
-                         doc="A queue of calls as they are done (``fnmap.imap``), or None.")
-    feed = property(lambda self: self._run.feed,
-                    doc="The :class:`fnmap.feed.ChunkFeed` making the calls as they run (``chunksize`` unset).")
 
     # -- what the scheduler's decisions become ------------------------------------
 
@@ -273,7 +239,7 @@ class Job:
 
     # -- results -------------------------------------------------------------
 
-    def item_exception(self, state: CallState, offset: int, outcome: tuple) -> BaseException:
+    def item_exception(self, state: CallRun, offset: int, outcome: tuple) -> BaseException:
         """The exception an item raised remotely, ready to raise here (an ``Exception`` always)."""
         exc = remote_exception(outcome, state.first_index + offset, f"job {self.id}, {state.describe()}")
         tail = state.stats.get("log_tail") if state.stats else self._stored_log_tail(state)
@@ -284,7 +250,7 @@ class Job:
                          + "\n".join("    " + line for line in lines))
         return exc
 
-    def _stored_log_tail(self, state: CallState) -> str | None:
+    def _stored_log_tail(self, state: CallRun) -> str | None:
         """A failing call's output from storage, when its result came from there with no stats
         (asynchronous backends); a few reads per job at most, on the error path only."""
         attempt = next((a.number for a in reversed(state.attempts) if a.outcome in _outcome.ANSWERED), None)
@@ -313,7 +279,7 @@ class Job:
         """Every item's result in input order; raises the first failure unless ``return_exceptions``."""
         out = []
         try:
-            for state in self.calls:
+            for state in self._run.calls:
                 self._wait_call(state)
                 out.extend(self.call_results(state, return_exceptions))
         except BaseException as exc:
@@ -321,12 +287,12 @@ class Job:
             self.cancel(stop_platform=True)
             raise
         finally:
-            if self.progress is not None:  # ended before the caller's next line, even on a failure
-                self.progress.close()
+            if self._run.progress is not None:  # ended before the caller's next line, even on a failure
+                self._run.progress.close()
             show_call_output(self)  # remote print() output, per call, after the bar (issue 14)
         return out
 
-    def call_results(self, state: CallState, return_exceptions: bool) -> list:
+    def call_results(self, state: CallRun, return_exceptions: bool) -> list:
         """The results of a finished call's items, in order; raises the first failure unless
         ``return_exceptions`` (then exceptions take the failed items' places).  What it raises
         reaches the job's caller (``results``, ``imap``): the job has ended (:attr:`raised`)."""
@@ -336,12 +302,12 @@ class Job:
             self._reached_caller(exc)
             raise
 
-    def _call_results(self, state: CallState, return_exceptions: bool) -> list:
+    def _call_results(self, state: CallRun, return_exceptions: bool) -> list:
         try:
             outcomes = state.future.result()
         except CancelledError:
-            if self.cancel_reason:
-                raise CancelledError(f"job {self.id} was cancelled from outside by `{self.cancel_reason}` "
+            if self._run.cancel_reason:
+                raise CancelledError(f"job {self.id} was cancelled from outside by `{self._run.cancel_reason}` "
                                      "before all its calls had run") from None
             raise
         except BaseException as exc:  # the call failed at platform level
@@ -361,7 +327,7 @@ class Job:
             out.append(exc)
         return out
 
-    def _wait_call(self, state: CallState) -> None:
+    def _wait_call(self, state: CallRun) -> None:
         """Block until ``state`` is done: on the job while no call has failed (one wake-up, not
         one per call), then briefly polling, so a failure is raised without waiting for the rest."""
         future = state.future
@@ -384,8 +350,8 @@ class Job:
         self._scheduler.cancel(self, stop_platform)
         if not stop_platform:
             return
-        if self.progress is not None:
-            self.progress.close()
+        if self._run.progress is not None:
+            self._run.progress.close()
         if self.raised is not None:
             self.save_ended_record()
 
@@ -457,7 +423,7 @@ class Job:
         return plot_record(records.build(self), path)
 
     def __repr__(self) -> str:
-        return f"<fnmap.Job {self.id} {self.done_count}/{len(self.calls)} calls done>"
+        return f"<fnmap.Job {self.id} {self._run.done_count}/{len(self._run.calls)} calls done>"
 
 
 def function_label(func) -> str:

@@ -366,7 +366,7 @@ class Scheduler:
         """After a call's outcome is final (outside the lock; ``failed`` of its items failed, the
         rest is what :meth:`_settle` found): complete its future, update the progress and the
         record, stop copies still out.  An automatically chunked job's next calls are made first
-        (see :mod:`fnmap.feed`): readers of ``job.calls`` then never reach its end early."""
+        (see :mod:`fnmap.feed`): readers of ``job.run.calls`` then never reach its end early."""
         run = job.run
         if run.feed is not None:
             run.feed.call_done(state)

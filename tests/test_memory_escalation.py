@@ -94,7 +94,8 @@ def test_the_scheduler_climbs_only_on_out_of_memory_and_charges_no_retry(tmp_pat
 
     from fnmap.backends.base import BaseBackend
     from fnmap.errors import PlatformFault
-    from fnmap.jobs import CallState, Job
+    from fnmap.jobs import Job
+    from fnmap.run import CallRun
     from fnmap.scheduler import Scheduler
     from fnmap.storage import open_store
 
@@ -109,9 +110,9 @@ def test_the_scheduler_climbs_only_on_out_of_memory_and_charges_no_retry(tmp_pat
     try:
         job = Job(sched, sched.store, resolve(backend="local", storage=sched.store.url, progress=False,
                                               retries=1, memory=[128, 512, 2048]))
-        sched.add(job, CallState(0, 0, 1, "functions/f", b"payload", None, Future(), True))
+        sched.add(job, CallRun(0, 0, 1, "functions/f", b"payload", None, Future(), True))
         sched.seal(job)
-        call = job.calls[0]
+        call = job.run.calls[0]
         steps, charged = [], []
         for fault in ("crashed", "out_of_memory", "out_of_memory", "out_of_memory"):
             attempt = sched._begin(job, call)
