@@ -341,7 +341,8 @@ def test_calls_stopped_by_a_cancel_from_outside_are_not_counted_failed_by_the_ba
     until(lambda: sum(s.in_flight for s in job.run.calls) == 4)
     fnmap.job(job.id).cancel()
     assert job.wait(60)
-    assert job.run.progress.calls_done == 4 and job.run.progress.failed == 0, (job.run.progress.calls_done, job.run.progress.failed)
+    bar = job.run.progress
+    assert bar.calls_done == 4 and bar.failed == 0, (bar.calls_done, bar.failed)
     assert "failed" not in capsys.readouterr().err
     assert fnmap.job(job.id).status == "cancelled"
 
