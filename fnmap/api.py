@@ -17,7 +17,7 @@ from .client import get_client
 from .config import resolve
 from .errors import ConfigError, RemoteTraceback
 from .feed import ChunkFeed
-from .jobs import CallOutcome
+from .jobs import ResultSlot
 from .kinds import KINDS
 from .observe.progress import make_progress
 from .redrive import Recorder
@@ -274,7 +274,7 @@ def _start(
         else:
             for chunk in policy.chunks(make_items(job.id), config.chunksize):
                 stored_before = len(stores)
-                states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), CallOutcome(),
+                states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), ResultSlot(),
                                               stores=stores))
                 pending.append(stores[stored_before] if len(stores) > stored_before else None)
                 index += len(chunk)

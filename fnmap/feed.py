@@ -13,7 +13,7 @@ Invariants the front-ends rely on:
 
 * every item is pickled once before anything runs, only to check that it pickles
   (:meth:`fnmap.client.Client.add_items`), so a bad item is named and nothing ran;
-* a call's successors are added to ``job.run.calls`` before its own outcome is delivered, so a
+* a call's successors are added to ``job.run.calls`` before its own result is delivered, so a
   reader walking ``job.run.calls`` in order (``results``, ``imap``) never reaches the end early;
 * a cancelled job's items that are in no call yet become one cancelled call (:meth:`stop`),
   so the record, ``results()`` and ``fnmap.job(ID).results()`` still have one entry per item.
@@ -24,10 +24,9 @@ from __future__ import annotations
 import threading
 
 from .errors import PlatformFault
-from .jobs import CallOutcome
+from .jobs import ResultSlot
 from .policy import ChunkSizer
-from .run import CallRun
-from .runtime.outcome import ANSWERED
+from .run import ANSWERED, CallRun
 
 
 class ChunkFeed:
@@ -63,7 +62,7 @@ class ChunkFeed:
             return self._take_seal()
 
     def call_done(self, state: CallRun) -> None:
-        """A call of the job ended (the scheduler calls this before delivering its outcome):
+        """A call of the job ended (the scheduler calls this before delivering its result):
         measure it and make the calls that keep every dispatch slot busy."""
         seconds = _answer_seconds(state)
         with self._lock:
@@ -103,7 +102,7 @@ class ChunkFeed:
             first = self._next
             chunk = self._items[first:first + size]
             new.append(self._client.add_call(self._job, self._func_key, (self._mode, chunk), first, size,
-                                             CallOutcome(), stores=stores, plain=self._plain))
+                                             ResultSlot(), stores=stores, plain=self._plain))
             self._next += size
             self._outstanding += 1
         if self._next >= self.total:
@@ -115,7 +114,7 @@ class ChunkFeed:
         rest = self.total - self._next
         if rest <= 0:
             return None
-        state = CallRun(len(self._job.run.calls), self._next, rest, self._func_key, b"", None, CallOutcome(), False)
+        state = CallRun(len(self._job.run.calls), self._next, rest, self._func_key, b"", None, ResultSlot(), False)
         self._client.scheduler.add(self._job, state)
         self._next = self.total
         self._items = []
@@ -147,6 +146,6 @@ def _answer_seconds(state: CallRun) -> float | None:
     if stats and stats.get("written") is not None and stats.get("started") is not None:
         return stats["written"] - stats["started"]
     for attempt in reversed(state.attempts):
-        if attempt.ended is not None and attempt.outcome in ANSWERED:
+        if attempt.ended is not None and attempt.ending in ANSWERED:
             return attempt.ended - attempt.sent
     return None

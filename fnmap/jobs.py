@@ -27,7 +27,7 @@ from .errors import (
 from .errors import TimeoutError as CallTimeout
 from .observe import records
 from .observe.output import show_call_output
-from .run import CallRun, JobRun
+from .run import ANSWERED, CallRun, JobRun
 from .runtime import keys
 from .runtime import outcome as _outcome
 from .runtime.serialization import unpack_exception
@@ -35,7 +35,7 @@ from .runtime.serialization import unpack_exception
 _PENDING, _RUNNING, _FINISHED, _FAILED, _CANCELLED = range(5)
 
 
-class CallOutcome:
+class ResultSlot:
     """The result slot of one call of ``fnmap.map``: the part of a ``Future`` a job uses.
 
     A ``concurrent.futures.Future`` carries a Condition, a lock, a deque and two
@@ -43,7 +43,7 @@ class CallOutcome:
     a 100,000-call map (issue 9).  Nobody outside the job sees these, so they do
     not block: :meth:`Job.results` waits on the job and reads them when done.
     A call is either started by a dispatch thread or cancelled by its job, never
-    both (:meth:`Job.start_call`), so nothing here needs a lock.
+    both (the scheduler claims it under its lock), so nothing here needs a lock.
     """
 
     __slots__ = ("_status", "_value")
@@ -160,7 +160,7 @@ class Job:
     # -- what the scheduler's decisions become ------------------------------------
 
     def deliver(self, state: CallRun, result, failed: int) -> None:
-        """A call's outcome is final (``result``: its outcomes, or the fault that failed it; ``failed``
+        """A call is decided (``result``: its item outcomes, or the fault that failed it; ``failed``
         of its items failed): complete its future, tell ``imap`` and the progress bar."""
         if isinstance(result, PlatformFault):
             _set(state.future, exception=self._fault_error(state, result))
@@ -253,7 +253,7 @@ class Job:
     def _stored_log_tail(self, state: CallRun) -> str | None:
         """A failing call's output from storage, when its result came from there with no stats
         (asynchronous backends); a few reads per job at most, on the error path only."""
-        attempt = next((a.number for a in reversed(state.attempts) if a.outcome in _outcome.ANSWERED), None)
+        attempt = next((a.number for a in reversed(state.attempts) if a.ending in ANSWERED), None)
         with self._lock:
             if attempt is None or self._log_reads >= _LOG_NOTE_READS:
                 return None
@@ -356,7 +356,7 @@ class Job:
             self.save_ended_record()
 
     def attempts_summary(self) -> dict:
-        """Attempts per call: ``{call_id: [[attempt, sent, ended, outcome, memory], ...]}`` (memory
+        """Attempts per call: ``{call_id: [[attempt, sent, ended, ending, memory], ...]}`` (memory
         in MB as the attempt asked for it, None without a ``memory`` option)."""
         with self._lock:
             return {s.call_id: [a.as_list() for a in s.attempts] for s in self._run.calls}
@@ -365,17 +365,17 @@ class Job:
         """Counts of the job as the scheduler recorded them: calls, calls decided (``done``) and
         among them ``cancelled`` ones, failed items, retries (attempts after failed ones) and
         speculative copies (calls that got one; ``copies``: copies sent) kept apart, and attempts
-        per outcome (``ok``, ``crashed``, ``superseded``...; ``running`` only while the job runs)."""
+        by how they ended (``ok``, ``crashed``, ``superseded``...; ``running`` only while the job runs)."""
         run = self._run
         with self._lock:
             calls = len(run.calls)
             retried = sum(1 for s in run.calls if any(a.number > 1 and not a.copy for a in s.attempts))
             speculative = sum(1 for s in run.calls if s.speculated)
-            attempts: dict[str, int] = {}  # outcome -> attempts (ok, crashed, server, throttled, ...)
+            attempts: dict[str, int] = {}  # ending -> attempts (ok, crashed, server, throttled, ...)
             for s in run.calls:
                 for record in s.attempts:
-                    outcome = record.outcome or "running"
-                    attempts[outcome] = attempts.get(outcome, 0) + 1
+                    ending = record.ending or "running"
+                    attempts[ending] = attempts.get(ending, 0) + 1
             counts = (run.done_count, run.cancelled_count, run.failed_count, run.retry_count, run.copy_count,
                       run.duplicate_count)
         end = run.finished or time.time()

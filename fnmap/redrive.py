@@ -33,7 +33,7 @@ from . import lease
 from .client import get_client
 from .config import resolve
 from .errors import FnmapError
-from .jobs import CallOutcome
+from .jobs import ResultSlot
 from .kinds import KINDS
 from .observe import records
 from .observe.progress import make_progress
@@ -178,7 +178,7 @@ def _plan(store, job_id: str, secret: bytes, n_items: int) -> tuple[list, object
 def _submit(client, job, plan: tuple, config):
     ordered, rest = plan
     states = [client.add_stored_call(job, call_id, first, n_items, func_key, items_key, payload,
-                                     CallOutcome())
+                                     ResultSlot())
               for call_id, first, n_items, func_key, items_key, payload in ordered]
     total = sum(s.n_items for s in states)
     if rest is not None:
@@ -186,7 +186,7 @@ def _submit(client, job, plan: tuple, config):
         size = config.chunksize or max(1, math.ceil(len(items) / (4 * client.max_workers)))
         func_key = ordered[0].func_key
         for chunk in chunks(items, size):
-            states.append(client.add_call(job, func_key, (mode, chunk), first, len(chunk), CallOutcome()))
+            states.append(client.add_call(job, func_key, (mode, chunk), first, len(chunk), ResultSlot()))
             first += len(chunk)
         total = first
     client.show_progress(job, make_progress(config.progress, total, f"fnmap redrive {job.id[:12]}"))

@@ -1,4 +1,4 @@
-"""The scheduler: the one owner of every call's life, from its first send to its final outcome.
+"""The scheduler: the one owner of every call's life, from its first send to its decision.
 
 A job is a list of calls (:class:`fnmap.run.CallRun`, one chunk of items each) in its run state
 (:class:`fnmap.run.JobRun`).  The scheduler alone writes that state, under its lock; the user's
@@ -49,10 +49,9 @@ from .dispatch import ACCEPTED, COALESCE_MAX_SECONDS, COALESCE_SECONDS, Dispatch
 from .errors import FaultKind, PlatformFault
 from .locks import YieldingLock
 from .monitor import FETCH_THREADS, LOST_GRACE_SECONDS, POLL_SECONDS, Monitor
-from .run import CallRun, JobRun
+from .run import Attempt, CallRun, JobRun
 from .runtime import outcome
 from .runtime.call_error import call_error
-from .runtime.outcome import Attempt
 
 __all__ = ["ACCEPTED", "COALESCE_MAX_SECONDS", "COALESCE_SECONDS", "FETCH_THREADS", "LOST_GRACE_SECONDS",
            "POLL_SECONDS", "Outcomes", "Scheduler"]
@@ -330,7 +329,7 @@ class Scheduler:
     def _finish(self, job, state, attempt: int, answer: Outcomes) -> None:
         run = job.run
         with self.lock:  # one lock section per call: dispatch threads share this lock (issue 9)
-            if state.done:  # a later copy: the first outcome stands
+            if state.done:  # a later copy: the first result stands
                 run.duplicate_count += 1
                 return
             state.done = True
@@ -363,7 +362,7 @@ class Scheduler:
         state.result = fault
 
     def _deliver(self, job, state, failed: int, write: bool, all_done: bool, others: list[int]) -> None:
-        """After a call's outcome is final (outside the lock; ``failed`` of its items failed, the
+        """After a call is decided (outside the lock; ``failed`` of its items failed, the
         rest is what :meth:`_settle` found): complete its future, update the progress and the
         record, stop copies still out.  An automatically chunked job's next calls are made first
         (see :mod:`fnmap.feed`): readers of ``job.run.calls`` then never reach its end early."""
@@ -460,7 +459,7 @@ class Scheduler:
             self.dispatch.send(job, state)
 
     def _stop_copies(self, job, state, attempts: list[int]) -> None:
-        """A call's outcome is final while ``attempts`` of it are still out (speculative copies, an
+        """A call is decided while ``attempts`` of it are still out (speculative copies, an
         attempt declared lost): have the backend stop them where it can (the emulator kills their
         worker processes, Batch terminates their containers).  Best effort: a copy that is not
         stopped costs only its own run, and its late result is discarded as a duplicate."""

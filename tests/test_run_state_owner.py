@@ -1,7 +1,7 @@
 """The second architectural rule, checked: the scheduler alone writes the run state.
 
 A job's run state (:class:`fnmap.run.JobRun`), its calls' (:class:`fnmap.run.CallRun`) and their
-attempts (:class:`fnmap.runtime.outcome.Attempt`) hold what the scheduler decided: counters, flags,
+attempts (:class:`fnmap.run.Attempt`) hold what the scheduler decided: counters, flags,
 attempts, errors.  Only the scheduler's modules (``OWNERS``) assign them; everyone else reads them
 (the user's ``Job``, the record, the feed) or asks the scheduler (``client.new_job(...)``,
 ``setup_failed``, ``cancel(reason=...)``).  When a front-end wrote a field itself, the rules about
@@ -15,8 +15,7 @@ import pathlib
 
 import pytest
 
-from fnmap.run import CallRun, JobRun
-from fnmap.runtime.outcome import Attempt
+from fnmap.run import Attempt, CallRun, JobRun
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: The modules that own the run state: the scheduler and the two parts it is split into.
@@ -97,7 +96,7 @@ def test_only_the_scheduler_writes_the_run_state(path):
     "job.run.calls.append(state)",
     "job.run.call_errors[1] = ('error', 'x')",
     "del state.awaiting[2]",
-    "record.outcome: str = 'ok'",
+    "record.ending: str = 'ok'",
     "self.job.run.wake.set()",
     "setattr(job.run, 'speculate_open', True)",
 ])

@@ -155,8 +155,8 @@ class BaseBackend:
         """
 
     def stop_attempts(self, job_id: str, attempts: list[tuple[int, int]], secret: bytes) -> None:
-        """Stop these ``(call id, attempt)`` of ``job_id`` where the platform can: their call's
-        outcome is final already (another copy committed it, or it failed for good).
+        """Stop these ``(call id, attempt)`` of ``job_id`` where the platform can: their
+        call is decided already (another copy committed it, or it failed for good).
 
         ``secret`` is the job's signing secret, for platforms that take signed requests.  By
         default nothing: the copies run on and their late results are discarded as duplicates.

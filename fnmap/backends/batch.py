@@ -324,7 +324,7 @@ class BatchBackend(BaseBackend):
 
     def stop_attempts(self, job_id: str, attempts: list[tuple[int, int]], secret: bytes) -> None:
         """Terminate the children running these attempts (``TerminateJob`` on ``arrayJobId:index``,
-        or on the job itself for a one-call submission): their call's outcome is final already."""
+        or on the job itself for a one-call submission): their call is decided already."""
         wanted = set(attempts)
         with self._lock:
             if job_id in self._cancelled:  # cancel() terminated every child already, with its reason

@@ -74,7 +74,7 @@ class Environment:
         #: The runtime is waiting in ``/next``: Lambda hands an event only to such an environment.
         self.waiting = False
         #: How the last invocation ended: ok, init_error, exit or timeout.
-        self.outcome = ""
+        self.ending = ""
         self._cond = threading.Condition()
         self._pending: LambdaEvent | None = None
         self._current: LambdaEvent | None = None
@@ -187,21 +187,21 @@ class Environment:
                 self._cond.wait(left)
             self._pending = None
             if inv.answer is not None:
-                self.outcome = "ok"
+                self.ending = "ok"
                 return inv.answer
             if self.init_error is not None:
-                self.outcome = "init_error"
+                self.ending = "init_error"
                 return self.init_error, True
             if self.exit is not None and self.memory.exceeded:
-                self.outcome = "exit"
+                self.ending = "exit"
                 return lambda_error("Runtime.OutOfMemory", (
                     f"RequestId: {inv.request_id} Error: Runtime exited with error: {self.exit} "
                     f"({self.memory.message('the runtime')})")), True
             if self.exit is not None:
-                self.outcome = "exit"
+                self.ending = "exit"
                 return lambda_error("Runtime.ExitError", (
                     f"RequestId: {inv.request_id} Error: Runtime exited with error: {self.exit}")), True
-            self.outcome = "timeout"
+            self.ending = "timeout"
         self.kill()
         return lambda_error("Sandbox.Timedout", (
             f"RequestId: {inv.request_id} Error: Task timed out after {timeout:.2f} seconds")), True

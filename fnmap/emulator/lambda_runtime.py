@@ -174,7 +174,7 @@ class LambdaRuntime:
             body, error = env.invoke(LambdaEvent(payload, client_context))
         finally:
             self._release(env)
-        counter = {"init_error": "init_errors", "exit": "runtime_exits", "timeout": "timeouts"}.get(env.outcome)
+        counter = {"init_error": "init_errors", "exit": "runtime_exits", "timeout": "timeouts"}.get(env.ending)
         if counter:
             self.stats[counter] += 1
         return body, error

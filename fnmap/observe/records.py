@@ -115,7 +115,7 @@ def build(job) -> dict:
 def _call_entry(state, error: tuple[str, str] | None) -> dict:
     stats = state.stats or {}
     attempts = [
-        {"attempt": a.number, "sent": a.sent, "ended": a.ended, "outcome": a.outcome,
+        {"attempt": a.number, "sent": a.sent, "ended": a.ended, "outcome": a.ending,
          **({"memory": a.memory} if a.memory else {})}
         for a in state.attempts
     ]
