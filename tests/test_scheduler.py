@@ -220,3 +220,25 @@ def test_429s_lower_the_calls_in_flight_instead_of_hammering(tmp_path):
         assert platform.refused < 60, platform.refused
     finally:
         scheduler.close()
+
+
+def test_the_on_poll_hook_given_to_the_scheduler_looks_at_each_running_job(tmp_path):
+    """The client's look for ``fnmap cancel`` requests is handed to the scheduler when it is built,
+    and its monitor calls it for a job still running."""
+    import threading
+
+    looked = []
+    seen = threading.Event()
+
+    def hook(job):
+        looked.append(job.id)
+        seen.set()
+
+    scheduler = Scheduler(Unreachable(), open_store(f"file://{tmp_path}"), b"secret", on_poll=hook,
+                          on_poll_seconds=0.0)
+    try:
+        running = new_job(scheduler)
+        assert seen.wait(10), "the monitor never called the hook"
+        assert set(looked) == {running.id} and not running.done
+    finally:
+        scheduler.close()
