@@ -310,7 +310,7 @@ class Dispatch:
         in flight is always exact.  While no 429 has lowered the limit, the dispatch threads
         themselves bound the calls in flight (one each, ``max_workers`` of them) and a send takes
         no lock: a lock shared by every dispatch thread on every call made them queue behind each
-        other and tripled the client's CPU per call (issue 9).
+        other and tripled the client's CPU per call.
         """
         throttle = self.throttle
         if throttle.limit < throttle.ceiling:

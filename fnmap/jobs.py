@@ -40,7 +40,7 @@ class ResultSlot:
 
     A ``concurrent.futures.Future`` carries a Condition, a lock, a deque and two
     lists, about 1.3 KB; 100,000 of them were a third of the client's memory for
-    a 100,000-call map (issue 9).  Nobody outside the job sees these, so they do
+    a 100,000-call map.  Nobody outside the job sees these, so they do
     not block: :meth:`Job.results` waits on the job and reads them when done.
     A call is either started by a dispatch thread or cancelled by its job, never
     both (the scheduler claims it under its lock), so nothing here needs a lock.
@@ -130,7 +130,7 @@ class Job:
         self.kind = kind
         #: What stores the job's calls and items for a redrive (``fnmap.client.Recorder``), or None.
         self.recorder = recorder
-        #: The name of the function the job runs (``fnmap jobs``, the plot; issue 14), or None.
+        #: The name of the function the job runs (``fnmap jobs``, the plot), or None.
         self.function_name: str | None = function_label(function) if function is not None else None
         self.created = created or time.time()
         self._log_reads = 0
@@ -190,7 +190,7 @@ class Job:
         exc.add_note(f"fnmap: {state.describe()} of job {self.id}; retries={self.config.retries}")
         return exc
 
-    # -- the job record (issue 8) ---------------------------------------------
+    # -- the job record ---------------------------------------------
 
     def save_record(self, final: bool) -> None:
         """Write the job's record (``final``) or its "running" index entry; a failure to write
@@ -243,7 +243,7 @@ class Job:
         """The exception an item raised remotely, ready to raise here (an ``Exception`` always)."""
         exc = remote_exception(outcome, state.first_index + offset, f"job {self.id}, {state.describe()}")
         tail = state.stats.get("log_tail") if state.stats else self._stored_log_tail(state)
-        if tail:  # the call's own output, shown with its exception (issue 8)
+        if tail:  # the call's own output, shown with its exception
             lines = tail.rstrip("\n").splitlines()[-_LOG_NOTE_LINES:]
             exc.add_note(f"fnmap: output of {state.describe()} (last {len(lines)} lines; all "
                          f"of it: fnmap logs {self.id} --call {state.call_id}):\n"
@@ -289,7 +289,7 @@ class Job:
         finally:
             if self._run.progress is not None:  # ended before the caller's next line, even on a failure
                 self._run.progress.close()
-            show_call_output(self)  # remote print() output, per call, after the bar (issue 14)
+            show_call_output(self)  # remote print() output, per call, after the bar
         return out
 
     def call_results(self, state: CallRun, return_exceptions: bool) -> list:
@@ -398,7 +398,7 @@ class Job:
             "wall_seconds": end - self.created,
         }
 
-    # -- observability (issue 8) ---------------------------------------------
+    # -- observability ---------------------------------------------
 
     def record(self) -> dict:
         """The job record: per call its times, worker, cold start, attempts, bytes, memory and
@@ -427,7 +427,7 @@ class Job:
 
 
 def function_label(func) -> str:
-    """The name a job running ``func`` is shown by (``fnmap jobs``, the plot; issue 14); a stage of
+    """The name a job running ``func`` is shown by (``fnmap jobs``, the plot); a stage of
     ``map_reduce`` is named after the user's function it runs."""
     func = getattr(func, "map_func", None) or getattr(func, "reduce_func", None) or func
     return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or type(func).__name__

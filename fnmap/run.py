@@ -81,10 +81,10 @@ class CallRun:
         self.stats: dict | None = None
         #: Attempt number -> time, for attempts accepted asynchronously whose result is in storage.
         self.awaiting: dict[int, float] | None = None
-        #: Faults that used up one of ``retries`` (429s and speculative copies use none; issue 3).
+        #: Faults that used up one of ``retries`` (429s and speculative copies use none).
         self.charged = 0
         #: Set, under the scheduler's lock, by whoever settles the first attempt's fate: a dispatch
-        #: thread starting the call, or the scheduler cancelling it (never both; issue 12).
+        #: thread starting the call, or the scheduler cancelling it (never both).
         self.claimed = False
         #: The call's item outcomes, or the fault that failed the call, until they are delivered.
         self.result = None
@@ -161,7 +161,7 @@ class JobRun:
         self.copy_count = 0
         self.duplicate_count = 0
         self.durations: list[float] = []
-        #: Call id -> (status, "Type: message"[, traceback]) of calls that failed (issue 8).
+        #: Call id -> (status, "Type: message"[, traceback]) of calls that failed.
         self.call_errors: dict[int, tuple] = {}
         self.record_saved = False
         self.finished: float | None = None

@@ -23,8 +23,8 @@ The algorithm, in the manner of ``dask.local``:
    left (:func:`fnmap.policy.retry_fault`; a 429 is not charged while the throttle can still slow
    down), else the call fails for good; a call whose worker crashed the same way twice fails
    then (:func:`fnmap.policy.deterministic_crash`); while another copy of the call is still out,
-   that copy decides.  A retry is not a sleeping thread: it goes on a timer heap with its backoff delay,
-   and the monitor sends it when it is due.  Once a call is decided, its attempts still out end
+   that copy decides.  A retry is not a sleeping thread: it goes on the monitor's timer heap with
+   its backoff delay, and is sent when it is due.  Once a call is decided, its attempts still out end
    as ``superseded`` and the platform is asked to stop them.
 4. **Monitor** (:class:`fnmap.monitor.Monitor`, handed the lock, ``_decide``, ``_speculate`` and the
    client's ``on_poll`` hook).  One thread per client wakes for due timers and polls for
@@ -33,9 +33,9 @@ The algorithm, in the manner of ``dask.local``:
 The scheduler, its dispatch and its monitor are three objects: the two parts know the scheduler
 only through what it handed their constructors, as CPython's ``ProcessPoolExecutor`` hands its
 ``_ExecutorManagerThread`` the queues and the pending work.  Only :meth:`_begin`, :meth:`_decide`,
-:meth:`cancel` and the monitor's bookkeeping take the lock,
-and they hold it for plain data changes only: futures are completed, records written and copies
-stopped after it is released (``_deliver``).  Every rule about a call (attempts, retries, the
+:meth:`cancel`, :meth:`_speculate` and the monitor's bookkeeping take the lock, and they hold it
+for plain data changes only: futures are completed, records written and copies stopped after it
+is released (``_deliver``).  Every rule about a call (attempts, retries, the
 throttle, speculation, cancellation) can be tested by feeding answers synchronously
 (``tests/test_scheduler.py``).
 """
@@ -139,7 +139,7 @@ class Scheduler:
         ``stop_platform``: nobody wants the results any more (a map raised its first failure, or
         was interrupted): the job is *abandoned*, so no more retries or copies, and the backend
         stops what it still runs where it can (Batch array jobs are terminated, the emulator's
-        attempts in flight are stopped: issue 24, joblib's next run waited behind them).
+        attempts in flight are stopped: joblib's next run would wait behind them).
         ``reason``: who asked from outside (``fnmap cancel``), for the calls' errors.
         """
         run = job.run
@@ -328,7 +328,7 @@ class Scheduler:
 
     def _finish(self, job, state, attempt: int, answer: Outcomes) -> None:
         run = job.run
-        with self.lock:  # one lock section per call: dispatch threads share this lock (issue 9)
+        with self.lock:  # one lock section per call: dispatch threads share this lock
             if state.done:  # a later copy: the first result stands
                 run.duplicate_count += 1
                 return
@@ -438,7 +438,7 @@ class Scheduler:
     def _speculate(self, job) -> None:
         """Speculative copies of stragglers once most of the job's calls are done.  A job still
         open speculates only if its front-end asks (``speculate_open``: a Dask graph, whose
-        frontier waiting on a few slow tasks is when a copy helps most, issue 4); an Executor's
+        frontier waiting on a few slow tasks is when a copy helps most); an Executor's
         ``submit`` calls do not get copies before ``shutdown``, as with the standard executors."""
         run = job.run
         if not job.config.speculation or run.abandoned or not (run.sealed or run.speculate_open):
