@@ -20,7 +20,7 @@ from .feed import ChunkFeed
 from .jobs import ResultSlot
 from .kinds import KINDS
 from .observe.progress import make_progress
-from .redrive import Recorder
+from .redrive import StorageRecorder
 from .runtime import keys
 from .runtime.wire import MODE_ARGS, MODE_ONE
 
@@ -255,7 +255,7 @@ def _start(
 
     With ``chunksize`` set, every chunk is made and pickled here; unset (automatic), the first
     calls are made here and a :class:`fnmap.feed.ChunkFeed` makes the rest as calls end."""
-    recorder = Recorder(client.store, client.secret) if KINDS[kind].recorded else None
+    recorder = StorageRecorder(client.store, client.secret) if KINDS[kind].recorded else None
     job = client.new_job(config, kind, function=func, stream=stream, job_id=job_id, recorder=recorder)
     index = 0
     states = []
