@@ -87,7 +87,7 @@ if __name__ == "__main__":
         assert job2.results() == list(range(n))
         warm.append(time.perf_counter() - t2)
         cpu.append(tree_cpu() - c0)
-        calls.append(len(job2.calls))
+        calls.append(len(job2.run.calls))
     print(json.dumps({{"cold": t1 - t0, "warm": statistics.median(warm), "cpu": statistics.median(cpu),
                       "calls": len(job.run.calls), "calls_warm": statistics.median(calls)}}))
 """

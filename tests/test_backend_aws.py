@@ -175,7 +175,7 @@ def test_a_job_started_on_the_emulator_is_redriven_on_lambda_from_the_inputs_it_
     redriven = fnmap.job(job.id).redrive()
     assert redriven.results() == [x + 1 for _, x in items]
     assert aws.stats().get("Event", 0) + aws.stats().get("RequestResponse", 0) >= 1  # it ran on Lambda
-    assert redriven.calls[1].items_key == stored
+    assert redriven.run.calls[1].items_key == stored
     assert inputs_left() == []  # deleted by the Lambda that committed the call
 
 
