@@ -87,9 +87,9 @@ if __name__ == "__main__":
         assert job2.results() == list(range(n))
         warm.append(time.perf_counter() - t2)
         cpu.append(tree_cpu() - c0)
-        calls.append(len(job2.calls))
+        calls.append(len(job2.run.calls))
     print(json.dumps({{"cold": t1 - t0, "warm": statistics.median(warm), "cpu": statistics.median(cpu),
-                      "calls": len(job.calls), "calls_warm": statistics.median(calls)}}))
+                      "calls": len(job.run.calls), "calls_warm": statistics.median(calls)}}))
 """
 
 
@@ -102,7 +102,7 @@ if __name__ == "__main__":
     t0 = time.perf_counter()
     job = fnmap.map(ident, range(n), chunksize=chunksize, return_job=True)
     assert job.results() == list(range(n))
-    print(json.dumps({{"seconds": time.perf_counter() - t0, "calls": len(job.calls)}}))
+    print(json.dumps({{"seconds": time.perf_counter() - t0, "calls": len(job.run.calls)}}))
 """
 
 

@@ -135,7 +135,7 @@ def measure(backend: str, n: int, options: dict, registered: dict, profile: str 
     maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"backend": backend, "n": n, "cpu_s": cpu, "invoked_s": marks["last_invoked"] - wall,
             "gathered_s": end - wall, "invoke_cpu_s": marks["invoke_cpu_s"], "rss_growth_kb": maxrss_kb - rss_before,
-            "storage": dict(counts), "calls": len(job.calls)}
+            "storage": dict(counts), "calls": len(job.run.calls)}
 
 
 def run_child(backend: str, n: int, env: dict, options: dict, registered: dict, profile: str | None = None,

@@ -108,11 +108,11 @@ class ExecutorPath:
             value = expr.compute(scheduler=ex)
         store = ex._client.store
         moved = 0
-        for call in ex.job.calls:
+        for call in ex.job.run.calls:
             moved += (call.stats or {}).get("bytes_out", 0)
             if call.items_key:
                 moved += len(store.get(call.items_key))
-        return value, len(ex.job.calls), moved
+        return value, len(ex.job.run.calls), moved
 
 
 class Threads:

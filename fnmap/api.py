@@ -17,10 +17,10 @@ from .client import get_client
 from .config import resolve
 from .errors import ConfigError, RemoteTraceback
 from .feed import ChunkFeed
-from .jobs import CallOutcome
+from .jobs import ResultSlot
 from .kinds import KINDS
 from .observe.progress import make_progress
-from .redrive import Recorder
+from .redrive import StorageRecorder
 from .runtime import keys
 from .runtime.wire import MODE_ARGS, MODE_ONE
 
@@ -183,16 +183,16 @@ def _as_completed(job):
     """The job's calls as they are done; an automatically chunked job's calls are counted once it is
     sealed (its feed makes calls until then, each before the call that made room for it is done)."""
     taken = 0
-    while not (job.sealed and taken == len(job.calls)):
-        yield job.completed.get()
+    while not (job.run.sealed and taken == len(job.run.calls)):
+        yield job.run.completed.get()
         taken += 1
 
 
 def _in_order(job):
     """The job's calls in input order, each as soon as it and those before it are done."""
-    for state in job.calls:
+    for state in job.run.calls:
         while not state.future.done():
-            job.completed.get()  # some call finished: look again
+            job.run.completed.get()  # some call finished: look again
         yield state
 
 
@@ -255,7 +255,7 @@ def _start(
 
     With ``chunksize`` set, every chunk is made and pickled here; unset (automatic), the first
     calls are made here and a :class:`fnmap.feed.ChunkFeed` makes the rest as calls end."""
-    recorder = Recorder(client.store, client.secret) if KINDS[kind].recorded else None
+    recorder = StorageRecorder(client.store, client.secret) if KINDS[kind].recorded else None
     job = client.new_job(config, kind, function=func, stream=stream, job_id=job_id, recorder=recorder)
     index = 0
     states = []
@@ -268,13 +268,13 @@ def _start(
             items = items if isinstance(items, list) else list(items)
             size, plain = client.add_items(job, mode, items)  # a bad item is named before anything runs
             client.use_feed(job, ChunkFeed(client, job, func_key, mode, items, size, plain))
-            states = job.feed.start(stores)
+            states = job.run.feed.start(stores)
             index = len(items)
             client.finish_stores(stores)
         else:
             for chunk in policy.chunks(make_items(job.id), config.chunksize):
                 stored_before = len(stores)
-                states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), CallOutcome(),
+                states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), ResultSlot(),
                                               stores=stores))
                 pending.append(stores[stored_before] if len(stores) > stored_before else None)
                 index += len(chunk)
@@ -286,7 +286,7 @@ def _start(
         raise
     label = label or f"fnmap {getattr(func, '__name__', 'map')}"
     client.show_progress(job, make_progress(config.progress, index, label))
-    if job.feed is None or job.feed.seal_if_complete():
+    if job.run.feed is None or job.run.feed.seal_if_complete():
         client.seal(job)
     else:  # its "running" entry with every item counted: a re-attach after the client died aligns
         job.save_record(final=False)

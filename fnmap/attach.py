@@ -1,7 +1,7 @@
 """``fnmap.job(job_id)``: a handle on a past or running job, from any process that reaches its storage.
 
-The process that ran ``fnmap.map`` may be gone (a restarted kernel, a closed laptop): every call's
-outcome is committed to storage by the worker that ran it, and the client writes the job's record
+The process that ran ``fnmap.map`` may be gone (a restarted kernel, a closed laptop): every call's item
+outcomes are committed to storage by the worker that ran it, and the client writes the job's record
 when the job ends, so results, summary and logs can be read back by id.  A running job can be
 followed (``wait``) and stopped (``cancel``: the client running it sees the request within a second
 or two and cancels as Ctrl-C would).

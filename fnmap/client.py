@@ -37,7 +37,7 @@ INPUT_THREADS = 4
 
 class Recorder(Protocol):
     """What stores a job's calls and items as they are sent, so that they can be run again from
-    another process (:class:`fnmap.redrive.Recorder`): the front-end that starts the job hands
+    another process (:class:`fnmap.redrive.StorageRecorder`): the front-end that starts the job hands
     one to :meth:`Client.new_job`, and the client calls it beside the send path."""
 
     def record_items(self, job: Job, mode: str, parts: list) -> None:
@@ -60,9 +60,8 @@ class Client:
             )
         self.secret = secret
         self.max_workers = self.backend.max_workers
-        self.scheduler = Scheduler(self.backend, self.store, secret)
-        self.scheduler.on_poll = self._cancel_if_asked
-        self.scheduler.on_poll_seconds = CANCEL_CHECK_SECONDS
+        self.scheduler = Scheduler(self.backend, self.store, secret, on_poll=self._cancel_if_asked,
+                                   on_poll_seconds=CANCEL_CHECK_SECONDS)
         #: Shared objects this process stored or found: key -> the job it last looked for.
         self._uploaded: dict[str, str] = {}
         #: Threads that store a map's large inputs (a pool starts its threads on first use).
@@ -124,7 +123,7 @@ class Client:
         parts, _ = dump_chunk(chunk, first_index, plain)  # an item that cannot be pickled is named
         by_reference = parts_size(parts) > job.config.inline_limit
         payload = b"" if by_reference else parts[0] if len(parts) == 1 else b"".join(parts)
-        state = CallRun(len(job.calls), first_index, n_items, func_key, payload, None, future or Future(), unwrap)
+        state = CallRun(len(job.run.calls), first_index, n_items, func_key, payload, None, future or Future(), unwrap)
         if by_reference and stores is None:
             self._store_input(state, parts, job)
         elif by_reference:
@@ -136,8 +135,8 @@ class Client:
                         items_key: str | None, payload: bytes, future: Future | None = None) -> CallRun:
         """Add to ``job`` a call whose input is pickled already (inline ``payload``, or stored at
         ``items_key``), under its own id: a redrive sends a stopped job's calls again."""
-        if call_id != len(job.calls):
-            raise ValueError(f"call {call_id} of job {job.id} added as call {len(job.calls)}: add them in order")
+        if call_id != len(job.run.calls):
+            raise ValueError(f"call {call_id} of job {job.id} added as call {len(job.run.calls)}: add them in order")
         state = CallRun(call_id, first_index, n_items, func_key, payload, items_key, future or Future(), False)
         self.scheduler.add(job, state)
         return state

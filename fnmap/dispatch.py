@@ -1,9 +1,12 @@
-"""Sending calls: the scheduler's dispatch threads, the batching of calls sent one by one, the
-signed request of an attempt, and the throttle (a part of :class:`fnmap.scheduler.Scheduler`).
+"""Sending calls: the dispatch threads, the batching of calls sent one by one, the signed request
+of an attempt, and the throttle.
 
-A dispatch thread takes a call from the queue, asks the scheduler's ``_begin`` for the number of
-its next attempt, signs the request, waits for room under the throttle and hands the invocation
-to the backend; the answer goes to ``_decide``.  It never decides anything itself.
+:class:`Dispatch` is built by the :class:`fnmap.scheduler.Scheduler` and handed what it needs:
+``begin`` (claim a call's next attempt), ``decide`` (apply an attempt's answer) and ``after``
+(run an action on the monitor's timer heap).  A dispatch thread takes a call from the queue,
+asks ``begin`` for the number of its next attempt, signs the request, waits for room under the
+throttle and hands the invocation to the backend; the answer goes to ``decide``.  It never
+decides anything itself.
 """
 
 from __future__ import annotations
@@ -23,9 +26,6 @@ from .runtime.wire import CallRequest, decode_response, encode
 
 #: What every request says of this client: its fnmap protocol and the versions its pickles need.
 _RUNTIME = runtime_info()
-#: Backends whose workers write to this process's terminal: their captured output is not echoed
-#: there unless output="live" (issue 14); cloud workers echo it into the platform's log.
-_BACKENDS_ON_THIS_TERMINAL = ("emulator", "local")
 #: How long calls submitted one by one wait for the next before being sent together where the
 #: backend batches calls, and the longest the first of them waits.
 COALESCE_SECONDS = 0.25
@@ -50,9 +50,28 @@ class Outcomes:
 
 
 class Dispatch:
-    """The sending half of the scheduler (mixed into :class:`fnmap.scheduler.Scheduler`)."""
+    """Sends the calls of every job of one scheduler: ``max_workers`` dispatch threads over one queue."""
 
-    def _start_dispatch(self) -> None:
+    def __init__(self, backend, store, secret: bytes, *, begin, decide, after):
+        self.backend = backend
+        self.store = store
+        self.secret = secret
+        self.max_workers = backend.max_workers
+        #: ``begin(job, state)``: the number of the call's next attempt, or None (not to be sent).
+        self._begin = begin
+        #: ``decide(job, state, attempt, event, charge=None, final=False)``: apply an attempt's answer.
+        self._decide = decide
+        #: ``after(delay, action, job, states)``: run ``action(job, states)`` in ``delay`` seconds.
+        self._after = after
+        self.closed = False
+        #: The limit on calls in flight, lowered by 429s (AIMD; :class:`fnmap.policy.Throttle`).
+        self.throttle = policy.Throttle(self.max_workers)
+        self._room = threading.Condition()
+        #: One entry per send in flight (see ``_acquire_slot``).
+        self._in_flight: list[None] = []
+        #: Calls waiting to be sent together to a backend that batches calls (see ``_coalesce``).
+        self._pending: dict = {}
+        self._pending_lock = threading.Lock()
         # A fixed set of daemon threads over one queue of sends; lighter than a ThreadPoolExecutor,
         # which allocates a Future per step (100,000 queued calls carried 100,000 of them).
         self._sends: queue.SimpleQueue = queue.SimpleQueue()
@@ -60,13 +79,28 @@ class Dispatch:
                          for i in range(self.max_workers)]
         for thread in self._threads:
             thread.start()
-        self._throttle = policy.Throttle(self.max_workers)
-        self._room = threading.Condition()
-        #: One entry per send in flight (see ``_acquire_slot``).
-        self._in_flight: list[None] = []
-        #: Calls waiting to be sent together to a backend that batches calls (see ``_coalesce``).
-        self._pending: dict = {}
-        self._pending_lock = threading.Lock()
+
+    def submit(self, job, states: list) -> None:
+        """Send these calls of ``job``: one by one, or together where the backend batches calls
+        (then calls submitted one at a time wait ``COALESCE_SECONDS`` for company, so 1,000
+        ``Executor.submit`` calls in a loop become one array job, not 1,000)."""
+        if not self.backend.batches_calls:
+            for state in states:
+                self._queue(self._send, job, state)
+        elif job.run.sealed or len(states) > 1:
+            self._queue(self._send_many, job, list(states))
+        else:
+            self._coalesce(job, states)
+
+    def send(self, job, state) -> None:
+        """Send one more attempt of a call (a retry after its backoff, a speculative copy)."""
+        self._queue(self._send, job, state)
+
+    def close(self) -> None:
+        """Stop the dispatch threads; calls queued later fail as cancelled instead of waiting."""
+        self.closed = True
+        for _ in self._threads:
+            self._sends.put(None)
 
     def _queue(self, send, job, target) -> None:
         if self.closed:  # no thread would take it: fail the call(s) rather than leave them pending
@@ -126,7 +160,7 @@ class Dispatch:
         """Calls of ``job`` waiting in the queue that may go in one request with the one being sent:
         the job's calls are short, the backend takes several a request, and enough are queued that
         every dispatch thread has some (else none: the calls spread over the workers one by one)."""
-        limit = getattr(self.backend, "batch_limit", 0)
+        limit = self.backend.batch_limit
         if limit < 2 or job.config.timeout is not None or job.config.memory:
             return []
         recent = job.run.durations[-8:]
@@ -234,14 +268,13 @@ class Dispatch:
             first_index=state.first_index, retry_on=job.retry_on_names,
             # retry_on re-runs share the retries left (speculative copies and 429s use none).
             max_attempts=attempt + max(0, cfg.retries - state.charged), output=cfg.output,
-            echo_output=cfg.output == "live" or cfg.backend not in _BACKENDS_ON_THIS_TERMINAL,
+            echo_output=cfg.output == "live" or not self.backend.workers_on_this_terminal,
             memory=memory,
             job_record=keys.job_index_key(job.id, job.created),
         )
         body = encode(req, payload)
-        lifetime = getattr(self.backend, "signature_lifetime", None)
         signature = signing.sign_request(self.secret, signing.ROUTE_CALL, job.id, state.call_id, attempt, body,
-                                         lifetime=lifetime)
+                                         lifetime=self.backend.signature_lifetime)
         return Invocation(req, body, signature, cfg, memory)
 
     def _read(self, answer: Answer):
@@ -267,7 +300,6 @@ class Dispatch:
             return PlatformFault("retry_on", "the item raised an exception listed in retry_on")
         return Outcomes(outcomes, resp.stats)
 
-
     # -- the throttle ----------------------------------------------------------------
 
     def _acquire_slot(self) -> tuple[int, bool]:
@@ -278,9 +310,9 @@ class Dispatch:
         in flight is always exact.  While no 429 has lowered the limit, the dispatch threads
         themselves bound the calls in flight (one each, ``max_workers`` of them) and a send takes
         no lock: a lock shared by every dispatch thread on every call made them queue behind each
-        other and tripled the client's CPU per call (issue 9).
+        other and tripled the client's CPU per call.
         """
-        throttle = self._throttle
+        throttle = self.throttle
         if throttle.limit < throttle.ceiling:
             with self._room:
                 while len(self._in_flight) >= throttle.allowed():
@@ -292,7 +324,7 @@ class Dispatch:
 
     def _release_slot(self, throttled: bool, ticket: int | None = None) -> None:
         self._in_flight.pop()
-        throttle = self._throttle
+        throttle = self.throttle
         if not throttled and throttle.limit >= throttle.ceiling:
             return  # unthrottled: nothing to update, nobody is waiting for room
         with self._room:

@@ -73,7 +73,7 @@ class Executor(futures.Executor):
         return future
 
     def _submit(self, fn, items: list, future: Future, unwrap: bool):
-        """Add one call of ``fn`` over ``items`` whose outcome goes to ``future``; its state."""
+        """Add one call of ``fn`` over ``items`` whose result goes to ``future``; its state."""
         if self._pid != os.getpid():
             raise RuntimeError(
                 f"this fnmap.Executor was made in process {self._pid}, which this process was forked from: "
@@ -141,7 +141,7 @@ class Executor(futures.Executor):
         if cancel_futures:
             self._job.cancel()
         if wait:
-            futures.wait([s.future for s in self._job.calls])
+            futures.wait([s.future for s in self._job.run.calls])
             _open_jobs.discard(self._job)
             show_call_output(self._job)  # remote print() output of its calls (output="after", issue 14)
 
@@ -173,11 +173,11 @@ def _item_value(job, state, offset: int, outcome: tuple):
 class _Link(Future):
     """What the job holds for a call of this executor in place of the caller's future.
 
-    It passes the call's start, cancellation and outcome on to the caller's future, then lets go
+    It passes the call's start, cancellation and result on to the caller's future, then lets go
     of it: the value stays only in the future the caller holds, so a result the caller dropped is
     freed (bpo-14406), while the job keeps its bookkeeping.  Until then it holds the caller's
     future, so done callbacks run even when the caller kept no reference (as a work item does).
-    Done, it reads as a success with no value whatever the outcome: nothing reads its value.
+    Done, it reads as a success with no value whatever the result: nothing reads its value.
     """
 
     def __init__(self, target: Future):
@@ -259,5 +259,5 @@ def _finish_at_exit() -> None:
         _exiting = True
         jobs = list(_open_jobs)
     for job in jobs:
-        futures.wait([state.future for state in list(job.calls)])
+        futures.wait([state.future for state in list(job.run.calls)])
         show_call_output(job)

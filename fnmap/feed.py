@@ -13,8 +13,8 @@ Invariants the front-ends rely on:
 
 * every item is pickled once before anything runs, only to check that it pickles
   (:meth:`fnmap.client.Client.add_items`), so a bad item is named and nothing ran;
-* a call's successors are added to ``job.calls`` before its own outcome is delivered, so a
-  reader walking ``job.calls`` in order (``results``, ``imap``) never reaches the end early;
+* a call's successors are added to ``job.run.calls`` before its own result is delivered, so a
+  reader walking ``job.run.calls`` in order (``results``, ``imap``) never reaches the end early;
 * a cancelled job's items that are in no call yet become one cancelled call (:meth:`stop`),
   so the record, ``results()`` and ``fnmap.job(ID).results()`` still have one entry per item.
 """
@@ -24,9 +24,9 @@ from __future__ import annotations
 import threading
 
 from .errors import PlatformFault
-from .jobs import CallOutcome, CallState
+from .jobs import ResultSlot
 from .policy import ChunkSizer
-from .runtime.outcome import ANSWERED
+from .run import ANSWERED, CallRun
 
 
 class ChunkFeed:
@@ -50,7 +50,7 @@ class ChunkFeed:
         self._outstanding = 0
         self._sealed = False
 
-    def start(self, stores: list | None = None) -> list[CallState]:
+    def start(self, stores: list | None = None) -> list[CallRun]:
         """The first calls (one item each, one per dispatch slot), to submit; large inputs are
         stored on the client's input threads (``stores``, see ``Client.add_call``)."""
         with self._lock:
@@ -61,8 +61,8 @@ class ChunkFeed:
         with self._lock:
             return self._take_seal()
 
-    def call_done(self, state: CallState) -> None:
-        """A call of the job ended (the scheduler calls this before delivering its outcome):
+    def call_done(self, state: CallRun) -> None:
+        """A call of the job ended (the scheduler calls this before delivering its result):
         measure it and make the calls that keep every dispatch slot busy."""
         seconds = _answer_seconds(state)
         with self._lock:
@@ -71,7 +71,7 @@ class ChunkFeed:
                 self.sizer.observe(state.n_items, seconds)
             failed = error = None
             try:
-                new = [] if self._job.cancelled else self._make_calls(None)
+                new = [] if self._job.run.cancelled else self._make_calls(None)
             except Exception as e:  # storing a large input failed: the rest fail with it
                 new, failed, error = [], self._rest_as_one_call(), e
                 self._outstanding += failed is not None
@@ -95,26 +95,26 @@ class ChunkFeed:
 
     # -- under the lock ----------------------------------------------------------
 
-    def _make_calls(self, stores: list | None) -> list[CallState]:
+    def _make_calls(self, stores: list | None) -> list[CallRun]:
         new = []
         while self._outstanding < self.sizer.parallelism and self._next < self.total:
             size = self.sizer.next_size(self.total - self._next)
             first = self._next
             chunk = self._items[first:first + size]
             new.append(self._client.add_call(self._job, self._func_key, (self._mode, chunk), first, size,
-                                             CallOutcome(), stores=stores, plain=self._plain))
+                                             ResultSlot(), stores=stores, plain=self._plain))
             self._next += size
             self._outstanding += 1
         if self._next >= self.total:
             self._items = []  # every item is in a call: hold no reference to them any more
         return new
 
-    def _rest_as_one_call(self) -> CallState | None:
+    def _rest_as_one_call(self) -> CallRun | None:
         """The items in no call yet as one call that is never sent (nothing pickled)."""
         rest = self.total - self._next
         if rest <= 0:
             return None
-        state = CallState(len(self._job.calls), self._next, rest, self._func_key, b"", None, CallOutcome(), False)
+        state = CallRun(len(self._job.run.calls), self._next, rest, self._func_key, b"", None, ResultSlot(), False)
         self._client.scheduler.add(self._job, state)
         self._next = self.total
         self._items = []
@@ -133,11 +133,11 @@ def parallelism(backend) -> int:
     concurrency): more one-item calls than it runs would wait in its queue before any larger call
     was measured (2,000 items on a 2-environment Lambda took 3.9x the best chunksize that way)."""
     slots = backend.max_workers
-    platform = getattr(backend, "platform_concurrency", None)
+    platform = backend.platform_concurrency
     return max(1, min(slots, platform)) if isinstance(platform, int) and platform > 0 else slots
 
 
-def _answer_seconds(state: CallState) -> float | None:
+def _answer_seconds(state: CallRun) -> float | None:
     """How long the call took: the worker's own time (load, run, write the result) where it said,
     else from the send of the attempt that answered to its answer (results found in storage);
     None if no attempt answered.  The worker's time leaves out the wait for a free worker, which
@@ -146,6 +146,6 @@ def _answer_seconds(state: CallState) -> float | None:
     if stats and stats.get("written") is not None and stats.get("started") is not None:
         return stats["written"] - stats["started"]
     for attempt in reversed(state.attempts):
-        if attempt.ended is not None and attempt.outcome in ANSWERED:
+        if attempt.ended is not None and attempt.ending in ANSWERED:
             return attempt.ended - attempt.sent
     return None

@@ -27,27 +27,23 @@ from .errors import (
 from .errors import TimeoutError as CallTimeout
 from .observe import records
 from .observe.output import show_call_output
-from .run import CallRun, JobRun
+from .run import ANSWERED, CallRun, JobRun
 from .runtime import keys
 from .runtime import outcome as _outcome
 from .runtime.serialization import unpack_exception
 
-#: The run state of one call, written by the scheduler (the name front-ends and tests knew it by).
-CallState = CallRun
-
-
 _PENDING, _RUNNING, _FINISHED, _FAILED, _CANCELLED = range(5)
 
 
-class CallOutcome:
+class ResultSlot:
     """The result slot of one call of ``fnmap.map``: the part of a ``Future`` a job uses.
 
     A ``concurrent.futures.Future`` carries a Condition, a lock, a deque and two
     lists, about 1.3 KB; 100,000 of them were a third of the client's memory for
-    a 100,000-call map (issue 9).  Nobody outside the job sees these, so they do
+    a 100,000-call map.  Nobody outside the job sees these, so they do
     not block: :meth:`Job.results` waits on the job and reads them when done.
     A call is either started by a dispatch thread or cancelled by its job, never
-    both (:meth:`Job.start_call`), so nothing here needs a lock.
+    both (the scheduler claims it under its lock), so nothing here needs a lock.
     """
 
     __slots__ = ("_status", "_value")
@@ -118,7 +114,7 @@ class Job:
 
     The :class:`fnmap.scheduler.Scheduler` decides everything about the calls and keeps what it
     decided in the job's run state (:class:`fnmap.run.JobRun`, written by it alone under its lock);
-    the job reads that state (the read-only properties below) and turns the scheduler's decisions
+    the job reads that state (:attr:`run`, read-only) and turns the scheduler's decisions
     into what a user sees: completed futures, the progress bar, the job record in storage.
     """
 
@@ -134,7 +130,7 @@ class Job:
         self.kind = kind
         #: What stores the job's calls and items for a redrive (``fnmap.client.Recorder``), or None.
         self.recorder = recorder
-        #: The name of the function the job runs (``fnmap jobs``, the plot; issue 14), or None.
+        #: The name of the function the job runs (``fnmap jobs``, the plot), or None.
         self.function_name: str | None = function_label(function) if function is not None else None
         self.created = created or time.time()
         self._log_reads = 0
@@ -158,43 +154,13 @@ class Job:
 
     @property
     def run(self) -> JobRun:
+        """What the scheduler decided about this job and its calls: read it, never write it."""
         return self._run
-
-    calls = property(lambda self: self._run.calls, doc="The job's calls (:class:`fnmap.run.CallRun`), in order.")
-    sealed = property(lambda self: self._run.sealed, doc="No more calls will be added.")
-    cancelled = property(lambda self: self._run.cancelled,
-                         doc="No call starts any more; calls already started complete with their own results.")
-    abandoned = property(lambda self: self._run.abandoned,
-                         doc="Nobody waits for the results any more: no retries, no copies, failures are final.")
-    speculate_open = property(lambda self: self._run.speculate_open,
-                              doc="Stragglers get speculative copies before the job is sealed (Dask).")
-    cancel_reason = property(lambda self: self._run.cancel_reason,
-                             doc="Who asked another process to stop this job (``fnmap cancel``), once seen.")
-    stopped_attempts = property(lambda self: frozenset(self._run.stopped_attempts),
-                                doc="``(call id, attempt)`` stopped because the job was abandoned.")
-    done_count = property(lambda self: self._run.done_count, doc="Calls decided (finished, failed, cancelled).")
-    failed_count = property(lambda self: self._run.failed_count, doc="Items that failed.")
-    cancelled_count = property(lambda self: self._run.cancelled_count, doc="Calls that ended cancelled.")
-    retry_count = property(lambda self: self._run.retry_count, doc="Attempts sent after failed ones.")
-    copy_count = property(lambda self: self._run.copy_count, doc="Speculative copies sent.")
-    duplicate_count = property(lambda self: self._run.duplicate_count,
-                               doc="Answers that came after their call was decided (discarded).")
-    durations = property(lambda self: list(self._run.durations), doc="Seconds the finished calls ran.")
-    call_errors = property(lambda self: self._run.call_errors,
-                           doc="Call id -> (status, \"Type: message\"[, traceback]) of calls that failed.")
-    finished = property(lambda self: self._run.finished, doc="When the last call was decided (None: running).")
-    setup_error = property(lambda self: self._run.setup_error,
-                           doc="Why nothing ran (a function or item that does not pickle), or None.")
-    progress = property(lambda self: self._run.progress, doc="The job's progress bar, or None.")
-    completed = property(lambda self: self._run.completed,
-                         doc="A queue of calls as they are done (``fnmap.imap``), or None.")
-    feed = property(lambda self: self._run.feed,
-                    doc="The :class:`fnmap.feed.ChunkFeed` making the calls as they run (``chunksize`` unset).")
 
     # -- what the scheduler's decisions become ------------------------------------
 
     def deliver(self, state: CallRun, result, failed: int) -> None:
-        """A call's outcome is final (``result``: its outcomes, or the fault that failed it; ``failed``
+        """A call is decided (``result``: its item outcomes, or the fault that failed it; ``failed``
         of its items failed): complete its future, tell ``imap`` and the progress bar."""
         if isinstance(result, PlatformFault):
             _set(state.future, exception=self._fault_error(state, result))
@@ -224,7 +190,7 @@ class Job:
         exc.add_note(f"fnmap: {state.describe()} of job {self.id}; retries={self.config.retries}")
         return exc
 
-    # -- the job record (issue 8) ---------------------------------------------
+    # -- the job record ---------------------------------------------
 
     def save_record(self, final: bool) -> None:
         """Write the job's record (``final``) or its "running" index entry; a failure to write
@@ -273,21 +239,21 @@ class Job:
 
     # -- results -------------------------------------------------------------
 
-    def item_exception(self, state: CallState, offset: int, outcome: tuple) -> BaseException:
+    def item_exception(self, state: CallRun, offset: int, outcome: tuple) -> BaseException:
         """The exception an item raised remotely, ready to raise here (an ``Exception`` always)."""
         exc = remote_exception(outcome, state.first_index + offset, f"job {self.id}, {state.describe()}")
         tail = state.stats.get("log_tail") if state.stats else self._stored_log_tail(state)
-        if tail:  # the call's own output, shown with its exception (issue 8)
+        if tail:  # the call's own output, shown with its exception
             lines = tail.rstrip("\n").splitlines()[-_LOG_NOTE_LINES:]
             exc.add_note(f"fnmap: output of {state.describe()} (last {len(lines)} lines; all "
                          f"of it: fnmap logs {self.id} --call {state.call_id}):\n"
                          + "\n".join("    " + line for line in lines))
         return exc
 
-    def _stored_log_tail(self, state: CallState) -> str | None:
+    def _stored_log_tail(self, state: CallRun) -> str | None:
         """A failing call's output from storage, when its result came from there with no stats
         (asynchronous backends); a few reads per job at most, on the error path only."""
-        attempt = next((a.number for a in reversed(state.attempts) if a.outcome in _outcome.ANSWERED), None)
+        attempt = next((a.number for a in reversed(state.attempts) if a.ending in ANSWERED), None)
         with self._lock:
             if attempt is None or self._log_reads >= _LOG_NOTE_READS:
                 return None
@@ -313,7 +279,7 @@ class Job:
         """Every item's result in input order; raises the first failure unless ``return_exceptions``."""
         out = []
         try:
-            for state in self.calls:
+            for state in self._run.calls:
                 self._wait_call(state)
                 out.extend(self.call_results(state, return_exceptions))
         except BaseException as exc:
@@ -321,12 +287,12 @@ class Job:
             self.cancel(stop_platform=True)
             raise
         finally:
-            if self.progress is not None:  # ended before the caller's next line, even on a failure
-                self.progress.close()
-            show_call_output(self)  # remote print() output, per call, after the bar (issue 14)
+            if self._run.progress is not None:  # ended before the caller's next line, even on a failure
+                self._run.progress.close()
+            show_call_output(self)  # remote print() output, per call, after the bar
         return out
 
-    def call_results(self, state: CallState, return_exceptions: bool) -> list:
+    def call_results(self, state: CallRun, return_exceptions: bool) -> list:
         """The results of a finished call's items, in order; raises the first failure unless
         ``return_exceptions`` (then exceptions take the failed items' places).  What it raises
         reaches the job's caller (``results``, ``imap``): the job has ended (:attr:`raised`)."""
@@ -336,12 +302,12 @@ class Job:
             self._reached_caller(exc)
             raise
 
-    def _call_results(self, state: CallState, return_exceptions: bool) -> list:
+    def _call_results(self, state: CallRun, return_exceptions: bool) -> list:
         try:
             outcomes = state.future.result()
         except CancelledError:
-            if self.cancel_reason:
-                raise CancelledError(f"job {self.id} was cancelled from outside by `{self.cancel_reason}` "
+            if self._run.cancel_reason:
+                raise CancelledError(f"job {self.id} was cancelled from outside by `{self._run.cancel_reason}` "
                                      "before all its calls had run") from None
             raise
         except BaseException as exc:  # the call failed at platform level
@@ -361,7 +327,7 @@ class Job:
             out.append(exc)
         return out
 
-    def _wait_call(self, state: CallState) -> None:
+    def _wait_call(self, state: CallRun) -> None:
         """Block until ``state`` is done: on the job while no call has failed (one wake-up, not
         one per call), then briefly polling, so a failure is raised without waiting for the rest."""
         future = state.future
@@ -384,13 +350,13 @@ class Job:
         self._scheduler.cancel(self, stop_platform)
         if not stop_platform:
             return
-        if self.progress is not None:
-            self.progress.close()
+        if self._run.progress is not None:
+            self._run.progress.close()
         if self.raised is not None:
             self.save_ended_record()
 
     def attempts_summary(self) -> dict:
-        """Attempts per call: ``{call_id: [[attempt, sent, ended, outcome, memory], ...]}`` (memory
+        """Attempts per call: ``{call_id: [[attempt, sent, ended, ending, memory], ...]}`` (memory
         in MB as the attempt asked for it, None without a ``memory`` option)."""
         with self._lock:
             return {s.call_id: [a.as_list() for a in s.attempts] for s in self._run.calls}
@@ -399,17 +365,17 @@ class Job:
         """Counts of the job as the scheduler recorded them: calls, calls decided (``done``) and
         among them ``cancelled`` ones, failed items, retries (attempts after failed ones) and
         speculative copies (calls that got one; ``copies``: copies sent) kept apart, and attempts
-        per outcome (``ok``, ``crashed``, ``superseded``...; ``running`` only while the job runs)."""
+        by how they ended (``ok``, ``crashed``, ``superseded``...; ``running`` only while the job runs)."""
         run = self._run
         with self._lock:
             calls = len(run.calls)
             retried = sum(1 for s in run.calls if any(a.number > 1 and not a.copy for a in s.attempts))
             speculative = sum(1 for s in run.calls if s.speculated)
-            attempts: dict[str, int] = {}  # outcome -> attempts (ok, crashed, server, throttled, ...)
+            attempts: dict[str, int] = {}  # ending -> attempts (ok, crashed, server, throttled, ...)
             for s in run.calls:
                 for record in s.attempts:
-                    outcome = record.outcome or "running"
-                    attempts[outcome] = attempts.get(outcome, 0) + 1
+                    ending = record.ending or "running"
+                    attempts[ending] = attempts.get(ending, 0) + 1
             counts = (run.done_count, run.cancelled_count, run.failed_count, run.retry_count, run.copy_count,
                       run.duplicate_count)
         end = run.finished or time.time()
@@ -432,7 +398,7 @@ class Job:
             "wall_seconds": end - self.created,
         }
 
-    # -- observability (issue 8) ---------------------------------------------
+    # -- observability ---------------------------------------------
 
     def record(self) -> dict:
         """The job record: per call its times, worker, cold start, attempts, bytes, memory and
@@ -457,11 +423,11 @@ class Job:
         return plot_record(records.build(self), path)
 
     def __repr__(self) -> str:
-        return f"<fnmap.Job {self.id} {self.done_count}/{len(self.calls)} calls done>"
+        return f"<fnmap.Job {self.id} {self._run.done_count}/{len(self._run.calls)} calls done>"
 
 
 def function_label(func) -> str:
-    """The name a job running ``func`` is shown by (``fnmap jobs``, the plot; issue 14); a stage of
+    """The name a job running ``func`` is shown by (``fnmap jobs``, the plot); a stage of
     ``map_reduce`` is named after the user's function it runs."""
     func = getattr(func, "map_func", None) or getattr(func, "reduce_func", None) or func
     return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or type(func).__name__

@@ -236,7 +236,7 @@ class _Leases:
             jobs = [ref() for ref, _, _ in self._held.values()]
         deadline = time.monotonic() + SETTLE_CANCELLED_AT_EXIT_SECONDS
         for job in jobs:
-            if job is not None and (job.cancel_reason or job.raised is not None) and not job.done:
+            if job is not None and (job.run.cancel_reason or job.raised is not None) and not job.done:
                 job.wait(max(0.0, deadline - time.monotonic()))
 
     def forget_in_child(self) -> None:

@@ -1,11 +1,13 @@
-"""The scheduler's monitor: timers, results of asynchronous calls, lost calls, the platform's own
-failure reports and speculative copies of stragglers (a part of :class:`fnmap.scheduler.Scheduler`).
+"""The scheduler's monitor: timers, results of asynchronous calls, lost calls and the platform's
+own failure reports.
 
-One thread per client wakes for due timers (retries after their backoff, coalesced batches) and,
-with a growing period, polls: results of calls accepted asynchronously are found with one LIST per
-job, calls silent past their timeout are declared ``lost`` (a fault like any other), calls the
-platform reports as failed are routed to ``_decide``, and stragglers get a speculative copy once
-most of the job is done.
+:class:`Monitor` is built by the :class:`fnmap.scheduler.Scheduler` and handed what it needs: the
+scheduler's lock (for the calls' ``awaiting`` attempts), ``decide`` (apply an attempt's event),
+``speculate`` (the scheduler's look for stragglers) and the client's ``on_poll`` hook.  One thread
+per client wakes for due timers (retries after their backoff, coalesced batches) and, with a
+growing period, polls: results of calls accepted asynchronously are found with one LIST per job,
+calls silent past their timeout are declared ``lost`` (a fault like any other), calls the
+platform reports as failed are routed to ``decide``, and the scheduler looks for stragglers.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-from . import policy
 from .dispatch import Outcomes
 from .errors import PlatformFault
 from .runtime import compression, keys, signing
@@ -49,23 +50,47 @@ def _unless_transient(error: Exception, doing: str) -> None:
 
 
 class Monitor:
-    """The monitoring half of the scheduler (mixed into :class:`fnmap.scheduler.Scheduler`)."""
+    """Watches the running jobs of one scheduler from one thread, started on first need."""
 
-    def _start_monitor(self) -> None:
+    def __init__(self, backend, store, secret: bytes, lock, *, decide, speculate, on_poll=None,
+                 on_poll_seconds: float = 1.0):
+        self.backend = backend
+        self.store = store
+        self.secret = secret
+        #: The scheduler's lock, held while a call's ``awaiting`` attempts are taken.
+        self._lock = lock
+        #: ``decide(job, state, attempt, event)``: apply an attempt's event (results, a fault).
+        self._decide = decide
+        #: ``speculate(job)``: send speculative copies of the job's stragglers, if it has any.
+        self._speculate = speculate
+        #: Called for each active job every ``on_poll_seconds`` at most (the client's look for
+        #: ``fnmap cancel`` requests), or None.
+        self._on_poll = on_poll
+        self._on_poll_seconds = on_poll_seconds
+        self.closed = False
         #: Retries and coalesced batches waiting for their time: ``(due, seq, action, job, states)``.
         self._timers: list = []
         self._timer_seq = itertools.count()
         self._wake = threading.Condition()
         self._active: set = set()
         self._monitor: threading.Thread | None = None
-        #: Called by the monitor for each active job, every ``on_poll_seconds`` at most (the
-        #: client's look for ``fnmap cancel`` requests).
-        self.on_poll = None
-        self.on_poll_seconds = 1.0
         #: Threads that read asynchronous calls' results from storage (started on first need).
         self._fetchers = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="fnmap-fetch")
 
-    def _after(self, delay: float, action, job, states) -> None:
+    def watch(self, job) -> None:
+        """Watch ``job`` until it is done (its calls were added)."""
+        if job not in self._active:
+            with self._wake:
+                self._active.add(job)
+            self._ensure_monitor()
+
+    def close(self) -> None:
+        self.closed = True
+        self._fetchers.shutdown(wait=False)
+        with self._wake:
+            self._wake.notify()
+
+    def after(self, delay: float, action, job, states) -> None:
         """Run ``action(job, states)`` on the monitor thread in ``delay`` seconds (a retry's backoff)."""
         with self._wake:
             heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), action, job, states))
@@ -111,7 +136,7 @@ class Monitor:
             if job.done:
                 continue
             try:
-                self._poll(job)
+                self.poll(job)
             except Exception as e:  # a storage hiccup: the next poll tries again
                 _unless_transient(e, f"polling job {job.id}")
             self._speculate(job)
@@ -124,14 +149,14 @@ class Monitor:
     def _run_hook(self, job) -> None:
         """The client's per-job look (``on_poll``), every ``on_poll_seconds`` at most."""
         now = time.monotonic()
-        if self.on_poll is None or job.run.abandoned or now - job.run.polled_at < self.on_poll_seconds:
+        if self._on_poll is None or job.run.abandoned or now - job.run.polled_at < self._on_poll_seconds:
             return
         job.run.polled_at = now
-        self.on_poll(job)
+        self._on_poll(job)
 
-    def _poll(self, job) -> None:
+    def poll(self, job) -> None:
         """Results of this job's calls accepted asynchronously (one LIST), and lost calls."""
-        waiting = [s for s in job.calls if s.awaiting and not s.done]  # a glance; decided under the lock below
+        waiting = [s for s in job.run.calls if s.awaiting and not s.done]  # a glance; decided under the lock below
         if not waiting:
             return
         finished = {keys.call_id_from_key(k) for k in self.store.list(keys.results_prefix(job.id))}
@@ -141,17 +166,17 @@ class Monitor:
             lost_after = self.backend.lost_after
         done = [state for state in waiting if state.call_id in finished]
         for state, outcomes in zip(done, self._fetch_results(job, done), strict=True):
-            with self.lock:
+            with self._lock:
                 attempt = max(state.awaiting) if state.awaiting else state.next_attempt - 1
                 state.awaiting = None
-            self._finish(job, state, attempt, Outcomes(outcomes, None))
+            self._decide(job, state, attempt, Outcomes(outcomes, None))
         if lost_after is None:
             return
         for state in waiting:
             if state.call_id in finished:
                 continue
             lost = []
-            with self.lock:
+            with self._lock:
                 for attempt, since in list((state.awaiting or {}).items()):
                     if now - since > lost_after:
                         del state.awaiting[attempt]
@@ -172,38 +197,15 @@ class Monitor:
         return self._fetchers.map(fetch, states)
 
     def _platform_failures(self, jobs: list) -> None:
-        """Route the calls the platform reports as failed to :meth:`_decide` (retry or fail)."""
+        """Route the calls the platform reports as failed to ``decide`` (retry or fail)."""
         by_id = {job.id: job for job in jobs}
         for failure in self.backend.poll_failures():
             job = by_id.get(failure.job_id)
-            if job is None or not 0 <= failure.call_id < len(job.calls):
+            if job is None or not 0 <= failure.call_id < len(job.run.calls):
                 continue
-            state = job.calls[failure.call_id]
-            with self.lock:
+            state = job.run.calls[failure.call_id]
+            with self._lock:
                 if state.done or not state.awaiting or failure.attempt not in state.awaiting:
                     continue
                 del state.awaiting[failure.attempt]
             self._decide(job, state, failure.attempt, failure.fault)
-
-    def _speculate(self, job) -> None:
-        """Speculative copies of stragglers once most of the job's calls are done.  A job still
-        open speculates only if its front-end asks (``speculate_open``: a Dask graph, whose
-        frontier waiting on a few slow tasks is when a copy helps most, issue 4); an Executor's
-        ``submit`` calls do not get copies before ``shutdown``, as with the standard executors."""
-        run = job.run
-        if not job.config.speculation or run.abandoned or not (run.sealed or run.speculate_open):
-            return
-        items = None
-        with self.lock:
-            calls = run.calls
-            running = {s.call_id: s.sent_at for s in calls if not s.done and s.in_flight and not s.speculated}
-            durations = list(run.durations)
-            done, total = run.done_count, len(calls)
-            if run.feed is not None and running:  # chunks of different sizes: compare seconds per item
-                durations = [(s.stats["finished"] - s.stats["started"]) / s.n_items for s in calls
-                             if s.stats and "started" in s.stats and "finished" in s.stats]
-                items = {call_id: calls[call_id].n_items for call_id in running}
-        for call_id in policy.stragglers(running, durations, done, total, time.time(), items=items):
-            state = run.calls[call_id]
-            state.speculated = True
-            self._queue(self._send, job, state)

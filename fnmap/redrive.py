@@ -2,7 +2,7 @@
 have no committed result, reusing the function and inputs the job stored.
 
 What a map stores so that it can be redriven (both sealed with the deployment's secret, as results
-are, so a redrive unpickles nothing it did not write), through the :class:`Recorder` its front-end
+are, so a redrive unpickles nothing it did not write), through the :class:`StorageRecorder` its front-end
 hands the client with the job (a job of a kind that is not recorded, :mod:`fnmap.kinds`, gets none):
 
 * before a batch of calls is sent, what they run: per call its id, first item, item count,
@@ -33,7 +33,7 @@ from . import lease
 from .client import get_client
 from .config import resolve
 from .errors import FnmapError
-from .jobs import CallOutcome
+from .jobs import ResultSlot
 from .kinds import KINDS
 from .observe import records
 from .observe.progress import make_progress
@@ -63,7 +63,7 @@ class CallRecord(NamedTuple):
     payload: bytes
 
 
-class Recorder:
+class StorageRecorder:
     """Stores what a job's calls run, and an automatically chunked map's items, in the job's storage
     sealed with the deployment's secret: the :class:`fnmap.client.Recorder` that the front-ends
     hand the client for the jobs of a recorded kind (:mod:`fnmap.kinds`)."""
@@ -105,7 +105,7 @@ def _put_record(store, secret: bytes, key: str, entries: list) -> None:
 
 
 def _records(store, job_id: str, secret: bytes):
-    """``(key, entries)`` of each record :meth:`Recorder.record_calls` stored for the job (one per
+    """``(key, entries)`` of each record :meth:`StorageRecorder.record_calls` stored for the job (one per
     batch sent), its entries as :class:`CallRecord`."""
     for key in store.list(keys.call_inputs_prefix(job_id)):
         yield key, [CallRecord(*entry) for entry in _get_sealed(store, secret, key)]
@@ -142,7 +142,7 @@ def redrive(store, job_id: str, config=None, **options):
     store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
     function = types.SimpleNamespace(__qualname__=summary.get("function") or "redrive")  # its name in `fnmap jobs`
     job = client.new_job(config, kind, function=function, job_id=job_id,
-                         created=summary["created"], recorder=Recorder(client.store, client.secret))
+                         created=summary["created"], recorder=StorageRecorder(client.store, client.secret))
     return _submit(client, job, (ordered, rest), config)
 
 
@@ -178,7 +178,7 @@ def _plan(store, job_id: str, secret: bytes, n_items: int) -> tuple[list, object
 def _submit(client, job, plan: tuple, config):
     ordered, rest = plan
     states = [client.add_stored_call(job, call_id, first, n_items, func_key, items_key, payload,
-                                     CallOutcome())
+                                     ResultSlot())
               for call_id, first, n_items, func_key, items_key, payload in ordered]
     total = sum(s.n_items for s in states)
     if rest is not None:
@@ -186,7 +186,7 @@ def _submit(client, job, plan: tuple, config):
         size = config.chunksize or max(1, math.ceil(len(items) / (4 * client.max_workers)))
         func_key = ordered[0].func_key
         for chunk in chunks(items, size):
-            states.append(client.add_call(job, func_key, (mode, chunk), first, len(chunk), CallOutcome()))
+            states.append(client.add_call(job, func_key, (mode, chunk), first, len(chunk), ResultSlot()))
             first += len(chunk)
         total = first
     client.show_progress(job, make_progress(config.progress, total, f"fnmap redrive {job.id[:12]}"))

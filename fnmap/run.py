@@ -1,12 +1,13 @@
 """The run state of a job and of its calls: what the scheduler decided, written by it alone.
 
 :class:`JobRun` (one per job) and :class:`CallRun` (one per call) hold the counters, flags,
-attempts and errors of a job while it runs.  The :class:`fnmap.scheduler.Scheduler` (with its two
-helpers :mod:`fnmap.dispatch` and :mod:`fnmap.monitor`) is the only writer, under its lock;
-everyone else reads: the user's :class:`fnmap.jobs.Job` handle, the job record, the feed, the
-front-ends.  ``tests/test_run_state_owner.py`` checks that no other module assigns these fields.
-A call's definition (its items, function, future) is given when it is made; its ``items_key``,
-known once its input is stored, is handed over with :meth:`Scheduler.input_stored`.
+attempts (:class:`Attempt`, one per send) and errors of a job while it runs.  The
+:class:`fnmap.scheduler.Scheduler` (with the two parts it builds, :class:`fnmap.dispatch.Dispatch`
+and :class:`fnmap.monitor.Monitor`) is the only writer, under its lock; everyone else reads: the
+user's :class:`fnmap.jobs.Job` handle (``job.run``), the job record, the feed, the front-ends.
+``tests/test_run_state_owner.py`` checks that no other module assigns these fields.  A call's
+definition (its items, function, future) is given when it is made; its ``items_key``, known once
+its input is stored, is handed over with :meth:`Scheduler.input_stored`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,42 @@ from __future__ import annotations
 import threading
 import time
 
-from .runtime.outcome import SUPERSEDED, Attempt
+#: How an attempt ended when another attempt of its call decided the call first: a copy that lost
+#: the race, or an attempt still out when a copy answered (it is stopped where the platform can).
+SUPERSEDED = "superseded"
+#: How attempts that ended with the item's own results are recorded (``error``: some items raised).
+ANSWERED = ("ok", "error")
+
+
+class Attempt:
+    """One send of a call, written by the scheduler alone: its number, when it was sent and ended,
+    how it ended (:attr:`ending`) and the memory it asked for; ``copy`` marks a speculative copy
+    sent while another attempt of the call was still out (a copy is not a retry)."""
+
+    __slots__ = ("number", "sent", "ended", "ending", "memory", "copy")
+
+    def __init__(self, number: int, sent: float, memory: int | None = None, copy: bool = False):
+        self.number = number
+        self.sent = sent
+        self.ended: float | None = None
+        #: How it ended: ``"ok"``, ``"error"`` (some items raised), a fault kind, ``"cancelled"``, or
+        #: :data:`SUPERSEDED`; None while it is out.
+        self.ending: str | None = None
+        self.memory = memory
+        self.copy = copy
+
+    @property
+    def open(self) -> bool:
+        """Sent and not ended yet."""
+        return self.ended is None
+
+    def as_list(self) -> list:
+        """``[attempt, sent, ended, ending, memory MB or None]``, as ``Job.attempts_summary`` gives it."""
+        return [self.number, self.sent, self.ended, self.ending, self.memory]
+
+    def __repr__(self) -> str:
+        copy = " copy" if self.copy else ""
+        return f"<Attempt {self.number}{copy} sent={self.sent} ended={self.ended} ending={self.ending}>"
 
 
 class CallRun:
@@ -35,7 +71,7 @@ class CallRun:
         self.items_key = items_key
         self.future = future
         self.unwrap = unwrap
-        #: One :class:`~fnmap.runtime.outcome.Attempt` per send, in order.
+        #: One :class:`Attempt` per send, in order.
         self.attempts: list[Attempt] = []
         self.next_attempt = 1
         self.sent_at = 0.0
@@ -45,12 +81,12 @@ class CallRun:
         self.stats: dict | None = None
         #: Attempt number -> time, for attempts accepted asynchronously whose result is in storage.
         self.awaiting: dict[int, float] | None = None
-        #: Faults that used up one of ``retries`` (429s and speculative copies use none; issue 3).
+        #: Faults that used up one of ``retries`` (429s and speculative copies use none).
         self.charged = 0
         #: Set, under the scheduler's lock, by whoever settles the first attempt's fate: a dispatch
-        #: thread starting the call, or the scheduler cancelling it (never both; issue 12).
+        #: thread starting the call, or the scheduler cancelling it (never both).
         self.claimed = False
-        #: The final outcome list, or the fault that failed the call, until it is delivered.
+        #: The call's item outcomes, or the fault that failed the call, until they are delivered.
         self.result = None
         #: Index into the job's ``memory`` steps that the next attempt runs with (out of memory climbs it).
         self.memory_step = 0
@@ -75,11 +111,11 @@ class CallRun:
         """The numbers of the attempts sent and not ended."""
         return [record.number for record in self.attempts if record.ended is None]
 
-    def end_attempt(self, attempt: int, outcome: str) -> None:
-        """Under the lock: attempt ``attempt`` ended with ``outcome`` (nothing if it ended already)."""
+    def end_attempt(self, attempt: int, ending: str) -> None:
+        """Under the lock: attempt ``attempt`` ended as ``ending`` (nothing if it ended already)."""
         for record in self.attempts:
             if record.number == attempt and record.ended is None:
-                record.ended, record.outcome = time.time(), str(outcome)
+                record.ended, record.ending = time.time(), str(ending)
                 self.in_flight -= 1
                 return
 
@@ -125,7 +161,7 @@ class JobRun:
         self.copy_count = 0
         self.duplicate_count = 0
         self.durations: list[float] = []
-        #: Call id -> (status, "Type: message"[, traceback]) of calls that failed (issue 8).
+        #: Call id -> (status, "Type: message"[, traceback]) of calls that failed.
         self.call_errors: dict[int, tuple] = {}
         self.record_saved = False
         self.finished: float | None = None

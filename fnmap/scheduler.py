@@ -1,4 +1,4 @@
-"""The scheduler: the one owner of every call's life, from its first send to its final outcome.
+"""The scheduler: the one owner of every call's life, from its first send to its decision.
 
 A job is a list of calls (:class:`fnmap.run.CallRun`, one chunk of items each) in its run state
 (:class:`fnmap.run.JobRun`).  The scheduler alone writes that state, under its lock; the user's
@@ -8,7 +8,8 @@ the job when no more will come; everything after that happens here.
 
 The algorithm, in the manner of ``dask.local``:
 
-1. **Send** (:mod:`fnmap.dispatch`).  A dispatch thread takes a call from the queue and asks
+1. **Send** (:class:`fnmap.dispatch.Dispatch`, which the scheduler builds and hands ``_begin``,
+   ``_decide`` and the monitor's timer).  A dispatch thread takes a call from the queue and asks
    :meth:`_begin` for the number of its next attempt.  ``_begin`` is where a call is claimed or
    found cancelled, abandoned or already decided (by another copy); it records the attempt as sent
    (a *copy* when another attempt is still out, a *retry* when the ones before failed).  The thread
@@ -22,15 +23,19 @@ The algorithm, in the manner of ``dask.local``:
    left (:func:`fnmap.policy.retry_fault`; a 429 is not charged while the throttle can still slow
    down), else the call fails for good; a call whose worker crashed the same way twice fails
    then (:func:`fnmap.policy.deterministic_crash`); while another copy of the call is still out,
-   that copy decides.  A retry is not a sleeping thread: it goes on a timer heap with its backoff delay,
-   and the monitor sends it when it is due.  Once a call is decided, its attempts still out end
+   that copy decides.  A retry is not a sleeping thread: it goes on the monitor's timer heap with
+   its backoff delay, and is sent when it is due.  Once a call is decided, its attempts still out end
    as ``superseded`` and the platform is asked to stop them.
-4. **Monitor** (:mod:`fnmap.monitor`).  One thread per client wakes for due timers and polls for
+4. **Monitor** (:class:`fnmap.monitor.Monitor`, handed the lock, ``_decide``, ``_speculate`` and the
+   client's ``on_poll`` hook).  One thread per client wakes for due timers and polls for
    asynchronous results, lost calls, the platform's failure reports and stragglers.
 
-Only :meth:`_begin`, :meth:`_decide`, :meth:`cancel` and the monitor's bookkeeping take the lock,
-and they hold it for plain data changes only: futures are completed, records written and copies
-stopped after it is released (``_deliver``).  Every rule about a call (attempts, retries, the
+The scheduler, its dispatch and its monitor are three objects: the two parts know the scheduler
+only through what it handed their constructors, as CPython's ``ProcessPoolExecutor`` hands its
+``_ExecutorManagerThread`` the queues and the pending work.  Only :meth:`_begin`, :meth:`_decide`,
+:meth:`cancel`, :meth:`_speculate` and the monitor's bookkeeping take the lock, and they hold it
+for plain data changes only: futures are completed, records written and copies stopped after it
+is released (``_deliver``).  Every rule about a call (attempts, retries, the
 throttle, speculation, cancellation) can be tested by feeding answers synchronously
 (``tests/test_scheduler.py``).
 """
@@ -44,10 +49,9 @@ from .dispatch import ACCEPTED, COALESCE_MAX_SECONDS, COALESCE_SECONDS, Dispatch
 from .errors import FaultKind, PlatformFault
 from .locks import YieldingLock
 from .monitor import FETCH_THREADS, LOST_GRACE_SECONDS, POLL_SECONDS, Monitor
-from .run import CallRun, JobRun
+from .run import Attempt, CallRun, JobRun
 from .runtime import outcome
 from .runtime.call_error import call_error
-from .runtime.outcome import Attempt
 
 __all__ = ["ACCEPTED", "COALESCE_MAX_SECONDS", "COALESCE_SECONDS", "FETCH_THREADS", "LOST_GRACE_SECONDS",
            "POLL_SECONDS", "Outcomes", "Scheduler"]
@@ -56,19 +60,23 @@ __all__ = ["ACCEPTED", "COALESCE_MAX_SECONDS", "COALESCE_SECONDS", "FETCH_THREAD
 _SEND, _FIRST, _SKIP, _CANCELLED, _ABANDONED = range(5)
 
 
-class Scheduler(Dispatch, Monitor):
-    """Sends, retries and settles the calls of every job of one client (backend + storage + secret)."""
+class Scheduler:
+    """Sends, retries and settles the calls of every job of one client (backend + storage + secret).
 
-    def __init__(self, backend, store, secret: bytes):
+    ``on_poll(job)`` is called from the monitor for each running job every ``on_poll_seconds`` at
+    most (the client's look for ``fnmap cancel`` requests)."""
+
+    def __init__(self, backend, store, secret: bytes, *, on_poll=None, on_poll_seconds: float = 1.0):
         self.backend = backend
         self.store = store
         self.secret = secret
-        self.max_workers = backend.max_workers
         #: The lock every decision about a call is made under (and only those).
         self.lock = YieldingLock()
         self.closed = False
-        self._start_dispatch()
-        self._start_monitor()
+        self.monitor = Monitor(backend, store, secret, self.lock, decide=self._decide, speculate=self._speculate,
+                               on_poll=on_poll, on_poll_seconds=on_poll_seconds)
+        self.dispatch = Dispatch(backend, store, secret, begin=self._begin, decide=self._decide,
+                                 after=self.monitor.after)
 
     # -- the front door: jobs and their calls ------------------------------------
 
@@ -83,10 +91,7 @@ class Scheduler(Dispatch, Monitor):
         with self.lock:
             run.calls.append(state)
             run.all_done.clear()
-        if job not in self._active:
-            with self._wake:
-                self._active.add(job)
-            self._ensure_monitor()
+        self.monitor.watch(job)
 
     def input_stored(self, state: CallRun, items_key: str) -> None:
         """The call's input is in storage under ``items_key`` (its signed request names it)."""
@@ -101,16 +106,8 @@ class Scheduler(Dispatch, Monitor):
         job.run.progress = progress
 
     def submit(self, job, states: list) -> None:
-        """Send these calls of ``job``: one by one, or together where the backend batches calls
-        (then calls submitted one at a time wait ``COALESCE_SECONDS`` for company, so 1,000
-        ``Executor.submit`` calls in a loop become one array job, not 1,000)."""
-        if not self.backend.batches_calls:
-            for state in states:
-                self._queue(self._send, job, state)
-        elif job.run.sealed or len(states) > 1:
-            self._queue(self._send_many, job, list(states))
-        else:
-            self._coalesce(job, states)
+        """Send these calls of ``job`` (see :meth:`fnmap.dispatch.Dispatch.submit`)."""
+        self.dispatch.submit(job, states)
 
     def seal(self, job) -> None:
         """No more calls will be added to ``job``: it is done when every call is."""
@@ -142,7 +139,7 @@ class Scheduler(Dispatch, Monitor):
         ``stop_platform``: nobody wants the results any more (a map raised its first failure, or
         was interrupted): the job is *abandoned*, so no more retries or copies, and the backend
         stops what it still runs where it can (Batch array jobs are terminated, the emulator's
-        attempts in flight are stopped: issue 24, joblib's next run waited behind them).
+        attempts in flight are stopped: joblib's next run would wait behind them).
         ``reason``: who asked from outside (``fnmap cancel``), for the calls' errors.
         """
         run = job.run
@@ -265,7 +262,7 @@ class Scheduler(Dispatch, Monitor):
         if fault.kind == FaultKind.RETRY_ON:
             charge = True
         elif charge is None:
-            charge = policy.charges_retry(fault.kind, self._throttle.at_floor)
+            charge = policy.charges_retry(fault.kind, self.dispatch.throttle.at_floor)
         with self.lock:
             retry = self._judge(job, state, attempt, fault, charge, final)
             if retry is False:
@@ -278,7 +275,7 @@ class Scheduler(Dispatch, Monitor):
                 delay = fault.retry_after
             else:
                 delay = policy.backoff_delay(max(1, state.charged if charge else len(state.attempts)))
-            self._after(delay, self._retry, job, state)
+            self.monitor.after(delay, self._retry, job, state)
             return
         self._deliver(job, state, *after)
 
@@ -331,8 +328,8 @@ class Scheduler(Dispatch, Monitor):
 
     def _finish(self, job, state, attempt: int, answer: Outcomes) -> None:
         run = job.run
-        with self.lock:  # one lock section per call: dispatch threads share this lock (issue 9)
-            if state.done:  # a later copy: the first outcome stands
+        with self.lock:  # one lock section per call: dispatch threads share this lock
+            if state.done:  # a later copy: the first result stands
                 run.duplicate_count += 1
                 return
             state.done = True
@@ -365,10 +362,10 @@ class Scheduler(Dispatch, Monitor):
         state.result = fault
 
     def _deliver(self, job, state, failed: int, write: bool, all_done: bool, others: list[int]) -> None:
-        """After a call's outcome is final (outside the lock; ``failed`` of its items failed, the
+        """After a call is decided (outside the lock; ``failed`` of its items failed, the
         rest is what :meth:`_settle` found): complete its future, update the progress and the
         record, stop copies still out.  An automatically chunked job's next calls are made first
-        (see :mod:`fnmap.feed`): readers of ``job.calls`` then never reach its end early."""
+        (see :mod:`fnmap.feed`): readers of ``job.run.calls`` then never reach its end early."""
         run = job.run
         if run.feed is not None:
             run.feed.call_done(state)
@@ -436,10 +433,33 @@ class Scheduler(Dispatch, Monitor):
 
     def _retry(self, job, state) -> None:
         if not state.done:
-            self._queue(self._send, job, state)
+            self.dispatch.send(job, state)
+
+    def _speculate(self, job) -> None:
+        """Speculative copies of stragglers once most of the job's calls are done.  A job still
+        open speculates only if its front-end asks (``speculate_open``: a Dask graph, whose
+        frontier waiting on a few slow tasks is when a copy helps most); an Executor's
+        ``submit`` calls do not get copies before ``shutdown``, as with the standard executors."""
+        run = job.run
+        if not job.config.speculation or run.abandoned or not (run.sealed or run.speculate_open):
+            return
+        items = None
+        with self.lock:
+            calls = run.calls
+            running = {s.call_id: s.sent_at for s in calls if not s.done and s.in_flight and not s.speculated}
+            durations = list(run.durations)
+            done, total = run.done_count, len(calls)
+            if run.feed is not None and running:  # chunks of different sizes: compare seconds per item
+                durations = [(s.stats["finished"] - s.stats["started"]) / s.n_items for s in calls
+                             if s.stats and "started" in s.stats and "finished" in s.stats]
+                items = {call_id: calls[call_id].n_items for call_id in running}
+        for call_id in policy.stragglers(running, durations, done, total, time.time(), items=items):
+            state = run.calls[call_id]
+            state.speculated = True
+            self.dispatch.send(job, state)
 
     def _stop_copies(self, job, state, attempts: list[int]) -> None:
-        """A call's outcome is final while ``attempts`` of it are still out (speculative copies, an
+        """A call is decided while ``attempts`` of it are still out (speculative copies, an
         attempt declared lost): have the backend stop them where it can (the emulator kills their
         worker processes, Batch terminates their containers).  Best effort: a copy that is not
         stopped costs only its own run, and its late result is discarded as a duplicate."""
@@ -450,8 +470,5 @@ class Scheduler(Dispatch, Monitor):
 
     def close(self) -> None:
         self.closed = True
-        self._fetchers.shutdown(wait=False)
-        for _ in self._threads:
-            self._sends.put(None)
-        with self._wake:
-            self._wake.notify()
+        self.dispatch.close()
+        self.monitor.close()

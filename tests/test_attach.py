@@ -131,7 +131,7 @@ CANCELLED_THEN_EXIT = textwrap.dedent('''
     # The local backend cannot stop a running call: call 0 is still in flight when this exits.
     job = fnmap.map(slow, range(2), return_job=True, chunksize=1, workers=1, backend="local")
     print(job.id, flush=True)
-    while not job.cancel_reason:
+    while not job.run.cancel_reason:
         time.sleep(0.05)
     print("SEEN", job.done, flush=True)
 ''')

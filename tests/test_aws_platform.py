@@ -50,7 +50,7 @@ def test_the_first_wave_is_as_wide_as_the_platform_not_the_clients_threads(emula
     assert _lambda(emu).get_account_settings()["AccountLimit"]["ConcurrentExecutions"] == 2
     job = fnmap.map(square, range(300), speculation=False, return_job=True)  # chunksize unset: automatic
     assert job.results() == [x * x for x in range(300)]
-    sizes = [call.n_items for call in job.calls]
+    sizes = [call.n_items for call in job.run.calls]
     # Two one-item calls measure the cost of a call, then chunks grow (the client's 64 dispatch
     # threads made 64 one-item calls before anything larger was measured).
     assert sizes[:2] == [1, 1] and max(sizes[2:4]) > 1, sizes
@@ -60,8 +60,8 @@ def test_the_first_wave_is_as_wide_as_the_platform_not_the_clients_threads(emula
     _lambda(emu).put_function_concurrency(FunctionName="fnmap-reserved", ReservedConcurrentExecutions=1)
     job = fnmap.map(square, range(300), speculation=False, return_job=True)
     assert job.results() == [x * x for x in range(300)]
-    assert [call.n_items for call in job.calls][:2][0] == 1 and job.calls[1].n_items > 1, \
-        [c.n_items for c in job.calls]
+    assert [call.n_items for call in job.run.calls][:2][0] == 1 and job.run.calls[1].n_items > 1, \
+        [c.n_items for c in job.run.calls]
 
 
 def test_event_calls_go_out_through_spawners_by_default(emulator_process, aws_backend_on):

@@ -147,7 +147,7 @@ def test_a_large_input_is_named_by_its_sha256_and_deleted_from_s3_by_the_lambda_
     blobs = [os.urandom(300_000) for _ in range(3)]
     job = fnmap.map(size_of, blobs, chunksize=1, return_job=True)
     assert job.results() == [300_000] * 3
-    names = [call.items_key.rsplit("-", 1)[1] for call in job.calls]
+    names = [call.items_key.rsplit("-", 1)[1] for call in job.run.calls]
     assert all(len(name) == 64 and int(name, 16) >= 0 for name in names), names
     listed = s3_env.client.list_objects_v2(Bucket=aws.bucket, Prefix=f"fnmap/jobs/{job.id}/")
     stored = [o["Key"] for o in listed.get("Contents", [])]
@@ -164,7 +164,7 @@ def test_a_job_started_on_the_emulator_is_redriven_on_lambda_from_the_inputs_it_
                     return_job=True)
     with pytest.raises(fnmap.PlatformError):
         job.results()
-    stored = job.calls[1].items_key
+    stored = job.run.calls[1].items_key
 
     def inputs_left() -> list:
         listed = s3_env.client.list_objects_v2(Bucket=aws.bucket, Prefix=f"fnmap/jobs/{job.id}/in/")
@@ -175,7 +175,7 @@ def test_a_job_started_on_the_emulator_is_redriven_on_lambda_from_the_inputs_it_
     redriven = fnmap.job(job.id).redrive()
     assert redriven.results() == [x + 1 for _, x in items]
     assert aws.stats().get("Event", 0) + aws.stats().get("RequestResponse", 0) >= 1  # it ran on Lambda
-    assert redriven.calls[1].items_key == stored
+    assert redriven.run.calls[1].items_key == stored
     assert inputs_left() == []  # deleted by the Lambda that committed the call
 
 

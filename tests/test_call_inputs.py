@@ -32,9 +32,9 @@ def test_a_maps_inputs_are_deleted_as_their_calls_commit_and_its_results_stay(ba
     job = fnmap.map(first_byte, items, storage=url, inline_limit=SMALL, chunksize=1, return_job=True,
                     backend=backend)
     assert job.results() == [b[0] for b in items]
-    named = [call.items_key for call in job.calls]
+    named = [call.items_key for call in job.run.calls]
     # Each named by a SHA-256 (is_input_of), which the worker found its bytes to have.
-    assert all(keys.is_input_of(key, job.id, call.call_id) for key, call in zip(named, job.calls, strict=True))
+    assert all(keys.is_input_of(key, job.id, call.call_id) for key, call in zip(named, job.run.calls, strict=True))
     assert store.list(f"{keys.job_prefix(job.id)}in/") == []
     assert fnmap.job(job.id, storage=url).results() == [b[0] for b in items]  # a re-attach reads them still
 
@@ -57,7 +57,7 @@ def test_a_call_that_committed_nothing_keeps_its_input_and_a_redrive_runs_it(tmp
                     return_job=True)
     with pytest.raises(fnmap.PlatformError):
         job.results()
-    assert store.list(f"{keys.job_prefix(job.id)}in/") == [job.calls[1].items_key]  # the crashed call's only
+    assert store.list(f"{keys.job_prefix(job.id)}in/") == [job.run.calls[1].items_key]  # the crashed call's only
     assert fnmap.job(job.id, storage=url).redrive().results() == [blob[0] for _, blob in items]
     assert store.list(f"{keys.job_prefix(job.id)}in/") == []
 

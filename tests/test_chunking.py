@@ -105,9 +105,9 @@ def sleepy(x):
 def test_many_fast_items_make_far_fewer_calls_than_items_and_come_back_in_order():
     job = fnmap.map(ident, range(20_000), return_job=True)
     assert job.results() == list(range(20_000))
-    assert len(job.calls) < 2_000, f"{len(job.calls)} calls for 20,000 items"
-    firsts = [s.first_index for s in job.calls]
-    assert firsts == sorted(firsts) and sum(s.n_items for s in job.calls) == 20_000
+    assert len(job.run.calls) < 2_000, f"{len(job.run.calls)} calls for 20,000 items"
+    firsts = [s.first_index for s in job.run.calls]
+    assert firsts == sorted(firsts) and sum(s.n_items for s in job.run.calls) == 20_000
     assert job.record()["options"]["chunksize"] == "auto"
 
 
@@ -120,7 +120,7 @@ def test_a_tiny_item_job_grows_past_its_one_item_calls_by_the_measured_ratio():
     assert job.results() == list(range(100_000))
     sizes = [c["items"] for c in job.record()["calls"]]
     ones = next(i for i, n in enumerate(sizes) if n > 1)
-    assert 1 <= ones <= job.feed.sizer.parallelism, sizes
+    assert 1 <= ones <= job.run.feed.sizer.parallelism, sizes
     assert any(sizes[i] > 8 * max(sizes[:i]) for i in range(1, len(sizes))), sizes
     assert max(sizes) >= 1_000, sizes
 
@@ -128,7 +128,7 @@ def test_a_tiny_item_job_grows_past_its_one_item_calls_by_the_measured_ratio():
 def test_errors_stay_at_their_items_index_in_bigger_chunks():
     job = fnmap.map(fails_on_sevens, range(5_000), return_job=True)
     out = job.results(return_exceptions=True)
-    assert len(job.calls) < 5_000
+    assert len(job.run.calls) < 5_000
     assert [i for i, v in enumerate(out) if isinstance(v, Exception)] == [7, 1007, 2007, 3007, 4007]
     assert all(v == i for i, v in enumerate(out) if not isinstance(v, Exception))
     with pytest.raises(ValueError, match="bad item 7") as info:
@@ -144,20 +144,20 @@ def test_an_explicit_chunksize_wins(chunksize):
     job = fnmap.map(ident, range(50), chunksize=chunksize, return_job=True)
     assert job.results() == list(range(50))
     whole, rest = divmod(50, chunksize)
-    assert [s.n_items for s in job.calls] == [chunksize] * whole + ([rest] if rest else [])
+    assert [s.n_items for s in job.run.calls] == [chunksize] * whole + ([rest] if rest else [])
 
 
 def test_a_few_slow_items_spread_over_one_call_each():
     job = fnmap.map(sleepy, range(6), return_job=True)
     assert job.results() == list(range(6))
-    assert [s.n_items for s in job.calls] == [1] * 6
+    assert [s.n_items for s in job.run.calls] == [1] * 6
 
 
 def test_imap_and_starmap_are_chunked_and_complete():
     assert list(fnmap.imap(ident, range(3_000))) == list(range(3_000))
     assert sorted(fnmap.imap_unordered(ident, range(3_000))) == list(range(3_000))
     job = fnmap.starmap(pow, [(i, 2) for i in range(3_000)], return_job=True)
-    assert job.results() == [i * i for i in range(3_000)] and len(job.calls) < 3_000
+    assert job.results() == [i * i for i in range(3_000)] and len(job.run.calls) < 3_000
 
 
 def test_a_cancelled_job_still_has_one_entry_per_item():

@@ -59,7 +59,7 @@ def test_array_expressions_equal_numpys_with_every_task_run_elsewhere(spec_for):
         counter = TaskCounter()
         np.testing.assert_allclose(expression.compute(callbacks=[counter]), expected)
         assert executor.jobs, "no fnmap job ran"
-        assert counter.ended == sum(len(job.calls) for job in executor.jobs.values())
+        assert counter.ended == sum(len(job.run.calls) for job in executor.jobs.values())
         assert counter.operations == list(executor.jobs)
         seen |= workers(executor)
     assert seen and not any(w.endswith(f":{os.getpid()}") for w in seen)

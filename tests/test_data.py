@@ -311,7 +311,7 @@ def test_tree_reduce_over_100_map_outputs(tmp_path):
     )
     result = job.results()[0]
     assert sorted(result) == sorted(v for x in range(100) for v in _padded(x))
-    assert len(job.calls) == 1  # the root level
+    assert len(job.run.calls) == 1  # the root level
     leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and "/blobs/" in p.as_posix()]
     assert leftovers == []  # intermediate values are deleted once consumed
     # Small outputs stay inline and the shape is the same.

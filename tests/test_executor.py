@@ -225,7 +225,7 @@ def test_leaving_map_early_cancels_the_chunks_not_started():
         assert next(results) == 0
         results.close()
         ex.shutdown(wait=True)
-        states = ex.job.calls
+        states = ex.job.run.calls
         assert sum(s.future.cancelled() for s in states) >= 5, [s.future for s in states]
         assert ex.job.summary()["attempts"].get("ok", 0) <= 3
     finally:

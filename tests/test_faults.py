@@ -34,7 +34,7 @@ def _run(n=N, **options):
 
 def _assert_exactly_once(job, results, n=N):
     assert results == [2 * x for x in range(n)]  # every result, correct, in order
-    assert job.done_count == len(job.calls) == n  # each call delivered once
+    assert job.run.done_count == len(job.run.calls) == n  # each call delivered once
     store = open_store(job.store.url)
     committed = [keys.call_id_from_key(k) for k in store.list(keys.results_prefix(job.id))]
     assert sorted(committed) == list(range(n))  # one committed result object per call

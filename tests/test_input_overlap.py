@@ -22,4 +22,4 @@ def test_the_first_calls_run_while_the_last_inputs_are_stored(tmp_path):
     counts = job.results()
     # No call has committed (and deleted its input) before the first runs: what it counts was stored.
     assert counts[0] < N, f"the first call waited until every input was stored: {counts[:5]}"
-    assert all(call.items_key for call in job.calls)  # and every input went through storage
+    assert all(call.items_key for call in job.run.calls)  # and every input went through storage

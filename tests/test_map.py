@@ -42,8 +42,8 @@ def test_order_and_content(backend, n):
 def test_chunksize_groups_items(backend):
     job = fnmap.map(square, range(25), chunksize=10, backend=backend, return_job=True)
     assert job.results() == [x * x for x in range(25)]
-    assert len(job.calls) == 3
-    assert [c.n_items for c in job.calls] == [10, 10, 5]
+    assert len(job.run.calls) == 3
+    assert [c.n_items for c in job.run.calls] == [10, 10, 5]
 
 
 def test_generator_input(backend):
@@ -110,7 +110,7 @@ def test_ten_megabyte_argument_and_result_travel_through_storage(backend):
     big = os.urandom(10 * 1024 * 1024)
     job = fnmap.map(lambda b: b[::-1], [big], backend=backend, return_job=True)
     assert job.results()[0] == big[::-1]
-    assert job.calls[0].items_key is not None, "a 10 MB argument must go through storage"
+    assert job.run.calls[0].items_key is not None, "a 10 MB argument must go through storage"
 
 
 def test_map_reduce(backend):

@@ -94,7 +94,8 @@ def test_the_scheduler_climbs_only_on_out_of_memory_and_charges_no_retry(tmp_pat
 
     from fnmap.backends.base import BaseBackend
     from fnmap.errors import PlatformFault
-    from fnmap.jobs import CallState, Job
+    from fnmap.jobs import Job
+    from fnmap.run import CallRun
     from fnmap.scheduler import Scheduler
     from fnmap.storage import open_store
 
@@ -105,17 +106,17 @@ def test_the_scheduler_climbs_only_on_out_of_memory_and_charges_no_retry(tmp_pat
     # This test plays every attempt itself: a retry the scheduler would send after its backoff is
     # recorded instead (sent, it would claim an attempt in the middle of the loop below).
     retried = []
-    sched._after = lambda delay, action, job, state: retried.append(state.call_id)
+    sched.monitor.after = lambda delay, action, job, state: retried.append(state.call_id)
     try:
         job = Job(sched, sched.store, resolve(backend="local", storage=sched.store.url, progress=False,
                                               retries=1, memory=[128, 512, 2048]))
-        sched.add(job, CallState(0, 0, 1, "functions/f", b"payload", None, Future(), True))
+        sched.add(job, CallRun(0, 0, 1, "functions/f", b"payload", None, Future(), True))
         sched.seal(job)
-        call = job.calls[0]
+        call = job.run.calls[0]
         steps, charged = [], []
         for fault in ("crashed", "out_of_memory", "out_of_memory", "out_of_memory"):
             attempt = sched._begin(job, call)
-            steps.append(sched._invocation(job, call, attempt).memory)
+            steps.append(sched.dispatch._invocation(job, call, attempt).memory)
             sched._decide(job, call, attempt, PlatformFault(fault, "killed"))
             charged.append(call.charged)
         assert steps == [128, 128, 512, 2048]  # a crash retries at the same memory

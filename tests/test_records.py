@@ -182,7 +182,7 @@ def test_a_running_job_is_listed_and_shown(emulator, store):
 
     job = fnmap.map(slow, range(2), return_job=True)
     deadline = time.monotonic() + 30
-    while not job.calls[0].done and time.monotonic() < deadline:
+    while not job.run.calls[0].done and time.monotonic() < deadline:
         time.sleep(0.05)
     listed = [j for j in history.list_jobs(store) if j["job_id"] == job.id]
     assert [(j["status"], j["calls"]) for j in listed] == [("running", 2)]

@@ -338,10 +338,11 @@ def test_a_closed_imap_closes_its_bar_and_does_not_count_its_stopped_calls_as_fa
 
 def test_calls_stopped_by_a_cancel_from_outside_are_not_counted_failed_by_the_bar(module_emulator, capsys):
     job = fnmap.map(_slow, range(4), chunksize=1, progress=True, workers=4, return_job=True)
-    until(lambda: sum(s.in_flight for s in job.calls) == 4)
+    until(lambda: sum(s.in_flight for s in job.run.calls) == 4)
     fnmap.job(job.id).cancel()
     assert job.wait(60)
-    assert job.progress.calls_done == 4 and job.progress.failed == 0, (job.progress.calls_done, job.progress.failed)
+    bar = job.run.progress
+    assert bar.calls_done == 4 and bar.failed == 0, (bar.calls_done, bar.failed)
     assert "failed" not in capsys.readouterr().err
     assert fnmap.job(job.id).status == "cancelled"
 
@@ -362,7 +363,7 @@ def test_the_plot_of_a_running_job_says_it_is_running(tmp_path):
     job = fnmap.map(functools.partial(_gated, gate=str(gate)), range(4), chunksize=1, workers=4,
                     backend="local", return_job=True)
     try:
-        until(lambda: job.done_count == 2)
+        until(lambda: job.run.done_count == 2)
         with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as text, to read the title back
             with pytest.warns(RuntimeWarning, match=r"is running: 2 of 4 calls done: the plot shows only"):
                 path = job.plot(str(tmp_path / "running.svg"))

@@ -17,7 +17,8 @@ import fnmap
 from fnmap.backends.base import BaseBackend
 from fnmap.config import resolve
 from fnmap.errors import PlatformFault
-from fnmap.jobs import CallState, Job
+from fnmap.jobs import Job
+from fnmap.run import CallRun
 from fnmap.scheduler import ACCEPTED, Outcomes, Scheduler
 from fnmap.storage import open_store
 
@@ -42,7 +43,7 @@ def sched(tmp_path):
 def new_job(sched, n_calls=1, unwrap=False, **options):
     job = Job(sched, sched.store, resolve(backend="local", storage=sched.store.url, progress=False, **options))
     for i in range(n_calls):
-        sched.add(job, CallState(i, i, 1, "functions/f", b"payload", None, Future(), unwrap))
+        sched.add(job, CallRun(i, i, 1, "functions/f", b"payload", None, Future(), unwrap))
     sched.seal(job)
     return job
 
@@ -52,37 +53,37 @@ def ok(value):
 
 
 def timers_for(sched, state):
-    return [t for t in sched._timers if t[4] is state]
+    return [t for t in sched.monitor._timers if t[4] is state]
 
 
 def test_an_answer_finishes_the_call_and_a_later_copy_is_a_duplicate(sched):
     job = new_job(sched, unwrap=True)
-    call = job.calls[0]
+    call = job.run.calls[0]
     first, copy = sched._begin(job, call), sched._begin(job, call)
     assert (first, copy) == (1, 2) and call.in_flight == 2
     sched._decide(job, call, copy, ok("from the copy"))
     sched._decide(job, call, first, ok("late"))
     assert call.future.result(0) == "from the copy"
-    assert job.done and job.duplicate_count == 1 and job.done_count == 1
+    assert job.done and job.run.duplicate_count == 1 and job.run.done_count == 1
 
 
 def test_a_retryable_fault_goes_on_the_timer_heap_and_a_final_one_fails_with_its_error(sched):
     job = new_job(sched, retries=1, unwrap=True)
-    call = job.calls[0]
+    call = job.run.calls[0]
     sched._decide(job, call, sched._begin(job, call), PlatformFault("server", "503"))
     assert not call.done and len(timers_for(sched, call)) == 1  # a retry waits; no thread sleeps
     assert call.charged == 1
     sched._decide(job, call, sched._begin(job, call), PlatformFault("crashed", "exit code 9"))
     with pytest.raises(fnmap.WorkerCrashed, match="failed after 2 attempt"):
         call.future.result(0)
-    assert job.done and job.failed_count == 1
+    assert job.done and job.run.failed_count == 1
 
 
 @pytest.mark.parametrize("kind, error", [("signature", fnmap.SignatureError), ("timeout", fnmap.TimeoutError),
                                          ("rejected", fnmap.PlatformError), ("lost", fnmap.CallLost)])
 def test_the_error_class_comes_from_the_fault_kind(sched, kind, error):
     job = new_job(sched, retries=0, unwrap=True)
-    call = job.calls[0]
+    call = job.run.calls[0]
     sched._decide(job, call, sched._begin(job, call), PlatformFault(kind, "no"))
     with pytest.raises(error):
         call.future.result(0)
@@ -90,12 +91,12 @@ def test_the_error_class_comes_from_the_fault_kind(sched, kind, error):
 
 def test_a_429_does_not_use_a_retry_until_the_throttle_is_at_its_floor(sched):
     job = new_job(sched, retries=0, unwrap=True)
-    call = job.calls[0]
+    call = job.run.calls[0]
     sched._decide(job, call, sched._begin(job, call), PlatformFault("throttled", "429"))
     assert not call.done and call.charged == 0 and timers_for(sched, call)
-    sched._throttle.on_throttled()
-    sched._throttle.on_throttled()  # 4 -> 2 -> 1 call in flight: the floor
-    assert sched._throttle.at_floor
+    sched.dispatch.throttle.on_throttled()
+    sched.dispatch.throttle.on_throttled()  # 4 -> 2 -> 1 call in flight: the floor
+    assert sched.dispatch.throttle.at_floor
     sched._decide(job, call, sched._begin(job, call), PlatformFault("throttled", "429"))
     with pytest.raises(fnmap.PlatformError, match="429"):
         call.future.result(0)
@@ -103,7 +104,7 @@ def test_a_429_does_not_use_a_retry_until_the_throttle_is_at_its_floor(sched):
 
 def test_while_a_copy_is_out_a_fault_of_the_other_attempt_decides_nothing(sched):
     job = new_job(sched, retries=0, unwrap=True)
-    call = job.calls[0]
+    call = job.run.calls[0]
     first, copy = sched._begin(job, call), sched._begin(job, call)
     sched._decide(job, call, first, PlatformFault("crashed", "gone"))
     assert not call.done and not timers_for(sched, call)
@@ -113,18 +114,18 @@ def test_while_a_copy_is_out_a_fault_of_the_other_attempt_decides_nothing(sched)
 
 def test_an_accepted_call_waits_for_its_result_and_is_lost_after_its_timeout(sched):
     job = new_job(sched, retries=0, timeout=1, unwrap=True)
-    call = job.calls[0]
+    call = job.run.calls[0]
     sched._decide(job, call, sched._begin(job, call), ACCEPTED)
     assert list(call.awaiting) == [1] and not call.done
     call.awaiting[1] -= 60  # accepted a minute ago: past timeout + grace
-    sched._poll(job)
+    sched.monitor.poll(job)
     with pytest.raises(fnmap.CallLost, match="no result"):
         call.future.result(0)
 
 
 def test_a_cancelled_job_starts_no_call_but_one_already_begun_ends_with_its_own_result(sched):
     job = new_job(sched, n_calls=2, unwrap=True)
-    running, waiting = job.calls
+    running, waiting = job.run.calls
     attempt = sched._begin(job, running)
     job.cancel()
     assert sched._begin(job, waiting) is None
@@ -136,7 +137,7 @@ def test_a_cancelled_job_starts_no_call_but_one_already_begun_ends_with_its_own_
 
 def test_an_abandoned_job_does_not_retry(sched):
     job = new_job(sched, retries=3, unwrap=True)
-    call = job.calls[0]
+    call = job.run.calls[0]
     attempt = sched._begin(job, call)
     job.cancel(stop_platform=True)
     sched._decide(job, call, attempt, PlatformFault("server", "503"))
@@ -149,7 +150,7 @@ def test_an_abandoned_job_does_not_retry(sched):
 
 def test_a_retry_on_exception_is_retried_and_charged(sched):
     job = new_job(sched, retries=1, unwrap=True)
-    call = job.calls[0]
+    call = job.run.calls[0]
     sched._decide(job, call, sched._begin(job, call), PlatformFault("retry_on", "ConnectionError"))
     assert call.charged == 1 and timers_for(sched, call) and not call.done
 
@@ -208,14 +209,36 @@ def test_429s_lower_the_calls_in_flight_instead_of_hammering(tmp_path):
     try:
         job = Job(scheduler, scheduler.store, resolve(backend="local", storage=scheduler.store.url, progress=False,
                                                        retries=0))
-        states = [CallState(i, i, 1, "functions/f", b"x", None, Future(), True) for i in range(60)]
+        states = [CallRun(i, i, 1, "functions/f", b"x", None, Future(), True) for i in range(60)]
         for state in states:
             scheduler.add(job, state)
         scheduler.seal(job)
         scheduler.submit(job, states)
         assert job.wait(60)
         assert [s.future.result() for s in states] == list(range(60))
-        assert scheduler._throttle.cuts >= 1
+        assert scheduler.dispatch.throttle.cuts >= 1
         assert platform.refused < 60, platform.refused
+    finally:
+        scheduler.close()
+
+
+def test_the_on_poll_hook_given_to_the_scheduler_looks_at_each_running_job(tmp_path):
+    """The client's look for ``fnmap cancel`` requests is handed to the scheduler when it is built,
+    and its monitor calls it for a job still running."""
+    import threading
+
+    looked = []
+    seen = threading.Event()
+
+    def hook(job):
+        looked.append(job.id)
+        seen.set()
+
+    scheduler = Scheduler(Unreachable(), open_store(f"file://{tmp_path}"), b"secret", on_poll=hook,
+                          on_poll_seconds=0.0)
+    try:
+        running = new_job(scheduler)
+        assert seen.wait(10), "the monitor never called the hook"
+        assert set(looked) == {running.id} and not running.done
     finally:
         scheduler.close()

@@ -32,7 +32,7 @@ def statuses(job) -> list[str]:
 
 def test_a_speculative_copy_is_counted_as_a_copy_not_a_retry(sched):
     job = new_job(sched)
-    call = job.calls[0]
+    call = job.run.calls[0]
     first = sched._begin(job, call)
     copy = sched._begin(job, call)  # sent while the first is still out: a copy
     sched._decide(job, call, first, ok(1))
@@ -44,7 +44,7 @@ def test_a_speculative_copy_is_counted_as_a_copy_not_a_retry(sched):
 
 def test_a_retry_after_a_fault_is_still_a_retry(sched):
     job = new_job(sched, retries=1)
-    call = job.calls[0]
+    call = job.run.calls[0]
     sched._decide(job, call, sched._begin(job, call), PlatformFault("server", "503"))
     sched._decide(job, call, sched._begin(job, call), ok(1))  # the retry, sent by the timer
     summary, record = job.summary(), job.record()["summary"]
@@ -54,7 +54,7 @@ def test_a_retry_after_a_fault_is_still_a_retry(sched):
 
 def test_no_attempt_is_left_running_in_a_finished_job(sched):
     job = new_job(sched, n_calls=2)
-    a, b = job.calls
+    a, b = job.run.calls
     first, copy = sched._begin(job, a), sched._begin(job, a)
     sched._decide(job, a, copy, ok("the copy won"))
     sched._decide(job, b, sched._begin(job, b), ok(2))
@@ -68,7 +68,7 @@ def test_no_attempt_is_left_running_in_a_finished_job(sched):
 
 def test_cancelled_calls_are_counted_as_cancelled(sched):
     job = new_job(sched, n_calls=4)
-    running = job.calls[0]
+    running = job.run.calls[0]
     attempt = sched._begin(job, running)
     job.cancel()  # three calls never started
     sched._decide(job, running, attempt, ok("finished anyway"))
@@ -80,16 +80,16 @@ def test_cancelled_calls_are_counted_as_cancelled(sched):
 
 def test_a_call_whose_caller_cancelled_its_future_is_recorded_cancelled(sched):
     job = new_job(sched, n_calls=2)
-    job.calls[1].future.cancel()  # as Executor futures are: the caller cancels before a thread takes it
-    assert sched._begin(job, job.calls[1]) is None
-    sched._decide(job, job.calls[0], sched._begin(job, job.calls[0]), ok(1))
+    job.run.calls[1].future.cancel()  # as Executor futures are: the caller cancels before a thread takes it
+    assert sched._begin(job, job.run.calls[1]) is None
+    sched._decide(job, job.run.calls[0], sched._begin(job, job.run.calls[0]), ok(1))
     assert job.done and statuses(job) == ["ok", "cancelled"]
     assert job.summary()["cancelled"] == 1
 
 
 def test_a_call_stopped_with_its_abandoned_job_is_cancelled_not_failed(sched):
     job = new_job(sched, n_calls=2, retries=3)
-    stopped = job.calls[0]
+    stopped = job.run.calls[0]
     attempt = sched._begin(job, stopped)
     job.cancel(stop_platform=True)
     sched._decide(job, stopped, attempt, PlatformFault("crashed", "killed by the stop"))

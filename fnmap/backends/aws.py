@@ -47,7 +47,7 @@ from ..runtime import keys
 from ..runtime.lambda_event import decode_result, encode_event, encode_reference_event, encode_spawn_event
 from ..runtime.serialization import runtime_info, runtime_mismatch
 from ..storage import open_store
-from .base import ACCEPTED, Answer, BaseBackend, Failure, Invocation
+from .base import ACCEPTED, Answer, BaseBackend, FailedCall, Invocation
 from .http import fault_from_status
 from .lambda_deployment import concurrency, event_bounds, lost_after
 from .lambda_fanout import EventSpawner
@@ -117,7 +117,7 @@ class AwsBackend(BaseBackend):
         # The ``lambda_fanout`` option (FNMAP_LAMBDA_FANOUT) overrides the class's default.
         self.fanout_threshold = config.lambda_fanout or self.fanout_threshold
         self.batches_calls = self.fanout_threshold is not None
-        self._failures: list[tuple[float, Failure]] = []
+        self._failures: list[tuple[float, FailedCall]] = []
         self._senders = None
         #: Event calls go out through spawners by default (:mod:`.lambda_fanout`); lambda_fanout=0: never.
         self._spawner = EventSpawner(self) if config.lambda_fanout != 0 else None
@@ -261,9 +261,9 @@ class AwsBackend(BaseBackend):
     def _report(self, invocation: Invocation, fault: PlatformFault) -> None:
         req = invocation.request
         with self._lock:
-            self._failures.append((time.monotonic(), Failure(req.job_id, req.call_id, req.attempt, fault)))
+            self._failures.append((time.monotonic(), FailedCall(req.job_id, req.call_id, req.attempt, fault)))
 
-    def poll_failures(self) -> list[Failure]:
+    def poll_failures(self) -> list[FailedCall]:
         """Calls ``invoke_many`` answered ACCEPTED but could not deliver, once the scheduler has
         recorded them as accepted (:data:`_REPORT_AFTER` seconds on; it drops a failure of a call it
         does not await yet)."""

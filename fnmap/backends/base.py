@@ -5,8 +5,9 @@ retries, stragglers and gathering.  ``invoke`` gives an :class:`Answer`: the wor
 response body when the platform answers synchronously, or :data:`ACCEPTED` when the
 call was accepted asynchronously and its result will appear in storage.  Platform
 failures are raised as :class:`fnmap.errors.PlatformFault` (a :class:`fnmap.errors.FaultKind`
-says which).  :class:`Backend` lists everything the client uses; :class:`BaseBackend`
-gives the defaults of the optional parts.
+says which).  :class:`Backend` lists every member the client and its scheduler use: what a
+platform can do is a declared attribute (``batches_calls``, ``batch_limit``...), never probed for
+or inferred from the backend's name; :class:`BaseBackend` gives the defaults.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ ACCEPTED = Answer(None)
 
 
 @dataclass
-class Failure:
+class FailedCall:
     """An asynchronous call the platform reports as failed (see ``BaseBackend.poll_failures``)."""
 
     job_id: str
@@ -61,7 +62,7 @@ class Failure:
 
 @runtime_checkable
 class Backend(Protocol):
-    """Everything the client uses of a backend (``BaseBackend`` has defaults for the optional parts)."""
+    """Everything the client uses of a backend (:class:`BaseBackend` has the defaults)."""
 
     name: str
     #: How many calls the client keeps in flight at once.
@@ -70,13 +71,19 @@ class Backend(Protocol):
     call_seconds: float
     secret: bytes | None
     batches_calls: bool
+    batch_limit: int
     watches_calls: bool
+    workers_on_this_terminal: bool
+    platform_concurrency: int | None
+    signature_lifetime: float
 
     def invoke(self, invocation: Invocation) -> Answer: ...
 
     def invoke_many(self, invocations: list[Invocation]) -> list[Answer]: ...
 
-    def poll_failures(self) -> list[Failure]: ...
+    def invoke_batch(self, invocations: list[Invocation]) -> list[Answer | PlatformFault] | None: ...
+
+    def poll_failures(self) -> list[FailedCall]: ...
 
     def cancel(self, job_id: str) -> None: ...
 
@@ -88,7 +95,7 @@ class Backend(Protocol):
 
 
 class BaseBackend:
-    """Defaults for the optional parts of the interface."""
+    """The defaults of every part of :class:`Backend` but ``invoke``."""
 
     name = "base"
     max_workers = 8
@@ -107,6 +114,13 @@ class BaseBackend:
     #: True when ``poll_failures`` reports every accepted call that fails on the platform; the client
     #: then never declares such calls lost on a timer (a container job may queue for a long time).
     watches_calls = False
+    #: True when the workers write to this process's terminal (the emulator's, in-process): their
+    #: captured output is then not echoed there too unless ``output="live"``; cloud workers echo
+    #: it into the platform's log.
+    workers_on_this_terminal = False
+    #: How many calls the platform runs at once, where it says (a Lambda function's reserved
+    #: concurrency); None: as many as the client sends (see :func:`fnmap.feed.parallelism`).
+    platform_concurrency: int | None = None
 
     @property
     def signature_lifetime(self) -> float:
@@ -128,7 +142,7 @@ class BaseBackend:
         default; the client then sends each alone, under its throttle)."""
         return None
 
-    def poll_failures(self) -> list[Failure]:
+    def poll_failures(self) -> list[FailedCall]:
         """Accepted calls that failed on the platform since the last poll (the client's monitor asks)."""
         return []
 
@@ -141,8 +155,8 @@ class BaseBackend:
         """
 
     def stop_attempts(self, job_id: str, attempts: list[tuple[int, int]], secret: bytes) -> None:
-        """Stop these ``(call id, attempt)`` of ``job_id`` where the platform can: their call's
-        outcome is final already (another copy committed it, or it failed for good).
+        """Stop these ``(call id, attempt)`` of ``job_id`` where the platform can: their
+        call is decided already (another copy committed it, or it failed for good).
 
         ``secret`` is the job's signing secret, for platforms that take signed requests.  By
         default nothing: the copies run on and their late results are discarded as duplicates.

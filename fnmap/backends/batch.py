@@ -38,7 +38,7 @@ from urllib.parse import urlparse
 from ..errors import ConfigError, PlatformFault
 from ..runtime import container
 from ..storage import open_store
-from .base import ACCEPTED, Answer, BaseBackend, Failure, Invocation
+from .base import ACCEPTED, Answer, BaseBackend, FailedCall, Invocation
 
 #: Seconds AWS Batch's own timeout allows past the call's timeout (the worker stops the call first).
 TIMEOUT_GRACE_SECONDS = 60
@@ -247,14 +247,14 @@ class BatchBackend(BaseBackend):
 
     # -- status ----------------------------------------------------------------
 
-    def poll_failures(self) -> list[Failure]:
+    def poll_failures(self) -> list[FailedCall]:
         now = time.monotonic()
         if now - self._last_status < self.status_interval:
             return []
         self._last_status = now
         with self._lock:
             pending = list(self._submitted.values())
-        failures: list[Failure] = []
+        failures: list[FailedCall] = []
         for i in range(0, len(pending), 100):  # describe_jobs takes at most 100 ids
             part = {s.batch_job_id: s for s in pending[i : i + 100]}
             details = {d["jobId"]: d for d in self._call("describe_jobs", jobs=list(part))["jobs"]}
@@ -275,7 +275,7 @@ class BatchBackend(BaseBackend):
                     self._forget(batch_job_id)
         return failures
 
-    def _failed_children(self, submission: _Submission, detail: dict) -> list[Failure]:
+    def _failed_children(self, submission: _Submission, detail: dict) -> list[FailedCall]:
         if not submission.array:
             if detail["status"] != "FAILED":
                 return []
@@ -286,7 +286,7 @@ class BatchBackend(BaseBackend):
             and detail["status"] not in _TERMINAL
         ):
             return []
-        failures: list[Failure] = []
+        failures: list[FailedCall] = []
         token = None
         while True:
             page = self._call(
@@ -303,13 +303,13 @@ class BatchBackend(BaseBackend):
             if not token:
                 return failures
 
-    def _report(self, submission: _Submission, indexes, fault: PlatformFault) -> list[Failure]:
+    def _report(self, submission: _Submission, indexes, fault: PlatformFault) -> list[FailedCall]:
         out = []
         for index in indexes:
             if index not in submission.reported:
                 submission.reported.add(index)
                 call_id, attempt = submission.calls[index]
-                out.append(Failure(submission.job_id, call_id, attempt, fault))
+                out.append(FailedCall(submission.job_id, call_id, attempt, fault))
         return out
 
     def cancel(self, job_id: str) -> None:
@@ -324,7 +324,7 @@ class BatchBackend(BaseBackend):
 
     def stop_attempts(self, job_id: str, attempts: list[tuple[int, int]], secret: bytes) -> None:
         """Terminate the children running these attempts (``TerminateJob`` on ``arrayJobId:index``,
-        or on the job itself for a one-call submission): their call's outcome is final already."""
+        or on the job itself for a one-call submission): their call is decided already."""
         wanted = set(attempts)
         with self._lock:
             if job_id in self._cancelled:  # cancel() terminated every child already, with its reason

@@ -43,6 +43,7 @@ class EmulatorBackend(HttpBackend):
     name = "emulator"
     #: A loopback request to a warm worker costs about a millisecond: 0.1 s calls amortize it.
     call_seconds = 0.1
+    workers_on_this_terminal = True
 
     def __init__(self, config):
         self.embedded = None  # the emulator this backend attached to or started

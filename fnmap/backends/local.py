@@ -25,6 +25,7 @@ class LocalBackend(BaseBackend):
     name = "local"
     #: A call is a function call on a thread here: 0.05 s amortizes the bookkeeping.
     call_seconds = 0.05
+    workers_on_this_terminal = True
 
     def __init__(self, config):
         self.max_workers = config.workers or (os.cpu_count() or 2)

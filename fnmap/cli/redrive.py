@@ -33,7 +33,7 @@ def run_redrive(args) -> int:
     store = open_store(config.storage_url, config.storage_origin, create=False)
     job_id = records.resolve_id(store, args.job_id)
     job = redrive(store, job_id, config=config)
-    print(f"redriving job {job_id}: {len(job.calls)} calls", file=sys.stderr, flush=True)
+    print(f"redriving job {job_id}: {len(job.run.calls)} calls", file=sys.stderr, flush=True)
     if args.no_wait:
         return 0
     job.wait()

@@ -321,7 +321,7 @@ class _Run:
         inputs = {k: self._shipped(k) for u in uids for k in self.plan.needs[u] if k not in inside}
         self.dispatched.update(uids)
         blob = self._pickle(Batch(self.store.url, self.prefix, self.inline_bytes, inputs, units))
-        call = self.client.add_call(self.job, self.func_key, (MODE_ONE, [blob]), len(self.job.calls), 1)
+        call = self.client.add_call(self.job, self.func_key, (MODE_ONE, [blob]), len(self.job.run.calls), 1)
         if call.items_key is not None:
             self.stats.call_bytes += len(blob)
         self.sent[call.call_id] = uids
@@ -448,12 +448,12 @@ class _Run:
         if failed:
             self.job.cancel()
             for call_id in self.sent:  # calls still running: delete what they store when they end
-                self.job.calls[call_id].future.add_done_callback(self._discard_late)
+                self.job.run.calls[call_id].future.add_done_callback(self._discard_late)
         self.client.seal(self.job)
         if self.progress is not None:
             self.progress.close()
-        self.stats.calls = len(self.job.calls)
-        self.stats.attempts = sum(len(c.attempts) for c in self.job.calls)
+        self.stats.calls = len(self.job.run.calls)
+        self.stats.attempts = sum(len(c.attempts) for c in self.job.run.calls)
         if self.deleter is not None:
             self.deleter.shutdown(wait=True)
         if self.stored:

@@ -64,7 +64,7 @@ _ENDINGS = {
     "timeout": (504, lambda info, timeout: f"the call ran past its timeout of {timeout} s plus a grace period; "
                 f"its worker process {info['pid']} was killed", "timeout"),
     "stopped": (409, lambda info, timeout: "the call was stopped on the client's request (POST /cancel): another "
-                "attempt of it decided its outcome" + (f"; its worker process {info['pid']} was killed"
+                "attempt of it decided the call" + (f"; its worker process {info['pid']} was killed"
                                                        if info.get("pid") else ""), "cancelled"),
     "failed": (500, lambda info, timeout: "injected platform fault (--fail-rate): the call was not run", None),
     "dropped": (504, lambda info, timeout: "injected lost call (--drop-rate): the call was not run", None),
@@ -76,11 +76,11 @@ _ENDINGS = {
 _SESSION_GONE = (410, b"no such client session on this emulator: attach again", {})
 
 
-def _answer(outcome: str, status: int, out: bytes, info: dict, timeout: float | None) -> tuple[int, bytes, dict]:
-    ending = _ENDINGS.get(outcome)
-    if ending is None:
+def _answer(ending: str, status: int, out: bytes, info: dict, timeout: float | None) -> tuple[int, bytes, dict]:
+    refusal = _ENDINGS.get(ending)
+    if refusal is None:
         return status, out, {}
-    status, message, kind = ending
+    status, message, kind = refusal
     return status, message(info, timeout).encode(), ({ERROR_KIND_HEADER: kind} if kind else {})
 
 
@@ -250,19 +250,19 @@ class Emulator:
             self.sessions.call_started(session, record["job_id"])
         return _Accepted(timeout, memory, fate, record, key, stopper, unwatch, pool, session)
 
-    def _release(self, call: _Accepted, outcome: str) -> None:
+    def _release(self, call: _Accepted, ending: str) -> None:
         if call.unwatch is not None:
             call.unwatch()
         if call.session is not None:
             self.sessions.call_ended(call.session, call.record["job_id"])
-        self._done(call.key, call.stopper, outcome)
+        self._done(call.key, call.stopper, ending)
 
-    def _answered(self, call: _Accepted, outcome: str, status: int, out: bytes, info: dict) -> tuple[int, bytes, dict]:
-        """Release an admitted call, log it and turn its outcome into the answer."""
-        self._release(call, outcome)
-        call.record.update(info, outcome=outcome, status=status, duration=time.time() - call.record["received"])
+    def _answered(self, call: _Accepted, ending: str, status: int, out: bytes, info: dict) -> tuple[int, bytes, dict]:
+        """Release an admitted call, log it and turn how it ended into the answer."""
+        self._release(call, ending)
+        call.record.update(info, outcome=ending, status=status, duration=time.time() - call.record["received"])
         self.recent.append(call.record)
-        return _answer(outcome, status, out, info, call.timeout)
+        return _answer(ending, status, out, info, call.timeout)
 
     def _admit(self, key, stopper: Stopper) -> bool:
         """Count the request in flight (False: --max-concurrency throttles it)."""
@@ -277,11 +277,11 @@ class Emulator:
                     stopper.stop()
         return True
 
-    def _done(self, key, stopper: Stopper, outcome: str) -> None:
+    def _done(self, key, stopper: Stopper, ending: str) -> None:
         with self._lock:
             self.in_flight -= 1
             self.served += 1
-            self.stopped += outcome == "stopped"
+            self.stopped += ending == "stopped"
             if key is not None and self._running.get(key) is stopper:
                 del self._running[key]
 
@@ -355,7 +355,7 @@ class Emulator:
         return 200, {"stopped": len(stopping), "stopped_on_arrival": len(keys) - len(stopping)}
 
     def calls(self) -> list[dict]:
-        """``GET /calls``: the recent calls' outcomes, without the job ids (not asked for a signature)."""
+        """``GET /calls``: how the recent calls ended, without the job ids (not asked for a signature)."""
         return [{k: v for k, v in record.items() if k != "job_id"} for record in list(self.recent)]
 
     def health(self) -> dict:

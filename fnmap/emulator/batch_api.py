@@ -28,9 +28,9 @@ from .batch_jobs import (
     ARN,
     TERMINAL,
     BatchEmulator,
+    BatchJob,
     BatchRequestError,
     Child,
-    Job,
     command_for,
     detect_gpus,
 )
@@ -41,7 +41,7 @@ CONCURRENCY_ENV = "FNMAP_BATCH_CONCURRENCY"
 API_PATH = re.compile(r"/v1/")
 
 
-def job_detail(job: Job, child: Child | None) -> dict:
+def job_detail(job: BatchJob, child: Child | None) -> dict:
     """A ``JobDetail``: of an array parent when ``child`` is None."""
     out = {
         "jobArn": f"{ARN}:job/{job.id}",

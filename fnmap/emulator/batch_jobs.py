@@ -105,7 +105,9 @@ class Child:
         self.attempts: list[dict] = []
 
 
-class Job:
+class BatchJob:
+    """One job submitted to the emulated AWS Batch: its definition, overrides and array children."""
+
     def __init__(self, spec: dict, definition: dict):
         self.id = str(uuid.uuid4())
         self.name, self.queue, self.definition = spec["jobName"], spec["jobQueue"], definition
@@ -153,7 +155,7 @@ class BatchEmulator:
         secret = env.get(SECRET_ENV)
         #: The emulated Secrets Manager: ``valueFrom`` -> value, for the job definitions' ``secrets``.
         self.secret_values = {SECRET_ARN: secret} if secret else {}
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, BatchJob] = {}
         self.definitions: dict[str, list[dict]] = {}
         self.logs = tempfile.mkdtemp(prefix="fnmap-batch-logs-")
         self._queue: queue.Queue = queue.Queue()
@@ -221,7 +223,7 @@ class BatchEmulator:
 
     # -- jobs --------------------------------------------------------------------
 
-    def submit(self, spec: dict) -> Job:
+    def submit(self, spec: dict) -> BatchJob:
         for key in ("jobName", "jobQueue", "jobDefinition"):
             if not spec.get(key):
                 raise BatchRequestError(f"{key} must be provided")
@@ -234,7 +236,7 @@ class BatchEmulator:
             raise BatchRequestError(f"array size {size!r} must be between 2 and {MAX_ARRAY_SIZE}")
         if (spec.get("timeout") or {}).get("attemptDurationSeconds", 60) < 60:
             raise BatchRequestError("timeout.attemptDurationSeconds must be at least 60")
-        job = Job(spec, self.find_definition(spec["jobDefinition"]))
+        job = BatchJob(spec, self.find_definition(spec["jobDefinition"]))
         if not 1 <= int(job.retry.get("attempts", 1)) <= 10:
             raise BatchRequestError("retryStrategy.attempts must be between 1 and 10")
         refusal = self.devices.refusal(job.gpus)
@@ -246,7 +248,7 @@ class BatchEmulator:
             self._queue.put((job, child))
         return job
 
-    def find(self, job_id: str) -> tuple[Job, Child | None] | None:
+    def find(self, job_id: str) -> tuple[BatchJob, Child | None] | None:
         parent, _, index = job_id.partition(":")
         job = self.jobs.get(parent)
         if job is None:
@@ -280,7 +282,7 @@ class BatchEmulator:
             if child.status == "RUNNABLE" and not self._closed:
                 self._run(job, child)
 
-    def _run(self, job: Job, child: Child) -> None:
+    def _run(self, job: BatchJob, child: Child) -> None:
         """Run one child once its GPUs are free (it stays RUNNABLE meanwhile), then give them back."""
         gpus = self.devices.take(
             job.gpus, lambda: child.status == "RUNNABLE" and not child.terminate and not self._closed
@@ -296,7 +298,7 @@ class BatchEmulator:
         finally:
             self.devices.give_back(gpus)
 
-    def _run_attempts(self, job: Job, child: Child, gpus: str) -> None:
+    def _run_attempts(self, job: BatchJob, child: Child, gpus: str) -> None:
         child.log = os.path.join(self.logs, job.child_id(child).replace(":", "-") + ".log")
         try:
             secrets = self._secrets_of(job)
@@ -340,7 +342,7 @@ class BatchEmulator:
             ):
                 return self._finish(child, "FAILED", child.terminate or status_reason, code, reason)
 
-    def _secrets_of(self, job: Job) -> dict:
+    def _secrets_of(self, job: BatchJob) -> dict:
         """The job definition's ``secrets`` resolved, as the container agent does when a child starts."""
         missing = sorted(ref for ref in job.secrets.values() if ref not in self.secret_values)
         if missing:
@@ -348,7 +350,7 @@ class BatchEmulator:
                              f"(the emulator knows {SECRET_ARN})")
         return {name: self.secret_values[ref] for name, ref in job.secrets.items()}
 
-    def _attempt(self, job: Job, child: Child, env: dict, limit: int | None):
+    def _attempt(self, job: BatchJob, child: Child, env: dict, limit: int | None):
         command = command_for(job.command, job.parameters)
         with open(child.log, "ab") as log:
             try:

@@ -2,7 +2,7 @@
 
 :class:`Environment` starts AWS's runtime interface client over a function's unpacked package with
 ``AWS_LAMBDA_RUNTIME_API`` pointing at a listener of its own (:class:`_RuntimeApiServer`), hands it
-one :class:`Invocation` at a time and reads back the answer, the error or the process's exit.
+one :class:`LambdaEvent` at a time and reads back the answer, the error or the process's exit.
 :class:`.lambda_runtime.LambdaRuntime` keeps the environments of every function (see its module for
 the whole Runtime API path).
 """
@@ -50,7 +50,7 @@ class Function:
 
 
 @dataclass
-class Invocation:
+class LambdaEvent:
     """One event on its way through an environment, and what came back."""
 
     payload: bytes
@@ -74,10 +74,10 @@ class Environment:
         #: The runtime is waiting in ``/next``: Lambda hands an event only to such an environment.
         self.waiting = False
         #: How the last invocation ended: ok, init_error, exit or timeout.
-        self.outcome = ""
+        self.ending = ""
         self._cond = threading.Condition()
-        self._pending: Invocation | None = None
-        self._current: Invocation | None = None
+        self._pending: LambdaEvent | None = None
+        self._current: LambdaEvent | None = None
         self.initialized = False
         self.init_error: bytes | None = None
         self.exit: str | None = None
@@ -134,7 +134,7 @@ class Environment:
 
     # -- the Runtime API's side (threads of this environment's listener) ----------------
 
-    def next_invocation(self) -> Invocation | None:
+    def next_invocation(self) -> LambdaEvent | None:
         with self._cond:
             self.initialized = True
             self.waiting = True
@@ -150,7 +150,7 @@ class Environment:
                 self._current = inv
             return inv
 
-    def deadline_ms(self, inv: Invocation) -> int:
+    def deadline_ms(self, inv: LambdaEvent) -> int:
         return int((time.time() + self.function.timeout - (time.monotonic() - inv.handed_over)) * 1000)
 
     def answer(self, request_id: str, body: bytes, error: bool) -> bool:
@@ -171,7 +171,7 @@ class Environment:
 
     # -- the Invoke API's side -----------------------------------------------------------
 
-    def invoke(self, inv: Invocation) -> tuple[bytes, bool]:
+    def invoke(self, inv: LambdaEvent) -> tuple[bytes, bool]:
         """Run ``inv`` here and wait for its answer, the function's timeout, or the runtime's end."""
         timeout = float(self.function.timeout)
         init_deadline = time.monotonic() + timeout + INIT_SECONDS
@@ -187,21 +187,21 @@ class Environment:
                 self._cond.wait(left)
             self._pending = None
             if inv.answer is not None:
-                self.outcome = "ok"
+                self.ending = "ok"
                 return inv.answer
             if self.init_error is not None:
-                self.outcome = "init_error"
+                self.ending = "init_error"
                 return self.init_error, True
             if self.exit is not None and self.memory.exceeded:
-                self.outcome = "exit"
+                self.ending = "exit"
                 return lambda_error("Runtime.OutOfMemory", (
                     f"RequestId: {inv.request_id} Error: Runtime exited with error: {self.exit} "
                     f"({self.memory.message('the runtime')})")), True
             if self.exit is not None:
-                self.outcome = "exit"
+                self.ending = "exit"
                 return lambda_error("Runtime.ExitError", (
                     f"RequestId: {inv.request_id} Error: Runtime exited with error: {self.exit}")), True
-            self.outcome = "timeout"
+            self.ending = "timeout"
         self.kill()
         return lambda_error("Sandbox.Timedout", (
             f"RequestId: {inv.request_id} Error: Task timed out after {timeout:.2f} seconds")), True

@@ -66,7 +66,7 @@ import threading
 import time
 import zipfile
 
-from .lambda_environment import INIT_SECONDS, Environment, Function, Invocation
+from .lambda_environment import INIT_SECONDS, Environment, Function, LambdaEvent
 from .lambda_layers import LayerStore
 
 __all__ = ["INIT_SECONDS", "Environment", "Function", "LambdaRuntime", "link_runtime"]
@@ -171,10 +171,10 @@ class LambdaRuntime:
         """Run one event in an environment of ``name``; return ``(Lambda's answer, function error?)``."""
         env = self._acquire(self.function(name))
         try:
-            body, error = env.invoke(Invocation(payload, client_context))
+            body, error = env.invoke(LambdaEvent(payload, client_context))
         finally:
             self._release(env)
-        counter = {"init_error": "init_errors", "exit": "runtime_exits", "timeout": "timeouts"}.get(env.outcome)
+        counter = {"init_error": "init_errors", "exit": "runtime_exits", "timeout": "timeouts"}.get(env.ending)
         if counter:
             self.stats[counter] += 1
         return body, error

@@ -7,8 +7,8 @@ process is replaced in the background and the pool keeps serving.  A call can
 also be stopped from another thread (:class:`Stopper`): its process is killed
 and replaced the same way.  A call with a ``memory`` limit is watched
 (:class:`fnmap.emulator.memlimit.MemoryWatch`): a worker whose peak resident
-memory during the call goes past it is killed and replaced, and the call's
-outcome is ``out_of_memory``, as Lambda ends a function over its memory.
+memory during the call goes past it is killed and replaced, and the call
+ends ``out_of_memory``, as Lambda ends a function over its memory.
 """
 
 from __future__ import annotations
@@ -352,9 +352,9 @@ class WorkerPool:
                 kill_at: float | None = None, cold_start: float = 0.0,
                 stopper: Stopper | None = None, memory: int | None = None,
                 verified: bool = False) -> tuple[str, int, bytes, dict]:
-        """Run one invocation; return ``(outcome, status, body, info)``.
+        """Run one invocation; return ``(ending, status, body, info)``.
 
-        ``outcome`` is ``ok``, ``crashed``, ``timeout``, ``stopped`` (by ``stopper``) or
+        ``ending`` is ``ok``, ``crashed``, ``timeout``, ``stopped`` (by ``stopper``) or
         ``out_of_memory`` (over ``memory`` MB; ``info["memory"]`` says how much it used);
         ``info`` has the worker's pid.
         Fault injection: ``cold_start`` seconds are spent first on a worker's first call;
@@ -388,7 +388,7 @@ class WorkerPool:
     def execute_many(self, calls: list[tuple[str | None, bytes, Stopper]],
                      verified: bool = False) -> list[tuple[str, int, bytes, dict]]:
         """Run calls with no timeout, memory limit or injected fault, one after another, handed to a
-        worker in one message; one ``(outcome, status, body, info)`` per call, as :meth:`execute`.
+        worker in one message; one ``(ending, status, body, info)`` per call, as :meth:`execute`.
 
         A call that crashes its worker or is stopped ends as it would alone; the calls after it,
         which its worker had not started, go to another worker.  Saves a message and a wake-up

@@ -110,7 +110,7 @@ def known_credentials(app, emulator) -> KnownCredentials:
     return known
 
 
-class SignatureError(Exception):
+class SigV4Error(Exception):
     """A request refused: answered with AWS's HTTP status and error code."""
 
     def __init__(self, code: str, message: str, status: int = 403):
@@ -121,34 +121,34 @@ class SignatureError(Exception):
 def _parse_authorization(header: str) -> tuple[list[str], list[str], str]:
     """``(credential scope parts, signed header names, signature)`` of a SigV4 ``Authorization``."""
     if not header:
-        raise SignatureError("MissingAuthenticationTokenException", "Missing Authentication Token" + _HINT)
+        raise SigV4Error("MissingAuthenticationTokenException", "Missing Authentication Token" + _HINT)
     algorithm, _, rest = header.partition(" ")
     if algorithm != ALGORITHM:
-        raise SignatureError("IncompleteSignatureException",
+        raise SigV4Error("IncompleteSignatureException",
                              f"Authorization header's algorithm {algorithm[:40]!r} is not {ALGORITHM}" + _HINT)
     parts = dict(_AUTH_PART.findall(rest))
     missing = [name for name in ("Credential", "SignedHeaders", "Signature") if name not in parts]
     if missing:
-        raise SignatureError("IncompleteSignatureException",
+        raise SigV4Error("IncompleteSignatureException",
                              f"Authorization header requires the {', '.join(missing)} parameter" + _HINT)
     scope = parts["Credential"].split("/")
     if len(scope) != 5 or scope[4] != "aws4_request":
-        raise SignatureError("IncompleteSignatureException",
+        raise SigV4Error("IncompleteSignatureException",
                              "Credential must be ACCESS_KEY_ID/YYYYMMDD/REGION/SERVICE/aws4_request" + _HINT)
     return scope, parts["SignedHeaders"].lower().split(";"), parts["Signature"]
 
 
 def _request_time(amz_date: str | None, now: datetime.datetime) -> datetime.datetime:
     if not amz_date:
-        raise SignatureError("IncompleteSignatureException",
+        raise SigV4Error("IncompleteSignatureException",
                              "Authorization header requires existence of a signed 'X-Amz-Date' header" + _HINT)
     try:
         when = datetime.datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ").replace(tzinfo=datetime.timezone.utc)
     except ValueError:
-        raise SignatureError("IncompleteSignatureException",
+        raise SigV4Error("IncompleteSignatureException",
                              f"X-Amz-Date {amz_date[:40]!r} is not YYYYMMDDTHHMMSSZ" + _HINT) from None
     if abs((now - when).total_seconds()) > MAX_SKEW_SECONDS:
-        raise SignatureError("InvalidSignatureException",
+        raise SigV4Error("InvalidSignatureException",
                              f"Signature expired: {amz_date} is not within {MAX_SKEW_SECONDS // 60} minutes of "
                              f"{now.strftime('%Y%m%dT%H%M%SZ')} (the emulator's clock)")
     return when
@@ -156,7 +156,7 @@ def _request_time(amz_date: str | None, now: datetime.datetime) -> datetime.date
 
 def verify(known: KnownCredentials, service: str, method: str, target: str, headers, body: bytes,
            now: datetime.datetime | None = None) -> Key:
-    """Check a request's SigV4 signature; return the key that signed it, or raise :class:`SignatureError`.
+    """Check a request's SigV4 signature; return the key that signed it, or raise :class:`SigV4Error`.
 
     ``target``: the path and query as sent (``/2015-03-31/functions/f%3A1/invocations?x=1``);
     ``headers``: the request's headers (case-insensitive mapping).
@@ -171,19 +171,19 @@ def verify(known: KnownCredentials, service: str, method: str, target: str, head
                          now or datetime.datetime.now(datetime.timezone.utc))
     key = known.keys.get(key_id)
     if key is None:
-        raise SignatureError("UnrecognizedClientException",
+        raise SigV4Error("UnrecognizedClientException",
                              "The security token included in the request is invalid" + _HINT)
     if scoped_service != service or day != when.strftime("%Y%m%d"):
-        raise SignatureError("InvalidSignatureException",
+        raise SigV4Error("InvalidSignatureException",
                              f"Credential should be scoped to service {service!r} and the day of X-Amz-Date")
     if "host" not in signed or any(name not in headers for name in signed):
-        raise SignatureError("IncompleteSignatureException",
+        raise SigV4Error("IncompleteSignatureException",
                              "every signed header, 'host' included, must be in the request" + _HINT)
     claimed = headers.get("X-Amz-Content-SHA256")
     if claimed is not None and claimed != hashlib.sha256(body).hexdigest():
-        raise SignatureError("InvalidSignatureException", "X-Amz-Content-SHA256 is not the body's SHA-256")
+        raise SigV4Error("InvalidSignatureException", "X-Amz-Content-SHA256 is not the body's SHA-256")
     if key.token is not None and not hmac.compare_digest(headers.get("X-Amz-Security-Token", ""), key.token):
-        raise SignatureError("UnrecognizedClientException", "The security token included in the request is invalid")
+        raise SigV4Error("UnrecognizedClientException", "The security token included in the request is invalid")
     split = urlsplit(target if "://" in target else "http://host" + target)
     url = f"http://{headers['Host']}{split.path}" + (f"?{split.query}" if split.query else "")
     request = AWSRequest(method=method, url=url, data=body, headers={name: headers[name] for name in signed})
@@ -193,7 +193,7 @@ def verify(known: KnownCredentials, service: str, method: str, target: str, head
     expected = signer.signature(signer.string_to_sign(request, canonical), request)
     if signer.signed_headers(signer.headers_to_sign(request)) != ";".join(signed) or not hmac.compare_digest(
             expected, signature):
-        raise SignatureError("InvalidSignatureException", (
+        raise SigV4Error("InvalidSignatureException", (
             "The request signature we calculated does not match the signature you provided. Check your AWS "
             "Secret Access Key and signing method" + _HINT))
     return key
@@ -214,9 +214,9 @@ def require_signatures(app, known: KnownCredentials, path: re.Pattern, service: 
         try:
             key = verify(known, service, request.method, target, request.headers, request.get_data())
             if key.invoke_only and not (role_may and role_may(request.method, request.path)):
-                raise SignatureError("AccessDeniedException", (
+                raise SigV4Error("AccessDeniedException", (
                     f"the emulated execution role may not {request.method} {request.path}: it may only invoke"))
-        except SignatureError as e:
+        except SigV4Error as e:
             body = json.dumps({"Type": "User", "message": str(e)})
             return Response(body, status=e.status, mimetype="application/json", headers={"x-amzn-ErrorType": e.code})
         return None

@@ -23,7 +23,7 @@ def show_call_output(job, file=None) -> None:
     """
     if job.config.output != "after":
         return
-    printed = [s for s in job.calls
+    printed = [s for s in job.run.calls
                if s.stats and "output" in s.stats and not s.stats.get("failed_items")]
     if not printed:
         return

@@ -72,8 +72,8 @@ def build(job) -> dict:
     """The record of a :class:`fnmap.jobs.Job`, finished or not, as plain JSON-ready data."""
     raised = job.raised
     with job._lock:
-        calls = [_call_entry(s, job.call_errors.get(s.call_id)) for s in job.calls]
-        finished = job.finished if job.done_count == len(job.calls) and job.sealed else None
+        calls = [_call_entry(s, job.run.call_errors.get(s.call_id)) for s in job.run.calls]
+        finished = job.run.finished if job.run.done_count == len(job.run.calls) and job.run.sealed else None
     if raised is not None:  # its caller has its exception: what is still out was stopped with the job
         stopped = f"stopped unfinished: the job ended when {raised['error']} reached its caller"
     elif job.given_up is not None:  # its process gave it up at exit
@@ -115,7 +115,7 @@ def build(job) -> dict:
 def _call_entry(state, error: tuple[str, str] | None) -> dict:
     stats = state.stats or {}
     attempts = [
-        {"attempt": a.number, "sent": a.sent, "ended": a.ended, "outcome": a.outcome,
+        {"attempt": a.number, "sent": a.sent, "ended": a.ended, "outcome": a.ending,
          **({"memory": a.memory} if a.memory else {})}
         for a in state.attempts
     ]
@@ -163,12 +163,12 @@ def _identity(job) -> dict:
     and the error that stopped it before any call ran; and the shared objects (function pickles,
     content-addressed inputs) it uses, which ``fnmap gc`` keeps while the job is kept."""
     with job._lock:
-        shared = {s.func_key for s in job.calls} | {s.items_key for s in job.calls if s.items_key}
+        shared = {s.func_key for s in job.run.calls} | {s.items_key for s in job.run.calls if s.items_key}
     return {
         "function": job.function_name,
         "origin": identity.origin(),
         "client": identity.client_process(),
-        "error": job.setup_error,
+        "error": job.run.setup_error,
         "shared": sorted(k for k in shared if k.startswith(keys.SHARED_PREFIXES)),
     }
 
@@ -237,8 +237,8 @@ def started_summary(job) -> dict:
     """
     cfg = job.config
     with job._lock:
-        calls, items = len(job.calls), sum(s.n_items for s in job.calls)
-    feed = getattr(job, "feed", None)
+        calls, items = len(job.run.calls), sum(s.n_items for s in job.run.calls)
+    feed = job.run.feed
     if feed is not None:  # automatic chunking: calls are made as others end, but every item is known
         items = max(items, feed.total)
     record = {

@@ -1,4 +1,4 @@
-"""What one item and one attempt of a call end with: the named shapes both sides share.
+"""What one item of a call ends with (its outcome): the named shapes both sides share.
 
 **Outcome** (one per item, made by the worker, read by the client).  On the wire an outcome stays
 a plain tuple, ``("ok", value)`` or ``("err", data, traceback, names)``: a call of 100,000 items
@@ -13,11 +13,6 @@ them as much again).  Otherwise the *mixed* form, a list with one outcome per it
 at its item's index.  A list is never the plain form, nor a tuple the mixed one, so the two cannot
 be confused.  Read a call's outcomes only through :func:`plain_values`, :func:`values`,
 :func:`count`, :func:`count_failed`, :func:`each` and :func:`first`.
-
-**Attempt** (one per send of a call, kept by the scheduler): its number, when it was sent and
-ended, how it ended (``"ok"``, ``"error"``, a fault kind, ``"cancelled"``, ``"superseded"`` when
-another attempt decided the call first) and the memory it asked for; ``copy`` marks a speculative
-copy sent while another attempt of the call was still out (a copy is not a retry).
 """
 
 from __future__ import annotations
@@ -32,11 +27,6 @@ from .serialization import dumps, pack_exception
 #: The first element of an outcome: the item returned a value, or raised.
 OK = "ok"
 ERR = "err"
-#: How an attempt ended when another attempt of its call decided the call first: a copy that lost
-#: the race, or an attempt still out when a copy answered (it is stopped where the platform can).
-SUPERSEDED = "superseded"
-#: How attempts that ended with the item's own results are recorded (``error``: some items raised).
-ANSWERED = ("ok", "error")
 
 
 class Failure(NamedTuple):
@@ -151,30 +141,3 @@ def dump_all(outcomes) -> bytes:
             )
             fixed.append(from_exception(err))
     return dumps(fixed)
-
-
-class Attempt:
-    """One send of a call (see the module's docstring); written by the scheduler alone."""
-
-    __slots__ = ("number", "sent", "ended", "outcome", "memory", "copy")
-
-    def __init__(self, number: int, sent: float, memory: int | None = None, copy: bool = False):
-        self.number = number
-        self.sent = sent
-        self.ended: float | None = None
-        self.outcome: str | None = None
-        self.memory = memory
-        self.copy = copy
-
-    @property
-    def open(self) -> bool:
-        """Sent and not ended yet."""
-        return self.ended is None
-
-    def as_list(self) -> list:
-        """``[attempt, sent, ended, outcome, memory MB or None]``, as ``Job.attempts_summary`` gives it."""
-        return [self.number, self.sent, self.ended, self.outcome, self.memory]
-
-    def __repr__(self) -> str:
-        copy = " copy" if self.copy else ""
-        return f"<Attempt {self.number}{copy} sent={self.sent} ended={self.ended} outcome={self.outcome}>"
