@@ -26,16 +26,16 @@ ECS_INSTANCE_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEC2ContainerSe
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/fnmap-gpu:1"
 
 
-@pytest.fixture
-def account(s3_server, monkeypatch):
-    """A new, empty AWS account on the moto server; boto3 (and so the CLI) acts in it."""
+def _enter_new_account(s3_server: str, monkeypatch, managed_policies: bool) -> str:
+    """Make boto3 (and so the CLI) act in a new, empty AWS account on the moto server; its id.
+    ``managed_policies``: whether AWS managed policies exist there, as on AWS (the server runs in
+    this process, so the setting reaches it)."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    # The server runs in this process: AWS managed policies exist in the new account, as on AWS.
-    monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
+    monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true" if managed_policies else "false")
     account_id = str(random.randrange(10**11, 10**12))
     credentials = boto3.client("sts").assume_role(
         RoleArn=f"arn:aws:iam::{account_id}:role/tester", RoleSessionName="fnmap-test"
@@ -43,6 +43,13 @@ def account(s3_server, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", credentials["AccessKeyId"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", credentials["SecretAccessKey"])
     monkeypatch.setenv("AWS_SESSION_TOKEN", credentials["SessionToken"])
+    return account_id
+
+
+@pytest.fixture
+def account(s3_server, monkeypatch):
+    """A new, empty AWS account on the moto server; boto3 (and so the CLI) acts in it."""
+    account_id = _enter_new_account(s3_server, monkeypatch, managed_policies=True)
     session = boto3.Session(region_name="us-east-1")
     assert session.client("sts").get_caller_identity()["Account"] == account_id
     iam = session.client("iam")
@@ -328,19 +335,7 @@ def test_an_empty_prefix_is_refused_before_anything_is_made(monkeypatch, capsys)
 def test_an_iam_without_aws_managed_policies_is_named_with_the_fix(s3_server, monkeypatch, capsys):
     """An IAM that is not AWS's (moto by default) has no AWS managed policies: the error names the policy,
     the endpoint and the fixes, instead of moto's bare NoSuchEntity."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "false")
-    account_id = str(random.randrange(10**11, 10**12))
-    credentials = boto3.client("sts").assume_role(
-        RoleArn=f"arn:aws:iam::{account_id}:role/tester", RoleSessionName="fnmap-test"
-    )["Credentials"]
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", credentials["AccessKeyId"])
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", credentials["SecretAccessKey"])
-    monkeypatch.setenv("AWS_SESSION_TOKEN", credentials["SessionToken"])
+    _enter_new_account(s3_server, monkeypatch, managed_policies=False)
     assert cli_main(["deploy", "batch", "deploy", "--image", IMAGE]) == 1
     err = capsys.readouterr().err
     assert f"the AWS managed policy {ECS_INSTANCE_POLICY} does not exist at this IAM endpoint ({s3_server})" in err, err
