@@ -23,6 +23,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from compare import _process_table  # noqa: E402  (the same process table compare.py samples)
+
 SCRIPT = """
 import fnmap
 print(sum(fnmap.map(abs, range(-20, 0), chunksize=1)))
@@ -53,20 +57,6 @@ def _tree(pid: int, table: dict) -> list[int]:
     return out
 
 
-def _table() -> dict[int, tuple[int, int]]:
-    page, table = os.sysconf("SC_PAGE_SIZE"), {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    fields = f.read().rpartition(b")")[2].split()
-            except OSError:
-                continue
-            if fields[0] != b"Z":
-                table[int(name)] = (int(fields[1]), int(fields[21]) * page)
-    return table
-
-
 def day(tree: str | None, work: str) -> dict:
     runtime = os.path.join(work, "runtime")
     os.makedirs(runtime, mode=0o700)
@@ -89,7 +79,7 @@ def day(tree: str | None, work: str) -> dict:
         if "emulator.json" in files:
             with open(os.path.join(root, "emulator.json")) as f:
                 states.append(json.load(f))
-    table = _table()
+    table = _process_table()
     pids = [p for s in states if s["pid"] in table for p in _tree(s["pid"], table)]
     memory = sum(table[p][1] for p in pids)
     for state in states:

@@ -99,11 +99,13 @@ class EmulatorBackend(HttpBackend):
                 f"{fault.message}: the emulator at {self.url} ({self._config.describe('emulator_url')}) is not "
                 f"answering; if it stopped, start it again (`fnmap emulator`) and finish the job with "
                 f"`fnmap redrive {job_id}`")) from None
+        from ..emulator.shared import listening
+
         with self._replacing:
             if self._generation != generation:
                 return  # another thread replaced it already
             emulator = self.embedded
-            there = emulator.alive() and _listening(emulator.url)
+            there = emulator.alive() and listening(emulator.url)
             if there and not fault.message.startswith(_SESSION_GONE):
                 raise fault  # it is there: a fault of this call's, retried as any other
             if self._generation >= MAX_REPLACEMENTS:
@@ -170,12 +172,6 @@ class EmulatorBackend(HttpBackend):
 
 #: How a fault says the emulator has no session of this process's (it answered 410).
 _SESSION_GONE = "the emulator has no session of this process"
-
-
-def _listening(url: str) -> bool:
-    from ..emulator.shared import _listening as listening
-
-    return listening(url)
 
 
 def _check_reachable(url: str, config) -> None:

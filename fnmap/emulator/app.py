@@ -122,7 +122,8 @@ class Emulator:
         #: Requests answered by each injected fault (fail, kill, drop, straggle, throttled).
         self.injected: collections.Counter = collections.Counter()
         self._keys = RequestKeys()
-        self._lock = threading.Lock()
+        #: Guards the counts of calls in flight (the emulator's, and its client sessions').
+        self.lock = threading.Lock()
         #: ``(job id, call id, attempt)`` -> the stopper of that request while it is served.
         self._running: dict[tuple, Stopper] = {}
         #: Attempts asked to stop that had not arrived yet (oldest first).
@@ -219,7 +220,7 @@ class Emulator:
         # the boundary of every other route (HTTP handler, Lambda, container, local backend).
         if self.secret and not verify_request(self.secret, ROUTE_CALL, header.get("job_id", ""),
                                               header.get("call_id", ""), header.get("attempt", ""), body, signature):
-            with self._lock:
+            with self.lock:
                 self.served += 1
             return (401 if not signature else 403), REFUSED, {}
         record = {
@@ -233,7 +234,7 @@ class Emulator:
         if not all(isinstance(part, int) for part in key[1:]):  # unreadable: nothing can stop it
             key = None
         stopper = Stopper()
-        if not self._admit(key, stopper):
+        if not self._admit(key, stopper, session, record["job_id"]):
             record.update(outcome="throttled", status=429, duration=0.0)
             self.recent.append(record)
             return 429, (
@@ -246,16 +247,12 @@ class Emulator:
         if fate is not None and fate.labels:
             self.injected.update(fate.labels)
             record["faults"] = fate.labels
-        if session is not None:
-            self.sessions.call_started(session, record["job_id"])
         return _Accepted(timeout, memory, fate, record, key, stopper, unwatch, pool, session)
 
     def _release(self, call: _Accepted, ending: str) -> None:
         if call.unwatch is not None:
             call.unwatch()
-        if call.session is not None:
-            self.sessions.call_ended(call.session, call.record["job_id"])
-        self._done(call.key, call.stopper, ending)
+        self._done(call.key, call.stopper, ending, call.session, call.record["job_id"])
 
     def _answered(self, call: _Accepted, ending: str, status: int, out: bytes, info: dict) -> tuple[int, bytes, dict]:
         """Release an admitted call, log it and turn how it ended into the answer."""
@@ -264,22 +261,27 @@ class Emulator:
         self.recent.append(call.record)
         return _answer(ending, status, out, info, call.timeout)
 
-    def _admit(self, key, stopper: Stopper) -> bool:
-        """Count the request in flight (False: --max-concurrency throttles it)."""
-        with self._lock:
+    def _admit(self, key, stopper: Stopper, session, job_id: str) -> bool:
+        """Count the request in flight, the emulator's and its client session's (False:
+        --max-concurrency throttles it)."""
+        with self.lock:
             if self.faults.max_concurrency is not None and self.in_flight >= self.faults.max_concurrency:
                 self.injected["throttled"] += 1
                 return False
             self.in_flight += 1
+            if session is not None:
+                session.call_started(job_id)
             if key is not None:
                 self._running[key] = stopper
                 if key in self._stopped_early:
                     stopper.stop()
         return True
 
-    def _done(self, key, stopper: Stopper, ending: str) -> None:
-        with self._lock:
+    def _done(self, key, stopper: Stopper, ending: str, session, job_id: str) -> None:
+        with self.lock:
             self.in_flight -= 1
+            if session is not None:
+                session.call_ended(job_id)
             self.served += 1
             self.stopped += ending == "stopped"
             if key is not None and self._running.get(key) is stopper:
@@ -339,7 +341,7 @@ class Emulator:
             return 400, {"error": f"malformed stop request ({e!r}): send JSON "
                                   '{"job_id": "...", "attempts": [[call_id, attempt], ...]}'}
         stopping = []
-        with self._lock:
+        with self.lock:
             for key in keys:
                 stopper = self._running.get(key)
                 if stopper is not None:

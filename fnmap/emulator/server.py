@@ -204,7 +204,7 @@ def _sessions(state_file: str, emulator, env: dict, workers: int, url: str, acti
     def make_pool(client_env: dict, client: dict) -> WorkerPool:
         return WorkerPool(workers, env=client_env, client=client, start=False)
 
-    return Sessions(os.path.dirname(state_file), make_pool, env_for, describe)
+    return Sessions(os.path.dirname(state_file), make_pool, env_for, describe, emulator.lock)
 
 
 def _start_pool_while(workers: int, env: dict, work, start: bool = True) -> WorkerPool:

@@ -148,6 +148,18 @@ class Session:
         self.jobs: dict[str, int] = {}
         self.served = 0
 
+    def call_started(self, job_id: str) -> None:
+        """A call of ``job_id`` runs here (under the lock the :class:`Sessions` were given)."""
+        self.jobs[job_id] = self.jobs.get(job_id, 0) + 1
+
+    def call_ended(self, job_id: str) -> None:
+        left = self.jobs.get(job_id, 0) - 1
+        if left > 0:
+            self.jobs[job_id] = left
+        else:
+            self.jobs.pop(job_id, None)
+        self.served += 1
+
     def describe(self) -> dict:
         return {"pid": self.pid, "cwd": self.cwd, "command": self.command, "started": self.started,
                 "in_flight": sum(self.jobs.values()), "jobs": sorted(self.jobs), "served": self.served,
@@ -165,13 +177,14 @@ class Sessions:
 
     ``make_pool(env, client)`` builds a session's :class:`~.pool.WorkerPool`; ``env_for(client_env)``
     what its workers' environment is (the client's, with the emulator's secret); ``describe()``
-    the emulator's own part of a status answer.
+    the emulator's own part of a status answer.  ``lock``: the emulator's, under which it counts
+    each call in flight, the session's too (:meth:`Session.call_started`): one lock a call.
     """
 
-    def __init__(self, folder: str, make_pool, env_for, describe):
+    def __init__(self, folder: str, make_pool, env_for, describe, lock: threading.Lock):
         self.folder = folder
         self._make_pool, self._env_for, self._describe = make_pool, env_for, describe
-        self._lock = threading.Lock()
+        self._lock = lock
         self._sessions: dict[str, Session] = {}
         path, self._short_folder = _socket_path(folder)
         if os.path.lexists(path):
@@ -193,19 +206,6 @@ class Sessions:
 
     def __len__(self) -> int:
         return len(self._sessions)
-
-    def call_started(self, session: Session, job_id: str) -> None:
-        with self._lock:
-            session.jobs[job_id] = session.jobs.get(job_id, 0) + 1
-
-    def call_ended(self, session: Session, job_id: str) -> None:
-        with self._lock:
-            left = session.jobs.get(job_id, 0) - 1
-            if left > 0:
-                session.jobs[job_id] = left
-            else:
-                session.jobs.pop(job_id, None)
-            session.served += 1
 
     def status(self) -> dict:
         with self._lock:

@@ -150,7 +150,7 @@ class SharedEmulator:
         for attempt in range(ATTACH_TRIES):
             with _locked(self.folder):
                 state = read_state(self.folder)
-                if state is None or not _listening(state["url"]):  # a pid reused after a SIGKILL
+                if state is None or not listening(state["url"]):  # a pid reused after a SIGKILL
                     state = self._start(options, idle)
                     self.started = True
             try:
@@ -253,7 +253,8 @@ def read_state(folder: str) -> dict | None:
     return state
 
 
-def _listening(url: str) -> bool:
+def listening(url: str) -> bool:
+    """Whether something accepts connections at ``url``'s host and port (a state file can outlive its emulator)."""
     import socket
     from urllib.parse import urlsplit
 
