@@ -10,25 +10,19 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import signal
 import stat
 import subprocess
 import sys
 import textwrap
-import time
 import zipfile
 from pathlib import Path
 
 import boto3
 import pytest
+from test_lambda_env import clean_env, stop_pid
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def clean_env() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("FNMAP_", "AWS_"))}
 
 
 def exported(env_file: Path) -> dict:
@@ -37,15 +31,7 @@ def exported(env_file: Path) -> dict:
 
 def stop(settings: dict) -> None:
     """Stop a detached emulator (started by ``--detach``, so not our child) and wait for it to go."""
-    pid = int(settings["OFFLINE_EMULATOR_PID"])
-    try:
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(300):
-            os.kill(pid, 0)
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    stop_pid(int(settings["OFFLINE_EMULATOR_PID"]))
 
 
 def fnmap_cli(*args: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
