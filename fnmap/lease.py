@@ -73,7 +73,8 @@ def gone(lease: dict, now: float | None = None) -> str | None:
     it stopped renewing the lease (a client on another machine, known when the lease expires)."""
     if lease.get("abandoned"):
         return str(lease["abandoned"])
-    who = lease.get("holder") or {}
+    who = lease.get("holder")
+    who = who if isinstance(who, dict) else {}  # a holder this host cannot read is not judged by pid
     reason = gone_reason(who)
     if reason:
         return reason

@@ -238,6 +238,26 @@ def test_gc_keeps_a_job_whose_lease_is_live(tmp_path):
     assert report["deleted_jobs"] == [job.id] and store.list(keys.job_prefix(job.id)) == []
 
 
+def test_gc_collects_a_job_whose_lease_holder_is_gone_from_this_host(tmp_path):
+    """A lease good for ten more minutes, held by a process of this host that is gone (killed): gc
+    judges it as ``fnmap jobs``, ``redrive`` and ``cancel`` do, at once, not when it expires."""
+    import socket
+    import subprocess
+    import sys
+
+    url = (tmp_path / "store").as_uri()
+    store = open_store(url)
+    job = fnmap.map(first_byte, [b"a"], storage=url, return_job=True)
+    job.results()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.put(keys.lease_key(job.id), json.dumps(
+        {"holder": {"host": socket.gethostname(), "pid": dead.pid, "start": None},
+         "renewed": time.time(), "expires": time.time() + 600}).encode())
+    report = gc_since(store, time.time() + 3600)
+    assert report["deleted_jobs"] == [job.id], report
+
+
 def test_gc_collects_temporary_files_of_killed_writers_and_counts_bytes_on_disk(tmp_path):
     root = tmp_path / "store"
     url = root.as_uri()

@@ -152,14 +152,17 @@ def _date_jobs(store, listing: _Listing, index: dict[str, str], cutoff: float) -
 
 
 def lease_live(store, listing: _Listing, job_id: str) -> bool | None:
-    """Whether the job's lease is live (True), expired (False), or absent or unreadable (None)."""
+    """Whether the job's lease is live (True), gone (False: :func:`fnmap.lease.gone` judges, as for
+    every other reader), or absent or unreadable (None)."""
+    from .. import lease as leases
+
     key = keys.lease_key(job_id)
     if key not in listing.by_job.get(job_id, {}):
         return None
     lease = get_json(store, key)
     if lease is None or not isinstance(lease.get("expires"), (int, float)):
         return None
-    return lease["expires"] > time.time()
+    return leases.live(lease)
 
 
 def _may_run(store, listing: _Listing, index: dict[str, str], job_id: str) -> bool:

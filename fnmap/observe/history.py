@@ -67,10 +67,24 @@ def read_entry(store, key: str) -> dict | None:
 
 def judge_entry(store, summary: dict) -> dict:
     """An index entry as it stands now: a running job's calls counted from its status records, and
-    ``abandoned`` if its client is gone (:func:`fnmap.lease.judge`).  Changes ``summary`` in place."""
-    if summary.get("status") == "running":
-        _refresh_running(store, summary)
-    return lease.judge(store, summary)
+    ``abandoned`` if its client is gone (:func:`fnmap.lease.judge`; with no lease, its start entry's
+    client on this host), its states counted after that judgement.  Changes ``summary`` in place."""
+    if summary.get("status") != "running":
+        return lease.judge(store, summary)
+    done = {keys.call_attempt_of(k)[0] for k in store.list(keys.status_prefix(summary["job_id"]))}
+    summary["calls_done"] = max(summary.get("calls_done") or 0, len(done))
+    # An automatically chunked job's entry counts the calls made at its start only: never fewer calls than done.
+    summary["calls"] = max(summary.get("calls") or 0, summary["calls_done"])
+    lease.judge(store, summary)
+    gone = summary["status"] == "running" and gone_reason(summary.get("client"))
+    if gone:
+        summary["status"] = ABANDONED
+        summary["abandoned"] = gone
+    # whether a reported call succeeded is in its status record: this listing reads none of them
+    unfinished = max(0, summary["calls"] - summary["calls_done"])
+    summary["states"] = {"done": summary["calls_done"],
+                         ABANDONED if summary["status"] == ABANDONED else "running": unfinished}
+    return summary
 
 
 def _is_summary(summary, key: str) -> bool:
@@ -84,22 +98,6 @@ def _is_summary(summary, key: str) -> bool:
         return False
     return (summary.get("job_id") == job_id and isinstance(summary.get("status"), str)
             and isinstance(summary.get("created"), (int, float)))
-
-
-def _refresh_running(store, summary: dict) -> None:
-    """A running job's index entry says what it was at the start: count its calls done from the
-    workers' status records (as ``fnmap job`` does), and call it abandoned if its client is gone."""
-    done = {keys.call_attempt_of(k)[0] for k in store.list(keys.status_prefix(summary["job_id"]))}
-    summary["calls_done"] = max(summary.get("calls_done") or 0, len(done))
-    # An automatically chunked job's entry counts the calls made at its start only: never fewer calls than done.
-    summary["calls"] = max(summary.get("calls") or 0, summary["calls_done"])
-    gone = gone_reason(summary.get("client"))
-    if gone:
-        summary["status"] = ABANDONED
-        summary["abandoned"] = gone
-    # whether a reported call succeeded is in its status record: this listing reads none of them
-    unfinished = max(0, (summary.get("calls") or 0) - summary["calls_done"])
-    summary["states"] = {"done": summary["calls_done"], ABANDONED if gone else "running": unfinished}
 
 
 def resolve_id(store, job_id: str) -> str:
