@@ -14,6 +14,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ..attach import FINAL
 from ..observe import history
 from ..runtime import keys
 from .views import job_row
@@ -45,7 +46,7 @@ class JobList:
             fresh = dict(zip(wanted, self._read(wanted), strict=True))
             self._ended = dict(cached)
             for key, summary in fresh.items():
-                if summary is not None and summary.get("status") not in ("running", "unknown"):
+                if summary is not None and summary.get("status") in FINAL:
                     self._ended[key] = (now, summary)
             out = []
             for key in entries:

@@ -173,7 +173,7 @@ def timeline(record: dict, now: float) -> dict:
     end = max((b[2] for b in bars), default=0.0)
     if record["summary"].get("status") == "running":
         end = max(end, round(now - created, 3))
-    return {"kinds": list(KINDS), "first_call": min(0, *numbers), "last_call": max(numbers),
+    return {"kinds": list(KINDS), "last_call": max(numbers),
             "bars": bars, "total": total, "end": end}
 
 

@@ -104,7 +104,7 @@
 
   function drawTimeline() {
     const tl = page.timeline;
-    const calls = tl.last_call - tl.first_call + 1;
+    const calls = tl.last_call + 1;  // calls are numbered from 0
     const canvas = $("timeline");
     canvas.style.height = Math.min(480, Math.max(120, calls * 8)) + "px";
     const {ctx, width, height} = canvas2d(canvas);
@@ -112,24 +112,24 @@
     const end = Math.max(tl.end, 1e-3);
     const rowH = plotH / calls;
     timeAxis(ctx, left, plotW, plotH, end);
-    ctx.fillText(String(tl.first_call), 4, 10);
+    ctx.fillText("0", 4, 10);
     ctx.fillText(String(tl.last_call), 4, plotH);
     timeline.rows = new Map();
-    timeline.scale = {left, plotW, plotH, end, rowH, first: tl.first_call};
+    timeline.scale = {left, plotW, plotH, end, rowH};
     tl.kinds.forEach((kind, k) => {
       ctx.fillStyle = COLOURS[kind];
       for (const bar of tl.bars) {
         if (bar[3] !== k) continue;
         const x = left + plotW * bar[1] / end;
         const w = Math.max(1, plotW * (bar[2] - bar[1]) / end);
-        const y = (bar[0] - tl.first_call) * rowH;
+        const y = bar[0] * rowH;
         ctx.fillRect(x, y, w, Math.max(1, rowH * 0.8));
       }
     });
     const step = Math.max(rowH, 3);  // pixels a hover looks at: a row, or a band of rows
     timeline.scale.step = step;
     for (const bar of tl.bars) {
-      const row = Math.floor((bar[0] - tl.first_call) * rowH / step);
+      const row = Math.floor(bar[0] * rowH / step);
       if (!timeline.rows.has(row)) timeline.rows.set(row, []);
       timeline.rows.get(row).push(bar);
     }
