@@ -15,6 +15,7 @@ import pytest
 from conftest import EmulatorProcess, until
 
 import fnmap
+from fnmap import dispatch
 from fnmap.backends import batch as batch_backend
 from fnmap.client import get_client
 from fnmap.config import resolve
@@ -343,7 +344,8 @@ def test_an_abandoned_map_terminates_its_array_job(batch_emulator):
     assert job.summary()["done"] == 4
 
 
-def test_executor_submits_in_a_loop_become_one_array_job(batch_emulator):
+def test_executor_submits_in_a_loop_become_one_array_job(batch_emulator, monkeypatch):
+    monkeypatch.setattr(dispatch, "COALESCE_SECONDS", 1.0)  # a loaded machine's pauses stay inside
     with fnmap.Executor(backend="batch") as ex:
         # The first submit sets up the client and stores the function (a second or more on a
         # loaded machine): done first, so the loop's submits come within the coalescing window.
@@ -355,17 +357,25 @@ def test_executor_submits_in_a_loop_become_one_array_job(batch_emulator):
     assert sorted(j.get("arrayProperties", {}).get("size", 1) for j in jobs) == [1, 12]
 
 
-def test_submits_that_keep_coming_slowly_are_still_one_array_job(batch_emulator):
+def test_submits_that_keep_coming_slowly_are_still_one_array_job(batch_emulator, monkeypatch):
     """The calls wait until no submit has come for a moment, not a fixed time from the first one:
-    a loop that takes 50 ms per submit (pickling big arguments, say) still makes one array job."""
+    a loop that takes a while per submit (pickling big arguments, say) still makes one array job.
+
+    The window is widened here (1 s quiet, 20 s at most) so that a loaded machine's pauses between
+    submits stay well inside it, while the loop as a whole (8 x 0.3 s) is longer than one window: a
+    window counted from the first submit splits it."""
+    monkeypatch.setattr(dispatch, "COALESCE_SECONDS", 1.0)
+    monkeypatch.setattr(dispatch, "COALESCE_MAX_SECONDS", 20.0)
     with fnmap.Executor(backend="batch") as ex:
+        # The first submit sets up the client and stores the function: done before the loop.
+        assert ex.submit(_square, 12).result(timeout=120) == 144
         futures = []
         for i in range(8):
             futures.append(ex.submit(_square, i))
-            time.sleep(0.05)
+            time.sleep(0.3)
         assert [f.result(timeout=120) for f in futures] == [i * i for i in range(8)]
-    jobs = _jobs(batch_emulator, "SUCCEEDED", 1)
-    assert len(jobs) == 1 and jobs[0]["arrayProperties"]["size"] == 8
+    jobs = _jobs(batch_emulator, "SUCCEEDED", 2)
+    assert sorted(j.get("arrayProperties", {}).get("size", 1) for j in jobs) == [1, 8]
 
 
 def test_unknown_job_definition_is_a_clear_error(batch_emulator):
