@@ -13,6 +13,7 @@ from __future__ import annotations
 from .errors import (
     CallLost,
     ConfigError,
+    CostCapReached,
     FnmapError,
     InitializerError,
     KeyNotFound,
@@ -33,10 +34,11 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor", "job",
+    "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor", "job", "estimate",
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
     "SerializationError", "VersionMismatch", "SignatureError", "StorageError", "PlatformError", "WorkerCrashed",
     "CallLost", "TimeoutError", "RemoteError", "RemoteExit", "InitializerError", "OutOfMemory",
+    "CostCapReached",
 ]
 
 
@@ -50,6 +52,10 @@ def __getattr__(name: str):
         from .executor import Executor
 
         return Executor
+    if name == "estimate":
+        from .budget import estimate
+
+        return estimate
     if name == "job":
         from .attach import job
 

@@ -22,7 +22,7 @@ from .runtime import outcome as _outcome
 from .runtime.serialization import loads
 
 #: Statuses after which nothing about a job changes any more.
-FINAL = ("succeeded", "failed", "cancelled", "incomplete", ABANDONED)
+FINAL = ("succeeded", "failed", "cancelled", "capped", "incomplete", ABANDONED)
 
 
 def job(job_id: str, **options) -> AttachedJob:

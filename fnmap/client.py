@@ -24,8 +24,8 @@ from .errors import STORAGE_REFUSED_ERRNOS, ConfigError, KeyNotFound, StorageErr
 from .jobs import Job
 from .run import CallRun
 from .runtime import cancel, forks, keys
-from .runtime.serialization import dumps_checked, parts_size, pickle_function
-from .runtime.setup import WithInitializer
+from .runtime.serialization import parts_size, pickle_function
+from .runtime.setup import with_initializer
 from .scheduler import Scheduler
 from .storage import open_store
 
@@ -225,16 +225,6 @@ class Client:
         self.scheduler.close()
         self.backend.close()
         self._inputs.shutdown(wait=False)
-
-
-def with_initializer(func, config):
-    """``func``, or with ``initializer=`` a :class:`WithInitializer` holding both, in one pickle (so
-    they share the globals of their module); the initializer is named if it does not pickle."""
-    if config.initializer is None:
-        return func
-    initargs = tuple(config.initargs)
-    data = dumps_checked((config.initializer, initargs), "the initializer or its initargs")
-    return WithInitializer(func, config.initializer, initargs, hashlib.sha256(data).hexdigest()[:32])
 
 
 _clients: dict[tuple, Client] = {}

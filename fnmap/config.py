@@ -104,6 +104,18 @@ def _check_lease(c: Config, option: Option) -> None:
         raise ConfigError(f"{c.describe('lease')} must be a positive number of seconds, e.g. lease=60")
 
 
+def _check_max_cost(c: Config, option: Option) -> None:
+    """``max_cost``: a positive number of US dollars, or None (no cap)."""
+    value = c.max_cost
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value \
+            or value == float("inf"):
+        raise ConfigError(f"{c.describe('max_cost')} must be a positive number of US dollars, e.g. "
+                          "max_cost=5 (the map stops with fnmap.CostCapReached before it spends more), "
+                          "or None for no cap")
+
+
 def _check_storage(c: Config, option: Option) -> None:
     if c.storage is not None and (not isinstance(c.storage, str) or "://" not in c.storage):
         raise ConfigError(
@@ -148,6 +160,10 @@ JOB_OPTIONS = (
            kind="int", identifies=True, check=check_int, minimum=1, fix="at least one worker"),
     Option("inline_limit", 256 << 10, "Arguments and results larger than this (bytes) travel through storage, "
            "not in request bodies.", kind="int", check=check_int, fix="a size in bytes"),
+    Option("max_cost", None, "The most this job may cost, in US dollars at list prices (see "
+           ":mod:`fnmap.observe.prices`): no call is sent once what ran plus what is still out would "
+           "pass it, and the map raises fnmap.CostCapReached; None: no cap.", kind="float",
+           check=_check_max_cost),
     Option("lease", 60.0, "Seconds a running job's lease lasts (renewed every sixth of it): a job whose client "
            "stopped renewing it for this long is ``abandoned`` wherever it is read (:mod:`fnmap.lease`).",
            kind="float", check=_check_lease),

@@ -149,6 +149,36 @@ class TimeoutError(FnmapError, builtins.TimeoutError):  # noqa: A001 - deliberat
     """A call ran longer than its ``timeout`` and was stopped."""
 
 
+class CostCapReached(FnmapError):
+    """A job with ``max_cost`` stopped at its cap: what it spent, the calls done, the calls not run.
+
+    Raised by ``map`` (and every front-end) when the cost of the calls so far plus what the calls
+    still out will cost reaches ``max_cost``, and before anything runs when even the least the job
+    must cost is above it (then ``calls_done`` is 0 and ``estimate`` says what the least was made
+    from).  ``spent`` is the list-price estimate of what ran, in USD; calls in flight when the cap
+    was reached still bill until they end (the emulator and Batch stop them, Lambda cannot).
+    Finish the job later with ``fnmap redrive JOB_ID --max-cost USD``."""
+
+    def __init__(self, message: str, *, job_id: str | None = None, cap: float = 0.0, spent: float = 0.0,
+                 calls_done: int = 0, calls_not_run: int = 0, estimate: dict | None = None):
+        super().__init__(message)
+        self.job_id = job_id
+        self.cap = cap
+        self.spent = spent
+        self.calls_done = calls_done
+        self.calls_not_run = calls_not_run
+        self.estimate = estimate
+
+    def __reduce__(self):
+        return (_cost_cap_reached, (str(self), self.job_id, self.cap, self.spent, self.calls_done,
+                                    self.calls_not_run, self.estimate))
+
+
+def _cost_cap_reached(message, job_id, cap, spent, calls_done, calls_not_run, estimate):
+    return CostCapReached(message, job_id=job_id, cap=cap, spent=spent, calls_done=calls_done,
+                          calls_not_run=calls_not_run, estimate=estimate)
+
+
 class RemoteError(FnmapError):
     """Stand-in for a remote exception that could not be pickled back: carries its type name and message."""
 

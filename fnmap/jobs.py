@@ -14,6 +14,7 @@ from concurrent.futures import CancelledError, Future
 from . import lease
 from .errors import (
     CallLost,
+    CostCapReached,
     FaultKind,
     OutOfMemory,
     PlatformError,
@@ -124,7 +125,8 @@ class Job:
         self.id = job_id or keys.new_job_id()  # a given id: a redrive or a named job (fnmap.redrive)
         self._scheduler = scheduler
         #: What the scheduler decided about this job and its calls (read it; only the scheduler writes it).
-        self._run: JobRun = scheduler.new_run(speculate_open=speculate_open, stream=stream)
+        self._run: JobRun = scheduler.new_run(speculate_open=speculate_open, stream=stream,
+                                              budget=new_budget(config))
         self.store = store
         self.config = config
         self.kind = kind
@@ -179,6 +181,8 @@ class Job:
 
     def _fault_error(self, state: CallRun, fault: PlatformFault) -> BaseException:
         run = self._run
+        if fault.kind == FaultKind.CANCELLED and run.budget is not None and run.budget.reached:
+            return self.cost_cap_error()
         if fault.kind == FaultKind.CANCELLED and (run.cancel_reason or run.abandoned):  # not its own failure
             if run.cancel_reason:
                 return CancelledError(f"job {self.id} was cancelled from outside by `{run.cancel_reason}` "
@@ -189,6 +193,32 @@ class Job:
                   f"{fault.message}")
         exc.add_note(f"fnmap: {state.describe()} of job {self.id}; retries={self.config.retries}")
         return exc
+
+    def refused(self, estimate: dict) -> None:
+        """The job is refused before any call for its ``max_cost`` (``estimate``: why): its record says so."""
+        self._run.budget.refuse(estimate)
+
+    def cost_cap_error(self) -> CostCapReached:
+        """The error of a job stopped at its ``max_cost``: the cap, what was spent, the calls done
+        and not run, what the calls in flight mean, and how to finish the job."""
+        run = self._run
+        budget = run.budget
+        with self._lock:
+            done = sum(1 for s in run.calls if s.done and not s.cancelled)
+            not_run = [s for s in run.calls if s.cancelled or not s.done]
+            spent, in_flight = budget.spent, budget.in_flight
+        items = sum(s.n_items for s in not_run)
+        stoppable = self._scheduler.backend.stops_attempts
+        out = ""
+        if in_flight:
+            out = (f" {in_flight} call(s) in flight when the cap was reached still bill until they end"
+                   + (" (they were stopped)." if stoppable else " (this platform cannot stop a call that started)."))
+        return CostCapReached(
+            f"job {self.id} stopped at its cost cap max_cost=${budget.cap:g}: ${spent:.6f} spent at list "
+            f"prices ({budget.pricing.describe()}) by {done} call(s) done; {len(not_run)} call(s) "
+            f"({items} item(s)) not run.{out} Finish it with `fnmap redrive {self.id} --max-cost USD` "
+            "(the new cap counts what the redrive spends).",
+            job_id=self.id, cap=budget.cap, spent=spent, calls_done=done, calls_not_run=len(not_run))
 
     # -- the job record ---------------------------------------------
 
@@ -424,6 +454,16 @@ class Job:
 
     def __repr__(self) -> str:
         return f"<fnmap.Job {self.id} {self._run.done_count}/{len(self._run.calls)} calls done>"
+
+
+def new_budget(config):
+    """The :class:`fnmap.budget.Budget` of a job run with ``max_cost``, or None."""
+    if config.max_cost is None:
+        return None
+    from .budget import Budget, pricing_of
+
+    pricing = pricing_of(config)
+    return Budget(config.max_cost, pricing, spent=pricing.job_overhead())
 
 
 def function_label(func) -> str:

@@ -22,12 +22,12 @@ from typing import Any
 from . import lease
 from .attach import AttachedJob
 from .chunk_pickle import dump_chunk
-from .client import with_initializer
 from .errors import ConfigError
 from .observe.records import JobNotFound
 from .redrive import redrive
 from .runtime import keys
 from .runtime.serialization import pickle_function
+from .runtime.setup import with_initializer
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 

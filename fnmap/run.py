@@ -27,7 +27,7 @@ class Attempt:
     how it ended (:attr:`ending`) and the memory it asked for; ``copy`` marks a speculative copy
     sent while another attempt of the call was still out (a copy is not a retry)."""
 
-    __slots__ = ("number", "sent", "ended", "ending", "memory", "copy")
+    __slots__ = ("number", "sent", "ended", "ending", "memory", "copy", "reserved")
 
     def __init__(self, number: int, sent: float, memory: int | None = None, copy: bool = False):
         self.number = number
@@ -38,6 +38,8 @@ class Attempt:
         self.ending: str | None = None
         self.memory = memory
         self.copy = copy
+        #: What the job's budget reserved for this attempt while it is out (``max_cost``), or None.
+        self.reserved: float | None = None
 
     @property
     def open(self) -> bool:
@@ -100,12 +102,17 @@ class CallRun:
         items = f"item {self.first_index}" if self.n_items == 1 else f"items {self.first_index}..{last}"
         return f"call {self.call_id} ({items})"
 
+    def attempt(self, number: int) -> Attempt | None:
+        """The attempt numbered ``number``, or None."""
+        for record in self.attempts:
+            if record.number == number:
+                return record
+        return None
+
     def attempt_memory(self, attempt: int) -> int | None:
         """The memory (MB) attempt ``attempt`` was sent with (None: the platform's own)."""
-        for record in self.attempts:
-            if record.number == attempt:
-                return record.memory
-        return None
+        record = self.attempt(attempt)
+        return record.memory if record is not None else None
 
     def open_attempts(self) -> list[int]:
         """The numbers of the attempts sent and not ended."""
@@ -135,7 +142,7 @@ class JobRun:
         "calls", "sealed", "cancelled", "abandoned", "stopped_attempts", "speculate_open", "cancel_reason",
         "done_count", "failed_count", "cancelled_count", "retry_count", "copy_count", "duplicate_count",
         "durations", "call_errors", "record_saved", "finished", "setup_error", "feed", "progress",
-        "completed", "polled_at", "all_done", "wake",
+        "completed", "polled_at", "all_done", "wake", "budget",
     )
 
     def __init__(self, speculate_open: bool = False, stream: bool = False):
@@ -183,3 +190,5 @@ class JobRun:
         self.all_done = threading.Event()
         #: Set when every call is done or a call failed: what ``results`` waits on (fail fast).
         self.wake = threading.Event()
+        #: The job's :class:`fnmap.budget.Budget` when it runs with ``max_cost``, else None.
+        self.budget = None

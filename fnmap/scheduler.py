@@ -49,6 +49,7 @@ from .dispatch import ACCEPTED, COALESCE_MAX_SECONDS, COALESCE_SECONDS, Dispatch
 from .errors import FaultKind, PlatformFault
 from .locks import YieldingLock
 from .monitor import FETCH_THREADS, LOST_GRACE_SECONDS, POLL_SECONDS, Monitor
+from .observe import cost
 from .run import Attempt, CallRun, JobRun
 from .runtime import outcome
 from .runtime.call_error import call_error
@@ -57,7 +58,12 @@ __all__ = ["ACCEPTED", "COALESCE_MAX_SECONDS", "COALESCE_SECONDS", "FETCH_THREAD
            "POLL_SECONDS", "Outcomes", "Scheduler"]
 
 # What ``_claim`` found: send this attempt, send the call's first, or nothing (and why).
-_SEND, _FIRST, _SKIP, _CANCELLED, _ABANDONED = range(5)
+_SEND, _FIRST, _SKIP, _CANCELLED, _ABANDONED, _CAPPED = range(6)
+
+
+def _cap_fault() -> PlatformFault:
+    """The fault of a call not sent because its job reached its ``max_cost``."""
+    return PlatformFault(FaultKind.CANCELLED, "not sent: the job reached its cost cap (max_cost)")
 
 
 class Scheduler:
@@ -81,9 +87,12 @@ class Scheduler:
     # -- the front door: jobs and their calls ------------------------------------
 
     @staticmethod
-    def new_run(speculate_open: bool = False, stream: bool = False) -> JobRun:
-        """The run state of a new job (``stream``: it hands each call on as it is done, for ``imap``)."""
-        return JobRun(speculate_open=speculate_open, stream=stream)
+    def new_run(speculate_open: bool = False, stream: bool = False, budget=None) -> JobRun:
+        """The run state of a new job (``stream``: it hands each call on as it is done, for ``imap``;
+        ``budget``: its :class:`fnmap.budget.Budget` when it runs with ``max_cost``)."""
+        run = JobRun(speculate_open=speculate_open, stream=stream)
+        run.budget = budget
+        return run
 
     def add(self, job, state: CallRun) -> None:
         """Register a call of ``job`` (not sent until :meth:`submit`)."""
@@ -132,7 +141,7 @@ class Scheduler:
         self.cancel(job)
         self.seal(job)
 
-    def cancel(self, job, stop_platform: bool = False, reason: str | None = None) -> None:
+    def cancel(self, job, stop_platform: bool = False, reason: str | None = None, capped: bool = False) -> None:
         """Stop starting ``job``'s calls: those no dispatch thread took yet are cancelled; those
         already running go on and end with their own results (retried after platform faults).
 
@@ -141,6 +150,8 @@ class Scheduler:
         stops what it still runs where it can (Batch array jobs are terminated, the emulator's
         attempts in flight are stopped: joblib's next run would wait behind them).
         ``reason``: who asked from outside (``fnmap cancel``), for the calls' errors.
+        ``capped``: the job reached its ``max_cost`` (:meth:`_reach_cap`): the calls not sent fail
+        with the cap's error, not as cancelled futures.
         """
         run = job.run
         if run.feed is not None:  # items in no call yet become one unstarted call, cancelled below
@@ -155,8 +166,16 @@ class Scheduler:
             running = [(s.call_id, a) for s in run.calls if not s.done
                        for a in s.open_attempts()] if stop_platform else []
             run.stopped_attempts.update(running)
+            if capped:
+                run.budget.in_flight = len(running)
+            capped = run.budget is not None and run.budget.reached
+            if capped:
+                run.budget.calls_not_run += len(unstarted)
         for state in unstarted:
-            self._cancel_unstarted(job, state)
+            if capped:
+                self._decide(job, state, 0, _cap_fault(), final=True)
+            else:
+                self._cancel_unstarted(job, state)
         run.wake.set()
         if stop_platform and not job.done:
             self._stop_platform(job, running)
@@ -197,22 +216,49 @@ class Scheduler:
             self._decide(job, state, state.next_attempt - 1, fault, final=True)
         elif found == _CANCELLED:
             self._cancel_unstarted(job, state)
+        elif found == _CAPPED:
+            if attempt:  # no attempt of it is out: it fails with the cap (else the one out decides)
+                self._decide(job, state, 0, _cap_fault(), final=True)
+            self._reach_cap(job)
         return None
+
+    def _reach_cap(self, job) -> None:
+        """The job's budget refused an attempt: send nothing more, fail the calls not sent with
+        the cap's error, stop what the platform runs (the emulator's workers, Batch's jobs; Lambda
+        cannot stop an invocation: those bill until they end).  Once per job."""
+        run = job.run
+        with self.lock:
+            first, run.budget.stopped = not run.budget.stopped, True
+        if first:
+            self.cancel(job, stop_platform=True, capped=True)
 
     def _claim(self, job, state) -> tuple[int, int]:
         """Under the lock: what :meth:`_begin` found, and the attempt it recorded as sent."""
         if state.done:
             return _SKIP, 0
+        run = job.run
         first = state.next_attempt == 1
         if first:
             if state.claimed:
                 return _SKIP, 0
             state.claimed = True
-            if job.run.cancelled:  # cancelled before any thread took it
+            if run.budget is not None and run.budget.reached:
+                run.budget.calls_not_run += 1
+                return _CAPPED, 1
+            if run.cancelled:  # cancelled before any thread took it
                 return _CANCELLED, 0
-        elif job.run.abandoned:
+        elif run.abandoned:
             return (_ABANDONED if state.in_flight == 0 else _SKIP), 0
-        return (_FIRST if first else _SEND), self._new_attempt(job, state)
+        reserved = None
+        if run.budget is not None:
+            steps = job.config.memory_steps
+            reserved = run.budget.admit(steps[state.memory_step] if steps else None)
+            if reserved is None:  # the cap: this call fails with it unless an attempt of it is out
+                run.budget.calls_not_run += state.in_flight == 0
+                return _CAPPED, int(state.in_flight == 0)
+        attempt = self._new_attempt(job, state)
+        state.attempts[-1].reserved = reserved
+        return (_FIRST if first else _SEND), attempt
 
     def _new_attempt(self, job, state) -> int:
         """Under the lock: record the next attempt of ``state`` as sent; a copy if another is out."""
@@ -244,6 +290,7 @@ class Scheduler:
             return attempt
         with self.lock:  # the caller cancelled this future itself
             state.end_attempt(attempt, "cancelled")
+            self._bill(job, state, attempt, never_sent=True)
         self._cancelled_before_start(job, state)
         return None
 
@@ -283,6 +330,7 @@ class Scheduler:
         """Under the lock: end the attempt and say whether the call is retried (True), fails
         (False), or nothing is decided now (None: decided already, or another copy is out)."""
         state.end_attempt(attempt, fault.kind)
+        self._bill(job, state, attempt)
         if state.done:
             return None
         climbed = fault.kind == FaultKind.OUT_OF_MEMORY and self._climb_memory(job, state, attempt)
@@ -329,7 +377,7 @@ class Scheduler:
     def _finish(self, job, state, attempt: int, answer: Outcomes) -> None:
         run = job.run
         with self.lock:  # one lock section per call: dispatch threads share this lock
-            if state.done:  # a later copy: the first result stands
+            if state.done:  # a later copy: the first result stands (billed as it was superseded)
                 run.duplicate_count += 1
                 return
             state.done = True
@@ -342,6 +390,7 @@ class Scheduler:
             if failed:
                 run.call_errors[state.call_id] = call_error(answer.outcomes)
             state.end_attempt(attempt, "ok" if not failed else "error")
+            self._bill(job, state, attempt, stats)
             state.payload = None
             state.result = answer.outcomes
             after = (failed, *self._settle(job, state))
@@ -391,7 +440,36 @@ class Scheduler:
             run.record_saved = True
             run.finished = run.finished or time.time()
         others = state.end_open_attempts() if state is not None and state.in_flight else []
+        for attempt in others:
+            Scheduler._bill(job, state, attempt)
         return write, all_done, others
+
+    @staticmethod
+    def _bill(job, state, number: int, stats: dict | None = None, never_sent: bool = False) -> None:
+        """Under the lock, as attempt ``number`` of ``state`` ends: price it into the job's budget
+        (``max_cost``).  The worker's own time and cold start when it reported (``stats``), else the
+        client's view, sent until now (an upper bound); nothing for an attempt never sent."""
+        budget = job.run.budget
+        record = state.attempt(number) if budget is not None else None
+        if record is None or record.reserved is None:
+            return
+        reserved, record.reserved = record.reserved, None
+        if never_sent:
+            budget.settle(reserved, 0.0)
+            return
+        init = 0.0
+        if stats and stats.get("started") is not None and (stats.get("written") or stats.get("finished")):
+            seconds = (stats.get("written") or stats["finished"]) - stats["started"]
+            init = (stats.get("init_seconds") or 0.0) if stats.get("cold") else 0.0
+        else:
+            seconds = (record.ended or time.time()) - record.sent
+        puts, gets = cost.S3_PUTS_PER_CALL, cost.S3_GETS_PER_CALL
+        if state.items_key:
+            puts, gets = puts + (number == 1), gets + 1
+        if stats and stats.get("cold"):
+            gets += 1
+        budget.settle(reserved, budget.pricing.attempt(seconds, memory_mb=record.memory, init_seconds=init,
+                                                       puts=puts, gets=gets))
 
     def _all_done(self, job) -> None:
         """Every call is done and no more will come: close the bar, then wake the waiters."""

@@ -281,20 +281,29 @@ def test_no_bar_without_a_terminal_unless_asked():
     bar.close()
 
 
-def test_cost_tables():
-    one = cost.lambda_cost([1.0] * 1000, 1024)
-    assert one["gb_seconds"] == pytest.approx(1000) and one["usd"] == pytest.approx(
-        0.0168667, rel=1e-4
-    )
-    assert cost.lambda_cost([0.0001], 128)["gb_seconds"] == pytest.approx(0.001 / 8)  # 1 ms minimum
+def test_cost_model():
+    """One attempt's list price: duration (1 ms at least) x memory, a request, its S3 requests;
+    Batch: instance time with a one-minute minimum."""
+    from fnmap.observe.prices import lambda_price, s3_price
+
+    lam, s3 = lambda_price("us-east-1"), s3_price("us-east-1")
+    pricing = cost.Pricing.of("emulator", {})
+    assert pricing.model == "aws-lambda" and pricing.memory_mb == 1024 and "memory" in pricing.assumed
+    parts = pricing.parts(1.0, puts=0, gets=0)
+    assert parts["gb_seconds"] == pytest.approx(1.0) and parts["compute"] == pytest.approx(lam.gb_second_x86)
+    assert parts["request"] == pytest.approx(lam.request) and parts["storage"] == 0
+    assert pricing.parts(0.0001, memory_mb=128, puts=0, gets=0)["gb_seconds"] == pytest.approx(0.001 / 8)
+    assert pricing.parts(1.0, init_seconds=0.25, puts=0, gets=0)["gb_seconds"] == pytest.approx(1.25)
+    assert pricing.attempt(0.0, puts=2, gets=3) == pytest.approx(
+        0.001 * lam.gb_second_x86 + lam.request + 2 * s3.put + 3 * s3.get)
     with pytest.raises(cost.UnknownPrice, match="us-east-1"):
-        cost.lambda_cost([1.0], 1024, region="mars-north-1")
-    batch = cost.batch_cost([10.0, 120.0], "g4dn.xlarge")
-    assert batch["instance_seconds"] == 180 and batch["usd"] == pytest.approx(180 / 3600 * 0.526)
-    assert (
-        cost.estimate({"backend": "aws", "options": {"region": "mars-north-1"}, "calls": []})["usd"]
-        is None
-    )
+        cost.Pricing.of("aws", {"region": "mars-north-1"})
+    batch = cost.Pricing.of("batch", {"instance_type": "g4dn.xlarge"})
+    from fnmap.observe.prices import instance_price
+
+    assert batch.parts(10.0)["instance_seconds"] == 60 and batch.parts(120.0)["instance_seconds"] == 120
+    assert batch.parts(120.0)["compute"] == pytest.approx(120 / 3600 * instance_price("g4dn.xlarge"))
+    assert cost.estimate({"backend": "aws", "options": {"region": "mars-north-1"}, "calls": []})["usd"] is None
 
 
 def test_parse_age():

@@ -76,6 +76,7 @@ class Backend(Protocol):
     workers_on_this_terminal: bool
     platform_concurrency: int | None
     signature_lifetime: float
+    stops_attempts: bool
 
     def invoke(self, invocation: Invocation) -> Answer: ...
 
@@ -99,6 +100,9 @@ class BaseBackend:
 
     name = "base"
     max_workers = 8
+    #: True when :meth:`stop_attempts` stops a call while it runs (the emulator kills its worker,
+    #: Batch terminates its container); False where a call, once started, runs to its end (Lambda).
+    stops_attempts = False
     #: How long an automatically chunked call should take (``chunksize`` unset): long enough to
     #: amortize what one call costs here besides its items, short enough to spread the work.
     call_seconds = 0.5

@@ -152,6 +152,7 @@ class _Submission:
 
 class BatchBackend(BaseBackend):
     name = "batch"
+    stops_attempts = True  # see BaseBackend: its stop_attempts stops a running call
     #: Each call is a container that is scheduled and started (tens of seconds).
     call_seconds = 60.0
     max_workers = 8

@@ -35,6 +35,7 @@ _STOP_TIMEOUT = 30.0
 
 class HttpBackend(BaseBackend):
     name = "http"
+    stops_attempts = True  # see BaseBackend: its stop_attempts stops a running call
     #: A request and a response per call: a fraction of a second amortizes it.
     call_seconds = 0.5
 

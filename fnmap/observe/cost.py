@@ -1,68 +1,34 @@
-"""Cost estimates of a job: AWS Lambda (GB-seconds plus requests) and AWS Batch (instance time).
+"""What a job costs at list prices: the price of one attempt of a call (:class:`Pricing`), and the
+estimate of a job record (:func:`estimate`, what ``job.cost()``, ``fnmap job`` and the cost cap read).
 
-Every price fnmap knows is in this module, in the tables below; update them
-here when AWS changes its prices.  The estimates are list prices without free
-tier, savings plans or volume tiers, so they are an upper bound for small jobs
-and a good guide for large ones.  Lambda bills each invocation's duration
-rounded up to the millisecond, times its memory; Batch bills the EC2 instances
-its jobs run on, by the second with a one-minute minimum per instance.
+The model, per attempt of a call, on the platform the job's backend stands for (the emulator,
+``local`` and ``http`` are priced as AWS Lambda, so a laptop run tells what the same job would cost
+in the cloud):
+
+* **AWS Lambda**: the duration rounded up to the millisecond (at least 1 ms), plus a cold start's
+  INIT phase (billed since 2025-08-01; the worker reports it as ``init_seconds``), times the memory
+  in GB, at the GB-second price of the region and architecture; plus the price of one request.
+* **AWS Batch**: the instance time of the container, by the second with a one-minute minimum,
+  at the instance type's on-demand hourly price.
+* **S3 requests** (for short calls they can cost more than Lambda's compute): each attempt makes
+  :data:`S3_PUTS_PER_CALL` PUTs and :data:`S3_GETS_PER_CALL` GET-priced requests, a cold worker one
+  GET more (the function), a call whose input is stored (larger than ``inline_limit``) one PUT and
+  one GET more; each job :data:`S3_PUTS_PER_JOB` PUTs (its function, index entry and record).
+
+These are list prices (the first tier) without free tier, savings plans or volume tiers: an upper
+bound for small jobs, a good guide for large ones.  The platform's own bill is the truth.  The
+prices themselves, dated and with their sources, are in :mod:`fnmap.observe.prices`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from ..errors import ConfigError
+from .prices import UnknownPrice, instance_price, lambda_price, prices_basis, s3_price
 
-#: When the tables were last checked (https://aws.amazon.com/lambda/pricing/, EC2 on-demand).
-PRICES_CHECKED = "2025-06"
-
-_STANDARD = (0.0000166667, 0.0000133334, 0.20)
-
-#: Region -> (USD per GB-second on x86_64, USD per GB-second on arm64, USD per million requests).
-LAMBDA_PRICES: dict[str, tuple[float, float, float]] = {
-    **dict.fromkeys(
-        [
-            "us-east-1",
-            "us-east-2",
-            "us-west-1",
-            "us-west-2",
-            "ca-central-1",
-            "eu-central-1",
-            "eu-west-1",
-            "eu-west-2",
-            "eu-west-3",
-            "eu-north-1",
-            "ap-south-1",
-            "ap-northeast-1",
-            "ap-northeast-2",
-            "ap-northeast-3",
-            "ap-southeast-1",
-            "ap-southeast-2",
-            "sa-east-1",
-        ],
-        _STANDARD,
-    ),
-    "af-south-1": (0.0000221, 0.0000177, 0.28),
-    "ap-east-1": (0.00002865, 0.0000229, 0.28),
-    "eu-south-1": (0.0000195172, 0.0000156138, 0.23),
-    "me-south-1": (0.0000206667, 0.0000165334, 0.25),
-}
-
-#: EC2 instance type -> on-demand USD per hour in us-east-1 (what AWS Batch jobs run on).
-BATCH_INSTANCE_PRICES: dict[str, float] = {
-    "c5.large": 0.085,
-    "c5.xlarge": 0.17,
-    "m5.large": 0.096,
-    "m5.xlarge": 0.192,
-    "g4dn.xlarge": 0.526,
-    "g4dn.2xlarge": 0.752,
-    "g5.xlarge": 1.006,
-    "g5.2xlarge": 1.212,
-    "g6.xlarge": 0.8048,
-    "p3.2xlarge": 3.06,
-    "p4d.24xlarge": 32.7726,
-}
+__all__ = ["BATCH_MINIMUM_SECONDS", "DEFAULT_LAMBDA_MEMORY_MB", "Pricing", "UnknownPrice", "attempt_durations",
+           "describe", "estimate"]
 
 DEFAULT_REGION = "us-east-1"
 #: Memory assumed for Lambda when a job did not set ``memory`` (fnmap's deploy default).
@@ -70,69 +36,105 @@ DEFAULT_LAMBDA_MEMORY_MB = 1024
 DEFAULT_CPU_INSTANCE = "c5.large"
 DEFAULT_GPU_INSTANCE = "g5.xlarge"  # the family `fnmap deploy batch` picks by default
 BATCH_MINIMUM_SECONDS = 60.0
+#: S3 requests of one attempt: the worker's PUTs (its result, its status record) and GET-priced
+#: requests (its two checks before it runs: the job's record is there, the result is not yet).
+S3_PUTS_PER_CALL = 2
+S3_GETS_PER_CALL = 2
+#: S3 PUTs of one job, whatever its size: its function, its index entry (twice) and its record.
+S3_PUTS_PER_JOB = 4
 
 
-class UnknownPrice(ConfigError):
-    """No price is known for a region or an instance type; the message lists the known ones."""
+@dataclass(frozen=True)
+class Pricing:
+    """The list price of one attempt of a job's calls, for the platform its backend stands for."""
+
+    model: str  # "aws-lambda" or "aws-batch"
+    region: str
+    memory_mb: int
+    arch: str = "x86_64"
+    instance_type: str | None = None
+    #: The settings the job did not give, taken from fnmap's defaults (``memory``, ``region``, ...).
+    assumed: tuple = ()
+
+    @classmethod
+    def of(cls, backend: str | None, options: dict) -> Pricing:
+        """The pricing of a job of ``backend`` with these options (a record's ``options``, or a
+        :class:`fnmap.config.Config`'s fields); raises :class:`UnknownPrice` for an unknown region or
+        instance type."""
+        region = options.get("region") or DEFAULT_REGION
+        memory = options.get("memory") or DEFAULT_LAMBDA_MEMORY_MB
+        if isinstance(memory, (list, tuple)):  # memory steps: most calls run at the first
+            memory = memory[0]
+        if backend == "batch":
+            instance = options.get("instance_type") or (
+                DEFAULT_GPU_INSTANCE if options.get("gpu") else DEFAULT_CPU_INSTANCE)
+            pricing = cls("aws-batch", region, memory, instance_type=instance,
+                          assumed=() if options.get("instance_type") else ("instance_type",))
+        else:
+            pricing = cls("aws-lambda", region, memory,
+                          assumed=tuple(n for n in ("memory", "region") if not options.get(n)))
+        pricing.check()
+        return pricing
+
+    def check(self) -> None:
+        """Raise :class:`UnknownPrice` when a price this pricing needs is unknown."""
+        if self.model == "aws-batch":
+            instance_price(self.instance_type, self.region)
+        else:
+            lambda_price(self.region)
+            if self.arch not in ("x86_64", "arm64"):
+                raise UnknownPrice(f"no AWS Lambda price for architecture {self.arch!r}; use x86_64 or arm64")
+        s3_price(self.region)
+
+    def parts(self, seconds: float, *, memory_mb: int | None = None, init_seconds: float = 0.0,
+              puts: int = S3_PUTS_PER_CALL, gets: int = S3_GETS_PER_CALL) -> dict:
+        """What one attempt that ran ``seconds`` costs, in parts (USD): compute, request, storage."""
+        s3 = s3_price(self.region)
+        storage = puts * s3.put + gets * s3.get
+        if self.model == "aws-batch":
+            instance_seconds = max(seconds, BATCH_MINIMUM_SECONDS)
+            compute = instance_seconds / 3600 * instance_price(self.instance_type, self.region)
+            return {"compute": compute, "request": 0.0, "storage": storage, "instance_seconds": instance_seconds,
+                    "gb_seconds": 0.0}
+        price = lambda_price(self.region)
+        billed_ms = max(1, math.ceil(max(seconds, 0.0) * 1000)) + math.ceil(max(init_seconds, 0.0) * 1000)
+        gb_seconds = billed_ms / 1000 * (memory_mb or self.memory_mb) / 1024
+        per_gb_s = price.gb_second_x86 if self.arch == "x86_64" else price.gb_second_arm
+        return {"compute": gb_seconds * per_gb_s, "request": price.request, "storage": storage,
+                "gb_seconds": gb_seconds, "instance_seconds": 0.0}
+
+    def attempt(self, seconds: float, **kwargs) -> float:
+        """What one attempt that ran ``seconds`` costs (USD); options as :meth:`parts`."""
+        parts = self.parts(seconds, **kwargs)
+        return parts["compute"] + parts["request"] + parts["storage"]
+
+    def minimum(self, memory_mb: int | None = None) -> float:
+        """The least one attempt costs: the minimum billed duration, its request, its S3 requests."""
+        return self.attempt(0.0, memory_mb=memory_mb)
+
+    def job_overhead(self) -> float:
+        """What a job costs whatever its calls: the S3 PUTs of its function, index entry and record."""
+        return S3_PUTS_PER_JOB * s3_price(self.region).put
+
+    def describe(self) -> str:
+        """The platform and settings priced, e.g. ``AWS Lambda us-east-1, 1024 MB``."""
+        def said(name: str, text: str) -> str:
+            return text + (" (assumed)" if name in self.assumed else "")
+
+        if self.model == "aws-batch":
+            return f"AWS Batch on {said('instance_type', self.instance_type)}"
+        return f"AWS Lambda {said('region', self.region)}, {said('memory', f'{self.memory_mb} MB')}"
 
 
-def lambda_cost(
-    durations: list[float], memory_mb: int, region: str = DEFAULT_REGION, arch: str = "x86_64"
-) -> dict:
-    """List price of Lambda invocations lasting ``durations`` seconds each, at ``memory_mb``.
-
-    >>> round(lambda_cost([1.0] * 1000, 1024)["usd"], 6)
-    0.016867
-    """
-    prices = LAMBDA_PRICES.get(region)
-    if prices is None:
-        raise UnknownPrice(
-            f"no AWS Lambda price for region {region!r}; known regions: "
-            f"{', '.join(sorted(LAMBDA_PRICES))} "
-            "(add it to fnmap/observe/cost.py LAMBDA_PRICES)"
-        )
-    if arch not in ("x86_64", "arm64"):
-        raise UnknownPrice(f"no AWS Lambda price for architecture {arch!r}; use x86_64 or arm64")
-    per_gb_s = prices[0] if arch == "x86_64" else prices[1]
-    billed_ms = sum(math.ceil(max(d, 0.0) * 1000) for d in durations)
-    gb_seconds = billed_ms / 1000 * memory_mb / 1024
-    requests = len(durations)
-    compute = gb_seconds * per_gb_s
-    request_cost = requests * prices[2] / 1e6
-    return {
-        "model": "aws-lambda",
-        "region": region,
-        "arch": arch,
-        "memory_mb": memory_mb,
-        "gb_seconds": gb_seconds,
-        "requests": requests,
-        "compute_usd": compute,
-        "requests_usd": request_cost,
-        "usd": compute + request_cost,
-    }
-
-
-def batch_cost(durations: list[float], instance_type: str) -> dict:
-    """List price of Batch jobs lasting ``durations`` seconds, one per ``instance_type`` instance.
-
-    Instance boot and idle time before scale-in are not included.
-    """
-    hourly = BATCH_INSTANCE_PRICES.get(instance_type)
-    if hourly is None:
-        raise UnknownPrice(
-            f"no EC2 price for instance type {instance_type!r}; known types: "
-            f"{', '.join(sorted(BATCH_INSTANCE_PRICES))} "
-            "(add it to fnmap/observe/cost.py BATCH_INSTANCE_PRICES)"
-        )
-    seconds = sum(max(d, BATCH_MINIMUM_SECONDS) for d in durations)
-    return {
-        "model": "aws-batch",
-        "instance_type": instance_type,
-        "usd_per_hour": hourly,
-        "instance_seconds": seconds,
-        "jobs": len(durations),
-        "usd": seconds / 3600 * hourly,
-    }
+def attempt_requests(call: dict, attempt_index: int) -> tuple[int, int]:
+    """The S3 PUTs and GETs of one attempt of a record's call (see the module's docstring)."""
+    puts, gets = S3_PUTS_PER_CALL, S3_GETS_PER_CALL
+    if call.get("stored_input"):
+        puts += 1 if attempt_index == 0 else 0  # the client stores it once
+        gets += 1
+    if call.get("cold") and attempt_index == 0:
+        gets += 1
+    return puts, gets
 
 
 def attempt_durations(record: dict) -> list[float]:
@@ -141,47 +143,62 @@ def attempt_durations(record: dict) -> list[float]:
     The worker's own time when it reported, else the client's view (sent until answered), which
     is an upper bound.
     """
-    out: list[float] = []
+    return [seconds for _call, _index, seconds in _attempts(record)]
+
+
+def _attempts(record: dict):
+    """``(call, attempt index, billed seconds)`` of every attempt of a record that was sent."""
     for call in record.get("calls", []):
         counted = call.get("attempt")
-        for attempt in call.get("attempts", []):
+        for index, attempt in enumerate(call.get("attempts", [])):
             if attempt["attempt"] == counted and call.get("started") is not None:
                 end = call.get("written") or call.get("finished")
-                out.append(end - call["started"])
-            elif attempt.get("ended") is not None and attempt.get("sent") is not None:
-                out.append(attempt["ended"] - attempt["sent"])
-    return out
+                yield call, index, end - call["started"]
+            elif attempt.get("ended") is not None and attempt.get("sent") is not None \
+                    and attempt.get("outcome") != "cancelled":  # cancelled before it was sent: no bill
+                yield call, index, attempt["ended"] - attempt["sent"]
 
 
 def estimate(record: dict) -> dict:
-    """The estimate for a job record: Batch instance time for ``batch``, else Lambda pricing.
+    """The list-price estimate of a job record: ``usd``, its parts, and what it assumed.
 
-    Jobs run on the emulator, ``local`` or ``http`` are priced as if they had run on AWS
-    Lambda, so a laptop run tells what the same job would cost in the cloud.  An unknown
-    region or instance type gives ``usd=None`` and a ``note`` instead of an error, so a
-    summary always prints.
-    """
+    An unknown region or instance type gives ``usd=None`` and a ``note`` instead of an error, so a
+    summary always prints."""
     options = record.get("options", {})
-    durations = attempt_durations(record)
     try:
-        if record.get("backend") == "batch":
-            instance = options.get("instance_type") or (
-                DEFAULT_GPU_INSTANCE if options.get("gpu") else DEFAULT_CPU_INSTANCE
-            )
-            result = batch_cost(durations, instance)
-            result["assumed"] = [] if options.get("instance_type") else ["instance_type"]
-        else:
-            memory = options.get("memory") or DEFAULT_LAMBDA_MEMORY_MB
-            if isinstance(memory, (list, tuple)):  # memory steps: most calls run at the first
-                memory = memory[0]
-            region = options.get("region") or DEFAULT_REGION
-            result = lambda_cost(durations, memory, region)
-            result["assumed"] = [name for name in ("memory", "region") if not options.get(name)]
+        pricing = Pricing.of(record.get("backend"), options)
     except UnknownPrice as e:
         return {"model": None, "usd": None, "note": str(e)}
-    result["prices_checked"] = PRICES_CHECKED
+    totals = {"compute": 0.0, "request": 0.0, "storage": 0.0, "gb_seconds": 0.0, "instance_seconds": 0.0}
+    attempts = puts = gets = 0
+    for call, index, seconds in _attempts(record):
+        p, g = attempt_requests(call, index)
+        memory = next((a.get("memory") for a in call["attempts"][index:index + 1]), None)
+        init = (call.get("init_seconds") or 0.0) if call.get("cold") and index == 0 else 0.0
+        for name, value in pricing.parts(seconds, memory_mb=memory, init_seconds=init, puts=p, gets=g).items():
+            totals[name] += value
+        attempts, puts, gets = attempts + 1, puts + p, gets + g
+    overhead = pricing.job_overhead()
+    result = {
+        "model": pricing.model,
+        "region": pricing.region,
+        "arch": pricing.arch,
+        "memory_mb": pricing.memory_mb,
+        "instance_type": pricing.instance_type,
+        "gb_seconds": totals["gb_seconds"],
+        "instance_seconds": totals["instance_seconds"],
+        "requests": attempts if pricing.model == "aws-lambda" else 0,
+        "s3_puts": puts + S3_PUTS_PER_JOB,
+        "s3_gets": gets,
+        "compute_usd": totals["compute"],
+        "requests_usd": totals["request"],
+        "storage_usd": totals["storage"] + overhead,
+        "usd": totals["compute"] + totals["request"] + totals["storage"] + overhead,
+        "assumed": list(pricing.assumed),
+        "prices": prices_basis()["date"],
+    }
     if record.get("backend") not in ("aws", "batch"):
-        result["note"] = f"as if the {record.get('backend')} job had run on {result['model']}"
+        result["note"] = f"as if the {record.get('backend')} job had run on {pricing.model}"
     return result
 
 
@@ -190,14 +207,13 @@ def describe(estimate_: dict) -> str:
     if estimate_.get("usd") is None:
         return f"unknown ({estimate_.get('note', 'no estimate')})"
     assumed = estimate_.get("assumed") or []
+    s3 = f"{estimate_.get('s3_puts', 0)} S3 PUTs + {estimate_.get('s3_gets', 0)} GETs"
     if estimate_["model"] == "aws-lambda":
         memory = f"{estimate_['memory_mb']} MB" + (" (assumed)" if "memory" in assumed else "")
         region = estimate_["region"] + (" (assumed)" if "region" in assumed else "")
-        detail = (
-            f"AWS Lambda {region}, {memory}: {estimate_['gb_seconds']:.3f} GB-s + "
-            f"{estimate_['requests']} requests"
-        )
+        detail = (f"AWS Lambda {region}, {memory}: {estimate_['gb_seconds']:.3f} GB-s + "
+                  f"{estimate_['requests']} requests + {s3}")
     else:
         instance = estimate_["instance_type"] + (" (assumed)" if assumed else "")
-        detail = f"AWS Batch on {instance}: {estimate_['instance_seconds']:.0f} instance-seconds"
-    return f"${estimate_['usd']:.6f}  {detail}"
+        detail = f"AWS Batch on {instance}: {estimate_['instance_seconds']:.0f} instance-seconds + {s3}"
+    return f"${estimate_['usd']:.6f}  {detail} (list prices of {estimate_.get('prices')})"

@@ -54,6 +54,7 @@ UNFINISHED = ("pending", "running")
 _STATS_FIELDS = (
     "worker",
     "cold",
+    "init_seconds",
     "started",
     "loaded",
     "finished",
@@ -105,9 +106,13 @@ def build(job) -> dict:
             "region": cfg.region,
             "retry_on": list(job.retry_on_names),
             "instance_type": getattr(cfg, "instance_type", None),
+            "max_cost": cfg.max_cost,
         },
         "calls": calls,
     }
+    if job.run.budget is not None:  # what the cap allowed, what was spent, whether it stopped the job
+        with job._lock:
+            record["cost_cap"] = job.run.budget.as_record()
     record["summary"] = summarize(record)
     return record
 
@@ -143,6 +148,8 @@ def _call_entry(state, error: tuple[str, str] | None) -> dict:
         "attempts": attempts,
         "failed_items": _failed_items(status, stats, state.n_items),
     }
+    if state.items_key:  # its input is an object in storage (priced: one PUT, a GET per attempt)
+        entry["stored_input"] = True
     if len(attempts) > 1:  # the attempts that were speculative copies (sent while another was out), not retries
         entry["copies"] = [a.number for a in state.attempts if a.copy] or None
     for name in _STATS_FIELDS:
@@ -280,6 +287,16 @@ def _spread(values: list[float]) -> dict:
     }
 
 
+def _seconds_per_item(done: list[dict]) -> float | None:
+    """The worker's seconds per item over the calls that succeeded, for ``fnmap.estimate`` of the
+    same function later; None when none reported."""
+    timed = [(run_seconds(c), c["items"]) for c in done if c["status"] == "ok"]
+    timed = [(seconds, items) for seconds, items in timed if seconds is not None and items]
+    if not timed:
+        return None
+    return sum(seconds for seconds, _ in timed) / sum(items for _, items in timed)
+
+
 def _retries(call: dict) -> int:
     """Attempts of a call after its first that were retries (speculative copies are not)."""
     n = len(call["attempts"])
@@ -296,9 +313,13 @@ def run_seconds(call: dict) -> float | None:
 def _job_status(record: dict, n_done: int, failed: list) -> str:
     """What happened to the job.  One whose exception reached its caller (``raised``) ended then, as
     that exception says: ``failed`` for an item's or a call's failure (the calls it stopped are
-    cancelled, not the job), ``cancelled`` for an interrupt or a cancel."""
+    cancelled, not the job), ``cancelled`` for an interrupt or a cancel; ``capped`` for a job its
+    ``max_cost`` stopped."""
     calls = record["calls"]
     raised = record.get("raised")
+    cap = record.get("cost_cap") or {}
+    if cap.get("reached") and (cap.get("refused") or any(c["status"] != "ok" for c in calls)):
+        return "capped"  # stopped at its max_cost (or refused before it started)
     if record.get("error"):  # stopped before any call ran, e.g. an item that does not pickle
         return "failed"
     if raised:
@@ -362,6 +383,8 @@ def summarize(record: dict) -> dict:
         "bytes_out": sum(c.get("bytes_out") or 0 for c in done),
         "peak_memory_mb": max(peaks) / 1024 if peaks else None,
         "cost": cost.estimate(record),
+        "cost_cap": record.get("cost_cap"),
+        "seconds_per_item": _seconds_per_item(done),
     }
     return summary
 

@@ -22,6 +22,7 @@ Shared by the client and the worker: it must not import client-only modules.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import socket
 import threading
@@ -101,3 +102,15 @@ def _run(initializer, initargs: tuple) -> tuple[str, str] | None:
                    f"worker {socket.gethostname()}:{os.getpid()}, so every call this worker process runs "
                    "with it fails (it is not run again there); fix the initializer or its initargs")
         return message, "".join(traceback.format_exception(type(e), e, e.__traceback__))
+
+
+def with_initializer(func, config):
+    """``func``, or with ``initializer=`` a :class:`WithInitializer` holding both, in one pickle (so
+    they share the globals of their module); the initializer is named if it does not pickle."""
+    if config.initializer is None:
+        return func
+    initargs = tuple(config.initargs)
+    from .serialization import dumps_checked
+
+    data = dumps_checked((config.initializer, initargs), "the initializer or its initargs")
+    return WithInitializer(func, config.initializer, initargs, hashlib.sha256(data).hexdigest()[:32])

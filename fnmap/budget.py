@@ -1,0 +1,222 @@
+"""The cost cap (``max_cost``): what a map will cost before it runs (:func:`estimate`, and the
+check that refuses a map whose estimate is above its cap), and while it runs, the budget of the job:
+what its attempts cost so far, what those still out will cost, and whether one more may be sent.
+
+The :class:`fnmap.scheduler.Scheduler` keeps one :class:`Budget` per capped job (``job.run.budget``)
+and calls it under its lock: :meth:`Budget.admit` before an attempt is sent (a first attempt, a
+retry, a speculative copy), :meth:`Budget.settle` when it ends.  An attempt is admitted while
+
+    spent + reserved + expected <= cap
+
+where ``spent`` is the priced cost of every attempt that ended (its measured duration, memory,
+request and S3 requests: :class:`fnmap.observe.cost.Pricing`), ``reserved`` what the attempts
+still out are expected to cost, and ``expected`` what one more will: the mean of the attempts so
+far, never less than the least an attempt costs (the minimum billed duration).  The first attempt
+refused reaches the cap: the scheduler sends nothing more and stops what it can.
+
+Before a map runs, its estimate is made from one of two bases:
+
+* **measured**: the newest job in the storage's index that ran the same function (the same
+  pickled bytes, so the same code and the same closure) and reported its calls' durations: the
+  items' measured seconds, priced as its calls would be (:class:`fnmap.observe.cost.Pricing`);
+* **minimum**: nothing measured yet: every call at the minimum billed duration (1 ms on Lambda, a
+  minute of instance time on Batch), plus its request and S3 requests: what the map costs at least.
+
+An estimate runs, starts and stores nothing: the function is pickled (to know it), the index is read.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .config import resolve
+from .observe.cost import Pricing
+from .observe.history import get_json_many, index_keys
+from .observe.prices import prices_basis
+from .runtime import keys
+from .runtime.serialization import pickle_function
+from .runtime.setup import with_initializer
+
+
+def pricing_of(config) -> Pricing:
+    """The pricing of a job run with ``config`` (:class:`fnmap.config.Config`)."""
+    return Pricing.of(config.backend, {"region": config.region, "memory": config.memory, "gpu": config.gpu,
+                                       "instance_type": getattr(config, "instance_type", None)})
+
+
+class Budget:
+    """The running cost of one job against its cap, in US dollars at list prices."""
+
+    __slots__ = ("cap", "pricing", "spent", "reserved", "attempts", "reached_at", "calls_not_run", "in_flight",
+                 "stopped", "refused_estimate")
+
+    def __init__(self, cap: float, pricing: Pricing, spent: float = 0.0):
+        self.cap = float(cap)
+        self.pricing = pricing
+        #: What the attempts that ended cost (and the job's own storage requests).
+        self.spent = spent
+        #: What the attempts still out are expected to cost (released as each ends).
+        self.reserved = 0.0
+        #: Attempts that ended and were priced.
+        self.attempts = 0
+        #: When an attempt was first refused (the cap was reached), or None.
+        self.reached_at: float | None = None
+        #: Calls never sent because the cap was reached, and attempts out at that moment.
+        self.calls_not_run = 0
+        self.in_flight = 0
+        #: The scheduler has stopped the job for its cap (once).
+        self.stopped = False
+        #: The estimate that refused the job before any call (:meth:`refuse`), or None.
+        self.refused_estimate: dict | None = None
+
+    @property
+    def reached(self) -> bool:
+        return self.reached_at is not None
+
+    def expected(self, memory_mb: int | None = None) -> float:
+        """What one more attempt is expected to cost: the mean so far, at least the minimum."""
+        least = self.pricing.minimum(memory_mb)
+        mean = self.spent_on_attempts / self.attempts if self.attempts else 0.0
+        return max(least, mean)
+
+    @property
+    def spent_on_attempts(self) -> float:
+        return self.spent - self.pricing.job_overhead()
+
+    def admit(self, memory_mb: int | None = None) -> float | None:
+        """Reserve what one more attempt is expected to cost and return it, or None (and the cap
+        is reached) when it would take the job past its cap."""
+        if self.reached_at is not None:
+            return None
+        expected = self.expected(memory_mb)
+        if self.spent + self.reserved + expected > self.cap:
+            self.reached_at = time.time()
+            return None
+        self.reserved += expected
+        return expected
+
+    def refuse(self, estimate: dict) -> None:
+        """The job is refused before any call: ``estimate`` (:func:`estimate_for`) is above the cap."""
+        self.reached_at = time.time()
+        self.stopped = True
+        self.calls_not_run = estimate["calls"]
+        self.refused_estimate = estimate
+
+    def settle(self, reserved: float, usd: float) -> None:
+        """An attempt that reserved ``reserved`` ended, and cost ``usd`` (0 if it was never sent)."""
+        self.reserved = max(0.0, self.reserved - reserved)
+        if usd:
+            self.spent += usd
+            self.attempts += 1
+
+    def as_record(self) -> dict:
+        """What the job record says of the cap (``fnmap job``, ``summary()``)."""
+        return {
+            "max_cost": self.cap,
+            "spent_usd": self.spent,
+            "in_flight_usd": self.reserved,
+            "reached": self.reached,
+            "reached_at": self.reached_at,
+            "calls_not_run": self.calls_not_run,
+            "model": self.pricing.model,
+            **({"refused": self.refused_estimate} if self.refused_estimate else {}),
+        }
+
+
+#: How many of the newest index entries are searched for an earlier run of the same function.
+HISTORY_ENTRIES = 200
+#: What an automatically chunked job's calls last on each backend (``call_seconds``), without
+#: importing the backends (boto3, Flask).
+_CALL_SECONDS = {"emulator": 0.1, "local": 0.05, "http": 0.5, "aws": 1.5, "batch": 60.0}
+
+
+def estimate(func: Callable, items: Iterable, **options: Any) -> dict:
+    """What ``fnmap.map(func, items, **options)`` would cost, at list prices, without running it.
+
+    Returns a dict: ``usd`` (the estimate), ``basis`` (``"measured"`` from an earlier job of the
+    same function, named in ``from_job``, or ``"minimum"``), ``minimum_usd`` (the least it can cost),
+    ``calls``, ``items``, ``seconds_per_item`` (measured, or None), ``platform`` (what it is priced
+    as), ``prices`` (the date of the price tables) and ``made_from`` (one line saying all that).
+
+    >>> import fnmap
+    >>> fnmap.estimate(abs, range(1000), chunksize=100)["calls"]
+    10
+    """
+    config = resolve(**options)
+    items = items if isinstance(items, list) else list(items)
+    digest, _ = pickle_function(with_initializer(func, config))
+    return estimate_for(config, keys.function_key(digest), len(items))
+
+
+def estimate_for(config, func_key: str, n_items: int) -> dict:
+    """The estimate of a job of ``config`` running the function stored as ``func_key`` over ``n_items``."""
+    pricing = pricing_of(config)
+    measured = _measured(config, func_key)
+    seconds = measured["seconds_per_item"] if measured else None
+    calls = _calls(config, n_items, seconds)
+    memory = config.memory_steps[0] if config.memory_steps else None
+    least = calls * pricing.minimum(memory) + pricing.job_overhead()
+    if seconds is None:
+        usd, basis = least, "minimum"
+        how = (f"{calls} call(s) at the minimum billed duration, their requests and S3 requests "
+               "(no earlier run of this function in the storage's index)")
+    else:
+        per_call = seconds * n_items / max(1, calls)
+        usd = calls * pricing.attempt(per_call, memory_mb=memory) + pricing.job_overhead()
+        basis = "measured"
+        how = (f"{calls} call(s) of {per_call:.3f} s each: {seconds:.4f} s per item measured by job "
+               f"{measured['job_id']}")
+    return {
+        "usd": usd,
+        "minimum_usd": least,
+        "basis": basis,
+        "from_job": measured["job_id"] if measured else None,
+        "calls": calls,
+        "items": n_items,
+        "seconds_per_item": seconds,
+        "platform": pricing.describe(),
+        "prices": prices_basis()["date"],
+        "made_from": f"{how}; priced as {pricing.describe()}, list prices of {prices_basis()['date']}",
+    }
+
+
+def _calls(config, n_items: int, seconds_per_item: float | None) -> int:
+    """How many calls the job makes: ``chunksize`` given, exactly; automatic, as the feed would size
+    them to the backend's call duration (at least one call, and no more calls than items)."""
+    if n_items == 0:
+        return 0
+    if config.chunksize:
+        return math.ceil(n_items / config.chunksize)
+    if seconds_per_item is None:
+        return 1  # the least an automatically chunked job can make
+    target = _CALL_SECONDS.get(config.backend, 0.5)
+    return max(1, min(n_items, math.ceil(n_items * seconds_per_item / target)))
+
+
+def _measured(config, func_key: str) -> dict | None:
+    """The newest index entry of a job that ran ``func_key`` and measured its items, or None."""
+    from .storage import open_store
+
+    try:
+        store = open_store(config.storage_url, config.storage_origin, create=False)
+        entries = sorted(index_keys(store).values(), reverse=True)[:HISTORY_ENTRIES]
+    except Exception:  # no storage yet, or none reachable: nothing measured
+        return None
+    for start in range(0, len(entries), 16):
+        for summary in sorted(get_json_many(store, entries[start:start + 16]),
+                              key=lambda s: s.get("created") or 0, reverse=True):
+            if func_key in (summary.get("shared") or []) and summary.get("seconds_per_item"):
+                return summary
+    return None
+
+
+def check_cap(config, func_key: str, n_items: int) -> dict | None:
+    """Before a job with ``max_cost`` sends anything: its estimate when that is above the cap (the
+    job is refused), else None."""
+    if config.max_cost is None:
+        return None
+    found = estimate_for(config, func_key, n_items)
+    return found if found["usd"] > config.max_cost else None
