@@ -51,7 +51,7 @@ class Budget:
     """The running cost of one job against its cap, in US dollars at list prices."""
 
     __slots__ = ("cap", "pricing", "spent", "reserved", "attempts", "reached_at", "calls_not_run", "in_flight",
-                 "stopped", "refused_estimate")
+                 "stopped", "refused_estimate", "attempts_usd")
 
     def __init__(self, cap: float, pricing: Pricing, spent: float = 0.0):
         self.cap = float(cap)
@@ -60,8 +60,9 @@ class Budget:
         self.spent = spent
         #: What the attempts still out are expected to cost (released as each ends).
         self.reserved = 0.0
-        #: Attempts that ended and were priced.
+        #: Attempts that ended and were priced, and what they cost.
         self.attempts = 0
+        self.attempts_usd = 0.0
         #: When an attempt was first refused (the cap was reached), or None.
         self.reached_at: float | None = None
         #: Calls never sent because the cap was reached, and attempts out at that moment.
@@ -79,12 +80,8 @@ class Budget:
     def expected(self, memory_mb: int | None = None) -> float:
         """What one more attempt is expected to cost: the mean so far, at least the minimum."""
         least = self.pricing.minimum(memory_mb)
-        mean = self.spent_on_attempts / self.attempts if self.attempts else 0.0
+        mean = self.attempts_usd / self.attempts if self.attempts else 0.0
         return max(least, mean)
-
-    @property
-    def spent_on_attempts(self) -> float:
-        return self.spent - self.pricing.job_overhead()
 
     def admit(self, memory_mb: int | None = None) -> float | None:
         """Reserve what one more attempt is expected to cost and return it, or None (and the cap
@@ -110,6 +107,7 @@ class Budget:
         self.reserved = max(0.0, self.reserved - reserved)
         if usd:
             self.spent += usd
+            self.attempts_usd += usd
             self.attempts += 1
 
     def as_record(self) -> dict:
@@ -121,6 +119,7 @@ class Budget:
             "reached": self.reached,
             "reached_at": self.reached_at,
             "calls_not_run": self.calls_not_run,
+            "calls_in_flight": self.in_flight,
             "model": self.pricing.model,
             **({"refused": self.refused_estimate} if self.refused_estimate else {}),
         }

@@ -27,6 +27,7 @@ from fnmap.runtime.signing import REFUSED, secret_from_env
 #: Seconds kept back from Lambda's limit to write the outcome (one or two S3 PUTs).
 RESERVE_SECONDS = 5.0
 _SECRET = secret_from_env()
+worker.note_init()  # Lambda bills the INIT phase (this process's start, to here) with the first call
 
 
 def handler(event, context):

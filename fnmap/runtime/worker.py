@@ -50,6 +50,31 @@ def _new_functions_lock() -> None:
 
 _calls_served = 0
 _peak_memory = PeakMemory()
+#: Seconds this process spent starting before it could serve its first call, where the platform
+#: bills that (AWS Lambda's INIT phase, billed since 2025-08-01): reported with the first call's
+#: stats as ``init_seconds`` and priced into its cost.  None where it is not billed.
+_init_seconds: float | None = None
+
+
+def note_init() -> None:
+    """Called by a handler whose platform bills its start-up (the Lambda handler, as it is imported):
+    the time since this process started is its INIT phase, reported with the first call."""
+    global _init_seconds
+    started = process_started()
+    if started is not None:
+        _init_seconds = max(0.0, time.time() - started)
+
+
+def process_started() -> float | None:
+    """When this process started (Unix time), from ``/proc``; None where there is no ``/proc``."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command's name
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def handle(body: bytes, signature: str | None, secret: bytes | None,
@@ -375,6 +400,7 @@ def _stats(req, started, finished, cold, bytes_in, bytes_out, outcomes) -> dict:
         "attempt": req.attempt,
         "worker": WORKER_ID,
         "cold": cold,
+        **({"init_seconds": _init_seconds} if cold and _init_seconds is not None else {}),
         "started": started,
         "finished": finished,
         "written": time.time(),

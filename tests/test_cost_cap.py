@@ -1,0 +1,172 @@
+"""The cost cap (issue 36): ``max_cost`` stops a map before it spends more, refuses one whose
+estimate is above it, and ``fnmap.estimate`` says what a map will cost; against a real emulator.
+
+Caps are computed from the pricing (:class:`fnmap.observe.cost.Pricing`), never written as dollar
+figures, so a price update does not break them."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import time
+
+import pytest
+from test_emulator_aws import offline_aws  # noqa: F401 (a fixture)
+
+import fnmap
+from fnmap.budget import Budget
+from fnmap.observe.cost import Pricing
+
+LAMBDA = Pricing.of("emulator", {})
+SLEEP = 0.1
+#: Calls at 10 GB: a call's compute is then most of its cost, so a cap that allows a third of the
+#: calls is above the least the whole map costs (short calls at 1 GB cost mostly their S3 requests).
+BIG = 10240
+
+
+def _ran(folder) -> list[str]:
+    path = os.path.join(folder, "ran")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return f.read().split()
+
+
+def _counted(folder, sleep=SLEEP):
+    """A call that notes its item in a side file (before it works: a call stopped midway counts)."""
+
+    def work(x):
+        with open(os.path.join(folder, "ran"), "a") as f:
+            f.write(f"{x}\n")
+        time.sleep(sleep)
+        return x * 2
+
+    return work
+
+
+def test_a_cap_stops_the_map_after_about_as_many_calls_as_it_allows(module_emulator, tmp_path):
+    per_call = LAMBDA.attempt(0.3, memory_mb=BIG, gets=3)  # at least its sleep; a cold worker's GET
+    cap = LAMBDA.job_overhead() + 10 * per_call  # about a third of the 30 calls
+    assert LAMBDA.job_overhead() + 30 * LAMBDA.minimum(BIG) < cap  # not refused before it starts
+    with pytest.raises(fnmap.CostCapReached) as caught:
+        fnmap.map(_counted(str(tmp_path), 0.3), range(30), chunksize=1, memory=BIG, max_cost=cap, workers=2)
+    e = caught.value
+    ran = _ran(tmp_path)
+    # The calls done fit the cap; those in flight when it was reached (2 workers) were stopped.
+    assert 5 <= e.calls_done <= 10, (e.calls_done, str(e))
+    assert e.calls_done <= len(ran) <= e.calls_done + 2, (ran, str(e))
+    assert e.calls_done + e.calls_not_run == 30
+    assert e.cap == cap and 0 < e.spent <= cap + 2 * per_call, str(e)
+    assert f"max_cost=${cap:g}" in str(e) and "not run" in str(e) and f"fnmap redrive {e.job_id}" in str(e)
+    summary = fnmap.job(e.job_id).summary()
+    assert summary["status"] == "capped"
+    record = fnmap.job(e.job_id).record()
+    assert record["options"]["max_cost"] == cap
+    capped = record["cost_cap"]
+    assert capped["reached"] and capped["max_cost"] == cap
+    assert e.spent <= capped["spent_usd"] <= cap + 2 * per_call  # and what the stopped calls ran, once they ended
+    # Never sent: none of those ran; with the calls in flight then, they are every call that did not.
+    assert capped["calls_not_run"] <= 30 - len(ran) <= capped["calls_not_run"] + capped["calls_in_flight"]
+    results = fnmap.job(e.job_id).results(return_exceptions=True)
+    # One entry per item; the calls done have their results (a call being stopped may have finished)
+    assert len(results) == 30
+    assert e.calls_done <= sum(1 for r in results if r in range(0, 60, 2)) <= e.calls_done + 2
+
+
+def test_a_cap_below_the_least_the_map_costs_refuses_it_before_anything_runs(module_emulator, tmp_path):
+    least = LAMBDA.job_overhead() + 20 * LAMBDA.minimum()
+    with pytest.raises(fnmap.CostCapReached, match="refused before any call ran") as caught:
+        fnmap.map(_counted(str(tmp_path)), range(20), chunksize=1, max_cost=least * 0.9)
+    time.sleep(0.3)
+    assert _ran(tmp_path) == []
+    e = caught.value
+    assert e.calls_done == 0 and e.calls_not_run == 20
+    assert e.estimate["basis"] == "minimum" and e.estimate["usd"] == pytest.approx(least)
+    assert "20 call(s) at the minimum billed duration" in str(e)
+    assert fnmap.job(e.job_id).summary()["status"] == "capped"
+    # The least is a cap it fits under: the same map at that cap is not refused.
+    assert fnmap.map(abs, range(-2, 1), chunksize=1, max_cost=least) == [2, 1, 0]
+
+
+def test_without_a_cap_the_map_is_unchanged(module_emulator, tmp_path):
+    job = fnmap.map(_counted(str(tmp_path)), range(12), chunksize=1, return_job=True)
+    assert job.results() == [x * 2 for x in range(12)]
+    assert sorted(map(int, _ran(tmp_path))) == list(range(12))
+    assert job.run.budget is None
+    record = job.record()
+    assert "cost_cap" not in record and record["options"]["max_cost"] is None
+    assert record["summary"]["status"] == "succeeded"
+    # A cap far above the cost changes nothing either, but the record says what was spent.
+    capped = fnmap.map(_counted(str(tmp_path)), range(12), chunksize=1, max_cost=1.0, return_job=True)
+    assert capped.results() == [x * 2 for x in range(12)]
+    assert capped.record()["cost_cap"]["reached"] is False
+    assert capped.record()["cost_cap"]["spent_usd"] == pytest.approx(capped.cost["usd"], rel=0.2)
+
+
+def _sleepy(x):
+    time.sleep(0.05)
+    return x
+
+
+def test_estimate_of_a_repeated_function_is_within_a_fifth_of_what_it_cost(module_emulator, tmp_path):
+    storage = (tmp_path / "store").as_uri()
+    items = list(range(24))
+    first = fnmap.estimate(_sleepy, items, chunksize=1, storage=storage)
+    assert first["basis"] == "minimum" and first["calls"] == 24 and first["from_job"] is None
+    job = fnmap.map(_sleepy, items, chunksize=1, storage=storage, return_job=True)
+    job.results()
+    measured = job.cost["usd"]
+    again = fnmap.estimate(_sleepy, items, chunksize=1, storage=storage)
+    assert again["basis"] == "measured" and again["from_job"] == job.id
+    assert again["seconds_per_item"] == pytest.approx(0.05, rel=0.5)
+    assert again["usd"] == pytest.approx(measured, rel=0.2), (again, measured)
+    assert again["usd"] > first["usd"]  # the sleep is billed now, not the minimum
+    # Another function is not taken for this one.
+    assert fnmap.estimate(abs, items, chunksize=1, storage=storage)["basis"] == "minimum"
+
+
+def test_the_budget_admits_while_spent_plus_out_plus_one_more_fit():
+    least = LAMBDA.minimum()
+    budget = Budget(10.5 * least, LAMBDA)
+    held = [budget.admit() for _ in range(10)]
+    assert all(h == pytest.approx(least) for h in held)
+    assert budget.admit() is None and budget.reached  # the eleventh would pass the cap
+    assert budget.admit() is None  # and once reached, nothing more
+    budget = Budget(10.5 * least, LAMBDA)
+    first = budget.admit()
+    budget.settle(first, 3 * least)  # an attempt that cost three times the least
+    assert budget.spent == pytest.approx(3 * least) and budget.reserved == 0
+    assert budget.expected() == pytest.approx(3 * least)  # the mean so far, not the least
+    assert budget.admit() and budget.admit() and budget.admit() is None
+    budget.settle(budget.reserved / 2, 0.0)  # an attempt never sent: released, not billed
+    assert budget.spent == pytest.approx(3 * least) and budget.attempts == 1
+
+
+def test_a_bad_cap_is_a_clear_error(monkeypatch):
+    with pytest.raises(fnmap.ConfigError, match=r"max_cost=-1 \(from keyword\) must be a positive number"):
+        fnmap.map(abs, [1], max_cost=-1)
+    monkeypatch.setenv("FNMAP_MAX_COST", "nope")
+    with pytest.raises(fnmap.ConfigError, match="FNMAP_MAX_COST"):
+        fnmap.map(abs, [1])
+
+
+def test_a_lambda_cold_start_bills_its_init_phase(offline_aws, tmp_path):
+    """On the offline AWS path (AWS's Lambda runtime client under the emulator), a cold call reports
+    its INIT phase (its process's start to the handler's import), and the cost counts it."""
+    _exports, env, env_file = offline_aws
+    script = (f"source {env_file}\npython -c '"
+              "import fnmap, json; job = fnmap.map(abs, [-1, -2], chunksize=1, return_job=True); job.results(); "
+              "calls = job.record()[\"calls\"]; "
+              "print(json.dumps([[c.get(\"cold\"), c.get(\"init_seconds\"), c[\"written\"] - c[\"started\"]] "
+              "for c in calls]), job.cost[\"gb_seconds\"])'\n")
+    ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    calls, gb_seconds = ran.stdout.strip().splitlines()[-1].rsplit(" ", 1)
+    cold = [(init, seconds) for was_cold, init, seconds in json.loads(calls) if was_cold]
+    assert cold and all(init and init > 0 for init, _ in cold), calls
+    # 1024 MB: a GB-second per second; every call's duration, and its INIT when cold, rounded up to 1 ms.
+    billed = sum(math.ceil(s * 1000) / 1000 for _c, _i, s in json.loads(calls)) + sum(
+        math.ceil(init * 1000) / 1000 for init, _ in cold)
+    assert float(gb_seconds) == pytest.approx(billed, abs=0.01)
