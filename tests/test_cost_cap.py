@@ -152,7 +152,7 @@ def test_a_bad_cap_is_a_clear_error(monkeypatch):
         fnmap.map(abs, [1])
 
 
-def test_a_lambda_cold_start_bills_its_init_phase(offline_aws, tmp_path):
+def test_a_lambda_cold_start_bills_its_init_phase(offline_aws, tmp_path):  # noqa: F811 (the fixture)
     """On the offline AWS path (AWS's Lambda runtime client under the emulator), a cold call reports
     its INIT phase (its process's start to the handler's import), and the cost counts it."""
     _exports, env, env_file = offline_aws
