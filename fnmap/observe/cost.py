@@ -46,7 +46,10 @@ S3_PUTS_PER_JOB = 4
 
 @dataclass(frozen=True)
 class Pricing:
-    """The list price of one attempt of a job's calls, for the platform its backend stands for."""
+    """The list price of one attempt of a job's calls, for the platform its backend stands for.
+
+    Made by :meth:`of`, which looks the prices up once: a job is priced with the prices in use
+    when it started, however long it runs (and an attempt is priced with no lookup)."""
 
     model: str  # "aws-lambda" or "aws-batch"
     region: str
@@ -55,12 +58,18 @@ class Pricing:
     instance_type: str | None = None
     #: The settings the job did not give, taken from fnmap's defaults (``memory``, ``region``, ...).
     assumed: tuple = ()
+    #: USD per GB-second (Lambda), per request (Lambda), per S3 PUT and GET, per instance-hour (Batch).
+    per_gb_second: float = 0.0
+    per_request: float = 0.0
+    per_put: float = 0.0
+    per_get: float = 0.0
+    per_hour: float = 0.0
 
     @classmethod
-    def of(cls, backend: str | None, options: dict) -> Pricing:
+    def of(cls, backend: str | None, options: dict, arch: str = "x86_64") -> Pricing:
         """The pricing of a job of ``backend`` with these options (a record's ``options``, or a
-        :class:`fnmap.config.Config`'s fields); raises :class:`UnknownPrice` for an unknown region or
-        instance type."""
+        :class:`fnmap.config.Config`'s fields); raises :class:`UnknownPrice` for an unknown region,
+        architecture or instance type."""
         region = options.get("region") or DEFAULT_REGION
         memory = options.get("memory") or DEFAULT_LAMBDA_MEMORY_MB
         if isinstance(memory, (list, tuple)):  # memory steps: most calls run at the first
@@ -68,39 +77,30 @@ class Pricing:
         if backend == "batch":
             instance = options.get("instance_type") or (
                 DEFAULT_GPU_INSTANCE if options.get("gpu") else DEFAULT_CPU_INSTANCE)
-            pricing = cls("aws-batch", region, memory, instance_type=instance,
-                          assumed=() if options.get("instance_type") else ("instance_type",))
+            rates = {"per_hour": instance_price(instance, region)}
+            model, assumed = "aws-batch", () if options.get("instance_type") else ("instance_type",)
         else:
-            pricing = cls("aws-lambda", region, memory,
-                          assumed=tuple(n for n in ("memory", "region") if not options.get(n)))
-        pricing.check()
-        return pricing
-
-    def check(self) -> None:
-        """Raise :class:`UnknownPrice` when a price this pricing needs is unknown."""
-        if self.model == "aws-batch":
-            instance_price(self.instance_type, self.region)
-        else:
-            lambda_price(self.region)
-            if self.arch not in ("x86_64", "arm64"):
-                raise UnknownPrice(f"no AWS Lambda price for architecture {self.arch!r}; use x86_64 or arm64")
-        s3_price(self.region)
+            instance = None
+            price = lambda_price(region)
+            if arch not in ("x86_64", "arm64"):
+                raise UnknownPrice(f"no AWS Lambda price for architecture {arch!r}; use x86_64 or arm64")
+            rates = {"per_gb_second": price.gb_second_x86 if arch == "x86_64" else price.gb_second_arm,
+                     "per_request": price.request}
+            model, assumed = "aws-lambda", tuple(n for n in ("memory", "region") if not options.get(n))
+        s3 = s3_price(region)
+        return cls(model, region, memory, arch, instance, assumed, per_put=s3.put, per_get=s3.get, **rates)
 
     def parts(self, seconds: float, *, memory_mb: int | None = None, init_seconds: float = 0.0,
               puts: int = S3_PUTS_PER_CALL, gets: int = S3_GETS_PER_CALL) -> dict:
         """What one attempt that ran ``seconds`` costs, in parts (USD): compute, request, storage."""
-        s3 = s3_price(self.region)
-        storage = puts * s3.put + gets * s3.get
+        storage = puts * self.per_put + gets * self.per_get
         if self.model == "aws-batch":
             instance_seconds = max(seconds, BATCH_MINIMUM_SECONDS)
-            compute = instance_seconds / 3600 * instance_price(self.instance_type, self.region)
-            return {"compute": compute, "request": 0.0, "storage": storage, "instance_seconds": instance_seconds,
-                    "gb_seconds": 0.0}
-        price = lambda_price(self.region)
+            return {"compute": instance_seconds / 3600 * self.per_hour, "request": 0.0, "storage": storage,
+                    "instance_seconds": instance_seconds, "gb_seconds": 0.0}
         billed_ms = max(1, math.ceil(max(seconds, 0.0) * 1000)) + math.ceil(max(init_seconds, 0.0) * 1000)
         gb_seconds = billed_ms / 1000 * (memory_mb or self.memory_mb) / 1024
-        per_gb_s = price.gb_second_x86 if self.arch == "x86_64" else price.gb_second_arm
-        return {"compute": gb_seconds * per_gb_s, "request": price.request, "storage": storage,
+        return {"compute": gb_seconds * self.per_gb_second, "request": self.per_request, "storage": storage,
                 "gb_seconds": gb_seconds, "instance_seconds": 0.0}
 
     def attempt(self, seconds: float, **kwargs) -> float:
@@ -114,7 +114,7 @@ class Pricing:
 
     def job_overhead(self) -> float:
         """What a job costs whatever its calls: the S3 PUTs of its function, index entry and record."""
-        return S3_PUTS_PER_JOB * s3_price(self.region).put
+        return S3_PUTS_PER_JOB * self.per_put
 
     def describe(self) -> str:
         """The platform and settings priced, e.g. ``AWS Lambda us-east-1, 1024 MB``."""
