@@ -14,6 +14,7 @@ one's tasks through one :class:`fnmap.Executor`, firing Cubed's callbacks (progr
 and memory reports) as each task ends.  A task that raises is retried (``retries``, 2 by default,
 as Cubed's own executors do: ``retry_on=(Exception,)``), and fnmap launches speculative copies
 of stragglers; keyword arguments are fnmap's options (``backend=``, ``memory=``, ...).
+``max_cost`` caps the whole computation: each operation's job gets what the ones before it left.
 """
 
 from __future__ import annotations
@@ -65,15 +66,19 @@ class FnmapExecutor(DagExecutor):
         ``compute_arrays_in_parallel`` and the like) are accepted and not needed: fnmap already
         runs all the tasks of an operation at once."""
         import fnmap
+        from fnmap.executor import SharedCap
 
         options = {**DEFAULTS, **self.kwargs}
         _check_memory(spec, options.get("memory"))
         self.jobs = {}
+        # One job per operation, one max_cost for the whole computation (issue 36).
+        cap = SharedCap(options, "the Cubed computation")
         for name, node in visit_nodes(dag):
             handle_operation_start_callbacks(callbacks, name)
             pipeline = node["pipeline"]
-            with fnmap.Executor(**options) as executor:
+            with fnmap.Executor(**cap.options(options)) as executor:
                 self.jobs[name] = executor.job
+                cap.jobs.append(executor.job)
                 futures = [executor.submit(run_task, item, func=pipeline.function, config=pipeline.config,
                                            name=name, compute_id=compute_id) for item in pipeline.mappable]
                 executor.shutdown(wait=False)  # all its tasks are in: stragglers may now get copies
@@ -81,6 +86,9 @@ class FnmapExecutor(DagExecutor):
                     for future in as_completed(futures):
                         result, stats = future.result()
                         handle_callbacks(callbacks, result, {**stats, "name": name})
+                except fnmap.CostCapReached as e:
+                    executor.shutdown(wait=False, cancel_futures=True)
+                    raise cap.reached(e) from e
                 except BaseException:
                     executor.shutdown(wait=False, cancel_futures=True)
                     raise

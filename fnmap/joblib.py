@@ -130,6 +130,9 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
         self.executor = None
         #: The fnmap job of every ``Parallel`` run on this backend (summary, record, cost).
         self.jobs: list = []
+        #: ``max_cost`` is one cap for every run on this backend (a ``parallel_config`` block: a
+        #: successive-halving search is several runs), made when the first starts (issue 36).
+        self._cap = None
         self._refs: dict[int, tuple[Any, StoredArgument]] = {}
         self._store = None
 
@@ -164,8 +167,13 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
         """A ``Parallel`` run begins: a new executor (one fnmap job) for its tasks."""
         import fnmap
 
+        from .executor import SharedCap
+
         self.stop_call()
-        self.executor = fnmap.Executor(**self.fnmap_options)
+        if self._cap is None:
+            self._cap = SharedCap(self.fnmap_options, "the joblib backend's Parallel runs")
+            self._cap.jobs = self.jobs
+        self.executor = fnmap.Executor(**self._cap.options(self.fnmap_options))
         self.jobs.append(self.executor.job)
         self._refs = {}
 
@@ -187,7 +195,15 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
         return ThreadingBackend(nesting_level=(self.nesting_level or 0) + 1), None
 
     def retrieve_result_callback(self, future):
-        return future.result()
+        from .errors import CostCapReached
+
+        try:
+            return future.result()
+        except CostCapReached as e:  # told against the backend's cap, not what its last run was left
+            told = e if self._cap is None else self._cap.reached(e)
+            if told is e:
+                raise
+            raise told from e
 
     def _by_reference(self, value):
         if _nbytes(value) < self.ref_nbytes:
