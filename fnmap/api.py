@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import named, policy
-from .budget import check_cap
+from .budget import SharedCap, check_cap
 from .client import get_client
 from .config import resolve
 from .errors import ConfigError, CostCapReached, RemoteTraceback
@@ -306,29 +306,14 @@ def _start(
 def _check_cap(job, func_key: str, n_items: int) -> None:
     """Refuse a job with ``max_cost`` whose estimate (its least cost, or what an earlier run of the
     same function measured) is above the cap, before any call is made: raises CostCapReached."""
-    found = check_cap(job.config, func_key, n_items)
+    found = check_cap(job, func_key, n_items)
     if found is None:
         return
-    job.refused(found)
     raise CostCapReached(
         f"job {job.id} refused before any call ran: max_cost=${job.config.max_cost:g} is below its estimate "
         f"${found['usd']:.6f} ({found['made_from']}). Raise max_cost, or run fewer items; "
         "fnmap.estimate(func, items, **options) gives the estimate without running anything.",
         job_id=job.id, cap=job.config.max_cost, calls_not_run=found["calls"], estimate=found)
-
-
-def _remaining(config, jobs: list):
-    """``config`` for the next job of a ``map_reduce``: its ``max_cost`` is what the jobs before
-    it left of the cap (CostCapReached when nothing is left)."""
-    if config.max_cost is None:
-        return config
-    spent = sum(job.run.budget.spent for job in jobs)
-    if spent >= config.max_cost:
-        raise CostCapReached(
-            f"map_reduce stopped at its cost cap max_cost=${config.max_cost:g}: its jobs "
-            f"({', '.join(job.id for job in jobs)}) spent ${spent:.6f} before the reduce could run",
-            job_id=jobs[-1].id, cap=config.max_cost, spent=spent)
-    return config.replace(max_cost=config.max_cost - spent)
 
 
 def _submit_as_stored(client, job, states: list, pending: list, stores: list) -> None:
@@ -392,6 +377,7 @@ def map_reduce(
     items = _reduce_inputs(items, reduce_func, reduce_fanin, reduce_by_key, obj_chunk_size, obj_chunk_number)
     client = get_client(config)
     name = getattr(map_func, "__name__", "map")
+    cap = SharedCap(config.max_cost, "map_reduce")  # one max_cost over the map and every reduce level
     map_job = _start(
         client,
         config,
@@ -400,6 +386,7 @@ def map_reduce(
         lambda job_id: [(keys.blob_key(job_id, f"map/{i}"), item) for i, item in enumerate(items)],
         label=f"fnmap {name}",
     )
+    cap.jobs.append(map_job)
     outputs = map_job.results()
     if reduce_by_key:
         groups: dict = {}
@@ -409,7 +396,10 @@ def map_reduce(
         groups = {None: outputs}
     stage = ReduceStage(reduce_func, client.store.url)
     reduce_config = config.replace(chunksize=1)
-    results, last_job = _reduce_tree(client, reduce_config, stage, groups, reduce_fanin, [map_job])
+    try:
+        results, last_job = _reduce_tree(client, reduce_config, stage, groups, reduce_fanin, cap)
+    except CostCapReached as e:
+        raise cap.reached(e) from e
     if return_job:
         return last_job
     return results if reduce_by_key else results[None]
@@ -435,9 +425,9 @@ def _reduce_inputs(items, reduce_func, reduce_fanin, reduce_by_key: bool, obj_ch
     return items
 
 
-def _reduce_tree(client, config, stage, groups: dict, fanin: int | None, jobs: list):
+def _reduce_tree(client, config, stage, groups: dict, fanin: int | None, cap):
     """Reduce each group's values level by level; one job per level for all groups together
-    (``jobs``: those that ran before, whose cost counts against ``max_cost``)."""
+    (``cap``: the :class:`fnmap.budget.SharedCap` of the ``map_reduce``, what each level may spend)."""
     from .runtime.reduce import Stored, plan_level
 
     done: dict = {}
@@ -450,7 +440,7 @@ def _reduce_tree(client, config, stage, groups: dict, fanin: int | None, jobs: l
             nodes.extend((group, len(level) == 1, [inputs[i] for i in r]) for r in level)
         job = _start(
             client,
-            _remaining(config, jobs),
+            cap.config(config),
             stage,
             "reduce",
             lambda job_id, nodes=nodes: [
@@ -459,7 +449,7 @@ def _reduce_tree(client, config, stage, groups: dict, fanin: int | None, jobs: l
             ],
             label=f"fnmap {getattr(stage.reduce_func, '__name__', 'reduce')}",
         )
-        jobs.append(job)
+        cap.jobs.append(job)
         values = job.results()
         # This level's inputs are consumed: free the stored ones now, not at the end.
         consumed = [v.key for _g, _f, inputs in nodes for v in inputs if isinstance(v, Stored)]

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .config import resolve
+from .errors import CostCapReached
 from .observe.cost import Pricing
 from .observe.history import get_json_many, index_keys
 from .observe.prices import prices_basis
@@ -51,7 +52,8 @@ class Budget:
     """The running cost of one job against its cap, in US dollars at list prices."""
 
     __slots__ = ("cap", "pricing", "spent", "reserved", "attempts", "reached_at", "calls_not_run", "in_flight",
-                 "stopped", "refused_estimate", "attempts_usd")
+                 "stopped", "refused_estimate", "attempts_usd",
+                 "first_calls")
 
     def __init__(self, cap: float, pricing: Pricing, spent: float = 0.0):
         self.cap = float(cap)
@@ -70,6 +72,9 @@ class Budget:
         self.in_flight = 0
         #: The scheduler has stopped the job for its cap (once).
         self.stopped = False
+        #: What each call is expected to cost before any has ended: what an earlier run of the same
+        #: function measured (:func:`check_cap`), else 0 (then the minimum).
+        self.first_calls = 0.0
         #: The estimate that refused the job before any call (:meth:`refuse`), or None.
         self.refused_estimate: dict | None = None
 
@@ -78,9 +83,10 @@ class Budget:
         return self.reached_at is not None
 
     def expected(self, memory_mb: int | None = None) -> float:
-        """What one more attempt is expected to cost: the mean so far, at least the minimum."""
+        """What one more attempt is expected to cost: the mean so far (before any ended, what an
+        earlier run of the function measured, if one did), at least the minimum."""
         least = self.pricing.minimum(memory_mb)
-        mean = self.attempts_usd / self.attempts if self.attempts else 0.0
+        mean = self.attempts_usd / self.attempts if self.attempts else self.first_calls
         return max(least, mean)
 
     def admit(self, memory_mb: int | None = None) -> float | None:
@@ -130,6 +136,53 @@ HISTORY_ENTRIES = 200
 #: What an automatically chunked job's calls last on each backend (``call_seconds``), without
 #: importing the backends (boto3, Flask).
 _CALL_SECONDS = {"emulator": 0.1, "local": 0.05, "http": 0.5, "aws": 1.5, "batch": 60.0}
+
+
+class SharedCap:
+    """One ``max_cost`` over the several jobs of one request of a front end: ``map_reduce``'s map and
+    reduce levels, a Cubed computation's operations, the ``Parallel`` runs of a joblib backend.  Each
+    new job gets what the jobs before it left of the cap; ``what`` names the request in the error."""
+
+    def __init__(self, cap: float | None, what: str):
+        #: The cap (keyword, ``FNMAP_MAX_COST`` or the config file: ``config.max_cost``), or None: no cap.
+        self.cap = cap
+        self.what = what
+        self.jobs: list = []
+
+    def spent(self) -> float:
+        """What the jobs so far spent, and what their calls still out are expected to cost."""
+        return sum(job.run.budget.spent + job.run.budget.reserved for job in self.jobs
+                   if job.run.budget is not None)
+
+    def options(self, options: dict) -> dict:
+        """``options`` for the next job: ``max_cost`` is what is left of the cap; raises
+        :class:`fnmap.CostCapReached` when nothing is left."""
+        return options if self.cap is None else {**options, "max_cost": self.left()}
+
+    def config(self, config):
+        """:class:`fnmap.config.Config` ``config`` for the next job, as :meth:`options`."""
+        return config if self.cap is None else config.replace(max_cost=self.left())
+
+    def left(self) -> float:
+        """What the jobs so far left of the cap; raises :class:`fnmap.CostCapReached` when nothing."""
+        spent = self.spent()
+        if spent >= self.cap:
+            raise CostCapReached(
+                f"{self.what} stopped at its cost cap max_cost=${self.cap:g}: its jobs "
+                f"({', '.join(job.id for job in self.jobs)}) spent ${spent:.6f} at list prices before the next "
+                "could start", job_id=self.jobs[-1].id if self.jobs else None, cap=self.cap, spent=spent)
+        return self.cap - spent
+
+    def reached(self, error: CostCapReached) -> CostCapReached:
+        """``error`` (one job's, against what was left to it) told against the whole cap."""
+        if self.cap is None or error.cap == self.cap:  # the first job had the whole cap
+            return error
+        spent = self.spent()
+        return CostCapReached(
+            f"{self.what} stopped at its cost cap max_cost=${self.cap:g}: its jobs "
+            f"({', '.join(job.id for job in self.jobs)}) spent ${spent:.6f} at list prices; the last: {error}",
+            job_id=error.job_id, cap=self.cap, spent=spent, calls_done=error.calls_done,
+            calls_not_run=error.calls_not_run, estimate=error.estimate)
 
 
 def estimate(func: Callable, items: Iterable, **options: Any) -> dict:
@@ -212,10 +265,15 @@ def _measured(config, func_key: str) -> dict | None:
     return None
 
 
-def check_cap(config, func_key: str, n_items: int) -> dict | None:
-    """Before a job with ``max_cost`` sends anything: its estimate when that is above the cap (the
-    job is refused), else None."""
-    if config.max_cost is None:
-        return None
+def check_cap(job, func_key: str, n_items: int) -> dict | None:
+    """Before a job with ``max_cost`` sends anything: its estimate when that is above the cap (the job
+    is refused: its record says so), else None.  An estimate measured by an earlier run of the same
+    function is what each of its first calls is expected to cost, until its own calls have ended."""
+    config, budget = job.config, job.run.budget
     found = estimate_for(config, func_key, n_items)
-    return found if found["usd"] > config.max_cost else None
+    if found["usd"] > config.max_cost:
+        budget.refuse(found)
+        return found
+    if found["basis"] == "measured" and found["calls"]:
+        budget.first_calls = (found["usd"] - budget.pricing.job_overhead()) / found["calls"]
+    return None

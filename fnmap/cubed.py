@@ -66,13 +66,14 @@ class FnmapExecutor(DagExecutor):
         ``compute_arrays_in_parallel`` and the like) are accepted and not needed: fnmap already
         runs all the tasks of an operation at once."""
         import fnmap
-        from fnmap.executor import SharedCap
+        from fnmap.budget import SharedCap
+        from fnmap.config import resolve
 
         options = {**DEFAULTS, **self.kwargs}
         _check_memory(spec, options.get("memory"))
         self.jobs = {}
         # One job per operation, one max_cost for the whole computation (issue 36).
-        cap = SharedCap(options, "the Cubed computation")
+        cap = SharedCap(resolve(**options).max_cost, "the Cubed computation")
         for name, node in visit_nodes(dag):
             handle_operation_start_callbacks(callbacks, name)
             pipeline = node["pipeline"]

@@ -29,7 +29,6 @@ from concurrent.futures import Future
 from . import policy
 from .client import get_client
 from .config import resolve
-from .errors import CostCapReached
 from .observe.output import show_call_output
 from .runtime import forks
 from .runtime import outcome as _outcome
@@ -145,48 +144,6 @@ class Executor(futures.Executor):
             futures.wait([s.future for s in self._job.run.calls])
             _open_jobs.discard(self._job)
             show_call_output(self._job)  # remote print() output of its calls (output="after", issue 14)
-
-
-class SharedCap:
-    """One ``max_cost`` over the several jobs of one request of a front end (a Cubed computation's
-    operations, the ``Parallel`` runs of a joblib backend): each new job gets what the jobs before
-    it left of the cap, as ``map_reduce``'s reduce levels do (issue 36).  ``what`` names the
-    request in the error."""
-
-    def __init__(self, options: dict, what: str):
-        #: The cap (keyword, ``FNMAP_MAX_COST`` or the config file), or None: no cap.
-        self.cap = resolve(**options).max_cost
-        self.what = what
-        self.jobs: list = []
-
-    def spent(self) -> float:
-        """What the jobs so far spent, and what their calls still out are expected to cost."""
-        return sum(job.run.budget.spent + job.run.budget.reserved for job in self.jobs
-                   if job.run.budget is not None)
-
-    def options(self, options: dict) -> dict:
-        """``options`` for the next job: ``max_cost`` is what is left of the cap; raises
-        :class:`fnmap.CostCapReached` when nothing is left."""
-        if self.cap is None:
-            return options
-        spent = self.spent()
-        if spent >= self.cap:
-            raise CostCapReached(
-                f"{self.what} stopped at its cost cap max_cost=${self.cap:g}: its jobs "
-                f"({', '.join(job.id for job in self.jobs)}) spent ${spent:.6f} at list prices before the next "
-                "could start", job_id=self.jobs[-1].id if self.jobs else None, cap=self.cap, spent=spent)
-        return {**options, "max_cost": self.cap - spent}
-
-    def reached(self, error: CostCapReached) -> CostCapReached:
-        """``error`` (one job's, against what was left to it) told against the whole cap."""
-        if self.cap is None or error.cap == self.cap:  # the first job had the whole cap
-            return error
-        spent = self.spent()
-        return CostCapReached(
-            f"{self.what} stopped at its cost cap max_cost=${self.cap:g}: its jobs "
-            f"({', '.join(job.id for job in self.jobs)}) spent ${spent:.6f} at list prices; the last: {error}",
-            job_id=error.job_id, cap=self.cap, spent=spent, calls_done=error.calls_done,
-            calls_not_run=error.calls_not_run, estimate=error.estimate)
 
 
 def _check_map_options(chunksize, buffersize) -> None:

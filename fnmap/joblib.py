@@ -167,11 +167,12 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
         """A ``Parallel`` run begins: a new executor (one fnmap job) for its tasks."""
         import fnmap
 
-        from .executor import SharedCap
+        from .budget import SharedCap
+        from .config import resolve
 
         self.stop_call()
         if self._cap is None:
-            self._cap = SharedCap(self.fnmap_options, "the joblib backend's Parallel runs")
+            self._cap = SharedCap(resolve(**self.fnmap_options).max_cost, "the joblib backend's Parallel runs")
             self._cap.jobs = self.jobs
         self.executor = fnmap.Executor(**self._cap.options(self.fnmap_options))
         self.jobs.append(self.executor.job)

@@ -194,10 +194,6 @@ class Job:
         exc.add_note(f"fnmap: {state.describe()} of job {self.id}; retries={self.config.retries}")
         return exc
 
-    def refused(self, estimate: dict) -> None:
-        """The job is refused before any call for its ``max_cost`` (``estimate``: why): its record says so."""
-        self._run.budget.refuse(estimate)
-
     def cost_cap_error(self) -> CostCapReached:
         """The error of a job stopped at its ``max_cost``: the cap, what was spent, the calls done
         and not run, what the calls in flight mean, and how to finish the job."""
@@ -239,8 +235,8 @@ class Job:
             self._record_failed(e)
 
     def save_ended_record(self) -> None:
-        """Write the record of a job that ended before its stopped calls settled: its exception
-        reached its caller (then, should the process end first, a script's last line or a kill,
+        """Write the record of a job that ended before its stopped calls settled: its ``max_cost``
+        stopped it, its exception reached its caller (then, should the process end first, a script's last line or a kill,
         the job reads as what its caller saw: ``failed``, or ``cancelled`` for an interrupt), or
         its process gave it up at exit (:attr:`given_up`; its lease says ``abandoned``).  Its calls
         still out are recorded as stopped; the record the scheduler writes once every call is

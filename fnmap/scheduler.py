@@ -231,6 +231,7 @@ class Scheduler:
             first, run.budget.stopped = not run.budget.stopped, True
         if first:
             self.cancel(job, stop_platform=True, capped=True)
+            job.save_ended_record()  # read now, from any process, it is capped (its last calls settle later)
 
     def _claim(self, job, state) -> tuple[int, int]:
         """Under the lock: what :meth:`_begin` found, and the attempt it recorded as sent."""

@@ -123,6 +123,12 @@ def test_estimate_of_a_repeated_function_is_within_a_fifth_of_what_it_cost(modul
     assert again["seconds_per_item"] == pytest.approx(0.05, rel=0.5)
     assert again["usd"] == pytest.approx(measured, rel=0.2), (again, measured)
     assert again["usd"] > first["usd"]  # the sleep is billed now, not the minimum
+    # A capped run of it expects its first calls to cost what was measured, before any has ended.
+    capped = fnmap.map(_sleepy, items[:4], chunksize=1, storage=storage, max_cost=1.0, return_job=True)
+    capped.results()
+    assert capped.run.budget.first_calls == pytest.approx(
+        (fnmap.estimate(_sleepy, items[:4], chunksize=1, storage=storage)["usd"] - LAMBDA.job_overhead()) / 4,
+        rel=0.5)
     # Another function is not taken for this one.
     assert fnmap.estimate(abs, items, chunksize=1, storage=storage)["basis"] == "minimum"
 

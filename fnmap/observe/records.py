@@ -256,9 +256,11 @@ def started_summary(job) -> dict:
         "storage": job.store.url,
         "created": job.created,
         "finished": None,
-        "options": {},
+        "options": {"max_cost": cfg.max_cost},
         "calls": [],
     }
+    if job.run.budget is not None:
+        record["cost_cap"] = job.run.budget.as_record()
     summary = summarize(record)
     summary.update(status="running", calls=calls, items=items)
     summary["states"]["running"] = calls
