@@ -34,7 +34,7 @@ from typing import Any
 
 from .config import resolve
 from .errors import CostCapReached
-from .observe.cost import Pricing
+from .observe.cost import Pricing, requests
 from .observe.history import get_json_many, index_keys
 from .observe.prices import prices_basis
 from .runtime import keys
@@ -100,6 +100,20 @@ class Budget:
             return None
         self.reserved += expected
         return expected
+
+    def charge(self, reserved: float, attempt, stats: dict | None, stored_input: bool) -> None:
+        """Attempt ``attempt`` (:class:`fnmap.run.Attempt`, ended), which reserved ``reserved``, is
+        priced in: the worker's own time and cold start when it reported (``stats``), else the
+        client's view, sent until it ended (an upper bound)."""
+        init = 0.0
+        if stats and stats.get("started") is not None and (stats.get("written") or stats.get("finished")):
+            seconds = (stats.get("written") or stats["finished"]) - stats["started"]
+            init = (stats.get("init_seconds") or 0.0) if stats.get("cold") else 0.0
+        else:
+            seconds = (attempt.ended or time.time()) - attempt.sent
+        puts, gets = requests(stored_input, attempt.number == 1, bool(stats and stats.get("cold")))
+        self.settle(reserved, self.pricing.attempt(seconds, memory_mb=attempt.memory, init_seconds=init,
+                                                   puts=puts, gets=gets))
 
     def refuse(self, estimate: dict) -> None:
         """The job is refused before any call: ``estimate`` (:func:`estimate_for`) is above the cap."""

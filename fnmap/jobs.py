@@ -236,11 +236,11 @@ class Job:
 
     def save_ended_record(self) -> None:
         """Write the record of a job that ended before its stopped calls settled: its ``max_cost``
-        stopped it, its exception reached its caller (then, should the process end first, a script's last line or a kill,
-        the job reads as what its caller saw: ``failed``, or ``cancelled`` for an interrupt), or
-        its process gave it up at exit (:attr:`given_up`; its lease says ``abandoned``).  Its calls
-        still out are recorded as stopped; the record the scheduler writes once every call is
-        done, if the process lives that long, replaces this one."""
+        stopped it, its exception reached its caller (then, should the process end first, a script's
+        last line or a kill, the job reads as what its caller saw: ``failed``, or ``cancelled`` for
+        an interrupt), or its process gave it up at exit (:attr:`given_up`; its lease says
+        ``abandoned``).  Its calls still out are recorded as stopped; the record the scheduler
+        writes once every call is done, if the process lives that long, replaces this one."""
         with self._record_lock:
             if self._run.record_saved:  # the scheduler's own final record is written (or about to be)
                 return

@@ -49,7 +49,6 @@ from .dispatch import ACCEPTED, COALESCE_MAX_SECONDS, COALESCE_SECONDS, Dispatch
 from .errors import FaultKind, PlatformFault
 from .locks import YieldingLock
 from .monitor import FETCH_THREADS, LOST_GRACE_SECONDS, POLL_SECONDS, Monitor
-from .observe import cost
 from .run import Attempt, CallRun, JobRun
 from .runtime import outcome
 from .runtime.call_error import call_error
@@ -458,19 +457,7 @@ class Scheduler:
         if never_sent:
             budget.settle(reserved, 0.0)
             return
-        init = 0.0
-        if stats and stats.get("started") is not None and (stats.get("written") or stats.get("finished")):
-            seconds = (stats.get("written") or stats["finished"]) - stats["started"]
-            init = (stats.get("init_seconds") or 0.0) if stats.get("cold") else 0.0
-        else:
-            seconds = (record.ended or time.time()) - record.sent
-        puts, gets = cost.S3_PUTS_PER_CALL, cost.S3_GETS_PER_CALL
-        if state.items_key:
-            puts, gets = puts + (number == 1), gets + 1
-        if stats and stats.get("cold"):
-            gets += 1
-        budget.settle(reserved, budget.pricing.attempt(seconds, memory_mb=record.memory, init_seconds=init,
-                                                       puts=puts, gets=gets))
+        budget.charge(reserved, record, stats, stored_input=bool(state.items_key))
 
     def _all_done(self, job) -> None:
         """Every call is done and no more will come: close the bar, then wake the waiters."""

@@ -126,14 +126,11 @@ class Pricing:
         return f"AWS Lambda {said('region', self.region)}, {said('memory', f'{self.memory_mb} MB')}"
 
 
-def attempt_requests(call: dict, attempt_index: int) -> tuple[int, int]:
-    """The S3 PUTs and GETs of one attempt of a record's call (see the module's docstring)."""
-    puts, gets = S3_PUTS_PER_CALL, S3_GETS_PER_CALL
-    if call.get("stored_input"):
-        puts += 1 if attempt_index == 0 else 0  # the client stores it once
-        gets += 1
-    if call.get("cold") and attempt_index == 0:
-        gets += 1
+def requests(stored_input: bool, first_attempt: bool, cold: bool) -> tuple[int, int]:
+    """The S3 PUTs and GETs of one attempt (see the module's docstring): a stored input is PUT once
+    by the client and read by every attempt; a cold worker GETs the function."""
+    puts = S3_PUTS_PER_CALL + (stored_input and first_attempt)
+    gets = S3_GETS_PER_CALL + stored_input + cold
     return puts, gets
 
 
@@ -172,7 +169,7 @@ def estimate(record: dict) -> dict:
     totals = {"compute": 0.0, "request": 0.0, "storage": 0.0, "gb_seconds": 0.0, "instance_seconds": 0.0}
     attempts = puts = gets = 0
     for call, index, seconds in _attempts(record):
-        p, g = attempt_requests(call, index)
+        p, g = requests(bool(call.get("stored_input")), index == 0, bool(call.get("cold")) and index == 0)
         memory = next((a.get("memory") for a in call["attempts"][index:index + 1]), None)
         init = (call.get("init_seconds") or 0.0) if call.get("cold") and index == 0 else 0.0
         for name, value in pricing.parts(seconds, memory_mb=memory, init_seconds=init, puts=p, gets=g).items():
