@@ -91,6 +91,12 @@ class Executor(futures.Executor):
             state = self._client.add_call(self._job, func_key, (MODE_ARGS, items), first, len(items),
                                           _Link(future), unwrap)
         self._client.submit(self._job, [state])
+        if state.call_id < self._client.max_workers:
+            # The first calls: let a dispatch thread take each now, as a standard executor's worker
+            # takes a submitted item at once (a loop of submits then shutdown(cancel_futures=True)
+            # cancels what no thread took, never every call: the loop ran within one GIL switch
+            # interval).  Later calls find the threads busy; sleep(0) costs ~70 us, so not for them.
+            time.sleep(0)
         return state
 
     def map(self, fn, *iterables, timeout=None, chunksize=1, buffersize=None):

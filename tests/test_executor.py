@@ -230,3 +230,18 @@ def test_leaving_map_early_cancels_the_chunks_not_started():
         assert ex.job.summary()["attempts"].get("ok", 0) <= 3
     finally:
         ex.shutdown(wait=True)
+
+
+def test_shutdown_cancelling_right_after_submits_lets_the_first_calls_run():
+    """As with the standard executors, a submitted call is taken at once: submits then
+    ``shutdown(cancel_futures=True)`` cancel what no thread took, never every call (CPython's
+    ``test_cancel_futures``: 'at least one finished').  Before, a loop of submits ran within one GIL
+    switch interval and about a third of such executors had every call cancelled."""
+    with fnmap.Executor(backend="local") as warm:  # the client and its threads exist already
+        warm.submit(abs, 1).result()
+    for _ in range(20):
+        ex = fnmap.Executor(backend="local")
+        fs = [ex.submit(time.sleep, 0.01) for _ in range(10)]
+        ex.shutdown(cancel_futures=True)
+        ran = [f for f in fs if not f.cancelled()]
+        assert ran and all(f.done() and f.exception() is None for f in ran)
