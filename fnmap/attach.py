@@ -53,11 +53,14 @@ class AttachedJob:
         return records.load(self.store, self.id)
 
     def summary(self) -> dict:
+        """The record's summary; a job run with ``max_cost`` has its ``cost_cap`` there (the cap,
+        ``spent_usd``, ``reached``, ``calls_not_run``)."""
         return self.record()["summary"]
 
     @property
     def status(self) -> str:
-        """``running``, ``succeeded``, ``failed``, ``cancelled``, ``incomplete`` or ``abandoned``."""
+        """``running``, ``succeeded``, ``failed``, ``cancelled``, ``capped`` (stopped at its
+        ``max_cost``), ``incomplete`` or ``abandoned``."""
         return self.summary()["status"]
 
     def done(self) -> bool:

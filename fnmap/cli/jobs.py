@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 import time
 
@@ -150,7 +151,10 @@ def run_jobs(args) -> int:
     if not jobs:
         print(f"no jobs in {store.url}", file=sys.stderr)
         return 0
-    rows = [("JOB", "CREATED", "FUNCTION", "KIND", "BACKEND", "STATUS", "CALLS", "RETRIES", "WALL")]
+    # A column for the cost cap only where a listed job has one: most lists have none (issue 36).
+    capped = any(s.get("cost_cap") for s in jobs)
+    rows = [("JOB", "CREATED", "FUNCTION", "KIND", "BACKEND", "STATUS", "CALLS", "RETRIES", "WALL")
+            + (("SPENT/CAP",) if capped else ())]
     for s in jobs:
         rows.append(
             (
@@ -164,6 +168,7 @@ def run_jobs(args) -> int:
                 str(s["retries"]),
                 _seconds(s.get("wall_seconds")),
             )
+            + ((spent_of_cap(s.get("cost_cap")),) if capped else ())
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
@@ -294,6 +299,8 @@ def format_summary(record: dict) -> str:
         + (f"{s['peak_memory_mb']:.0f} MB" if s.get("peak_memory_mb") else "-"),
         f"cost     {describe(s['cost'])}",
     ]
+    if record.get("cost_cap"):
+        lines.append(f"cost cap {cap_text(record)}")
     lines.extend(_memory_climbs(record["calls"]))
     if s.get("error"):
         lines.append(f"error    {s['error']} (before any call ran)")
@@ -309,6 +316,43 @@ def format_summary(record: dict) -> str:
         lines.append(f"note     {record['rebuilt']}")
     lines.extend(_failures(record))
     return "\n".join(lines)
+
+
+def spent_of_cap(cap: dict | None) -> str:
+    """``fnmap jobs``' cell for a job's cost cap: ``$spent/$cap``, ``-`` without a cap."""
+    return f"{usd(cap['spent_usd'])}/{usd(cap['max_cost'])}" if cap else "-"
+
+
+def cap_text(record: dict) -> str:
+    """What ``fnmap job`` and the dashboard say of a capped job's cost cap (its record's
+    ``cost_cap``): the cap, what was spent, and whether the job stopped there and how to finish it."""
+    cap, short = record["cost_cap"], record["job_id"][:12]
+    head = f"{usd(cap['max_cost'])}: {usd(cap['spent_usd'])} spent"
+    if record["summary"]["status"] == "running" and cap.get("in_flight_usd"):
+        head += f", {usd(cap['in_flight_usd'])} in flight"
+    refused = cap.get("refused")
+    if refused:  # nothing was sent, nothing stored to redrive: the map itself must run again
+        return (f"{usd(cap['max_cost'])}: refused before any call, its estimate {usd(refused['usd'])} "
+                f"({refused['basis']}) is above it ({refused['calls']} calls not run; raise max_cost "
+                "and run the map again)")
+    if not cap.get("reached"):
+        return head + " (not reached)"
+    return (head + f", stopped here ({calls_not_run(record)} calls not run; "
+            f"finish with fnmap redrive {short} --max-cost USD)")
+
+
+def calls_not_run(record: dict) -> int:
+    """Calls of a capped job with no result: never sent, or stopped in flight when the cap was
+    reached (``cost_cap.calls_not_run`` counts only the first kind), as ``CostCapReached`` counts them."""
+    return sum(1 for c in record["calls"] if c["status"] in ("cancelled", "pending", "running"))
+
+
+def usd(amount: float) -> str:
+    """Dollars to three significant digits (cents from a dollar up): a cap is often a fraction of a cent."""
+    if amount >= 1 or amount < 1e-9:  # a sum of attempts less the same attempts is 1e-20, not 0
+        return f"${amount:.2f}"
+    text = f"{amount:.{2 - math.floor(math.log10(amount))}f}".rstrip("0")
+    return "$" + text.ljust(len(text.partition(".")[0]) + 3, "0")  # cents at least: $0.10, not $0.1
 
 
 def _failures(record: dict) -> list[str]:

@@ -13,10 +13,15 @@ def register(sub) -> None:
         description="Run again exactly the calls of a job that have no committed result, with the "
         "function and inputs the job stored, from any machine with its storage and secret; a call "
         "still running elsewhere that commits first is the result (exactly once). Refused while a "
-        "live client runs the job. Waits, then prints the job's summary; exits 0 if it succeeded.",
+        "live client runs the job. Waits, then prints the job's summary; exits 0 if it succeeded. "
+        "A job stopped at its cost cap (status capped) is finished with a new cap: --max-cost USD.",
     )
     p.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
     p.add_argument("--storage", metavar="URL", help="storage URL (default: the configured storage)")
+    p.add_argument("--max-cost", type=float, metavar="USD",
+                   help="the redrive's own cost cap in US dollars at list prices: it counts what the redrive "
+                   "spends, not what the job spent before (default: the configured max_cost, FNMAP_MAX_COST "
+                   "or fnmap.toml, else none; the job's old cap is not carried over)")
     p.add_argument("--no-wait", action="store_true", help="start the calls, print the job id, return")
     p.add_argument("--json", action="store_true", help="print the job record as JSON at the end")
     p.set_defaults(run=run_redrive)
@@ -29,7 +34,11 @@ def run_redrive(args) -> int:
     from ..storage import open_store
     from .jobs import format_summary
 
-    config = resolve(**({"storage": args.storage} if args.storage else {}))
+    if args.max_cost is not None and not 0 < args.max_cost < float("inf"):  # said here: config blames a keyword
+        raise SystemExit(f"fnmap redrive: --max-cost {args.max_cost:g} must be a positive number of US dollars, "
+                         "e.g. --max-cost 5")
+    options = {"storage": args.storage, "max_cost": args.max_cost}
+    config = resolve(**{name: value for name, value in options.items() if value is not None})
     store = open_store(config.storage_url, config.storage_origin, create=False)
     job_id = records.resolve_id(store, args.job_id)
     job = redrive(store, job_id, config=config)

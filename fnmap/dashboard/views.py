@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 
+from ..cli.jobs import cap_text
 from ..observe.cost import describe
 from ..observe.records import UNFINISHED
 
@@ -64,7 +65,8 @@ def job_page(record: dict, now: float | None = None) -> dict:
     return {
         "summary": s,
         "options": record.get("options") or {},
-        "cost_text": describe(s.get("cost") or {}),
+        "cost_text": describe(s.get("cost") or {})
+        + (f"; cost cap {cap_text(record)}" if record.get("cost_cap") else ""),
         "commands": commands(record),
         "notes": _notes(record),
         "progress": progress(record, now),
@@ -81,6 +83,9 @@ def commands(record: dict) -> list[dict]:
            {"command": f"fnmap logs {short}", "does": "every call's captured output"}]
     if status == "running":
         out.append({"command": f"fnmap cancel {short}", "does": "ask the client running it to stop"})
+    elif _items_left(record) and status == "capped":  # without a cap of its own a redrive has none
+        out.append({"command": f"fnmap redrive {short} --max-cost USD",
+                    "does": "run the calls the cost cap stopped, under a new cap (what the redrive spends)"})
     elif _items_left(record):
         out.append({"command": f"fnmap redrive {short}", "does": "run the calls that have no result"})
     return out
@@ -103,6 +108,9 @@ def _notes(record: dict) -> list[str]:
         notes.append(f"{s['raised'].get('error')} reached the job's caller, which stopped the calls still out")
     if s.get("abandoned"):
         notes.append(f"abandoned: {s['abandoned']}")
+    cap = record.get("cost_cap") or {}
+    if cap.get("reached") and not cap.get("refused"):  # a refused job's error says so already
+        notes.append(f"cost cap {cap_text(record)}")
     if s.get("items_unreported"):
         notes.append(f"{s['items_unreported']} items have no result: their calls never ran or never reported")
     if record.get("rebuilt"):

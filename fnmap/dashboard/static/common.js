@@ -4,7 +4,7 @@
 "use strict";
 
 const fnmap = {
-  STATUSES: ["running", "succeeded", "failed", "cancelled", "incomplete", "abandoned"],
+  STATUSES: ["running", "succeeded", "failed", "cancelled", "capped", "incomplete", "abandoned"],
   STATES: ["succeeded", "done", "failed", "cancelled", "abandoned", "running"],
   POLL_MS: 2000,
 
