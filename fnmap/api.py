@@ -313,7 +313,8 @@ def _check_cap(job, func_key: str, n_items: int) -> None:
         f"job {job.id} refused before any call ran: max_cost=${job.config.max_cost:g} is below its estimate "
         f"${found['usd']:.6f} ({found['made_from']}). Raise max_cost, or run fewer items; "
         "fnmap.estimate(func, items, **options) gives the estimate without running anything.",
-        job_id=job.id, cap=job.config.max_cost, calls_not_run=found["calls"], estimate=found)
+        job_id=job.id, cap=job.config.max_cost, spent=job.run.budget.spent, calls_not_run=found["calls"],
+        estimate=found)
 
 
 def _submit_as_stored(client, job, states: list, pending: list, stores: list) -> None:
@@ -387,13 +388,7 @@ def map_reduce(
         label=f"fnmap {name}",
     )
     cap.jobs.append(map_job)
-    outputs = map_job.results()
-    if reduce_by_key:
-        groups: dict = {}
-        for item, out in zip(items, outputs, strict=True):
-            groups.setdefault(item.url, []).append(out)
-    else:
-        groups = {None: outputs}
+    groups = _groups(items, map_job.results(), reduce_by_key)
     stage = ReduceStage(reduce_func, client.store.url)
     reduce_config = config.replace(chunksize=1)
     try:
@@ -403,6 +398,16 @@ def map_reduce(
     if return_job:
         return last_job
     return results if reduce_by_key else results[None]
+
+
+def _groups(items: list, outputs: list, by_key: bool) -> dict:
+    """The map outputs to reduce, by group: one per object with ``reduce_by_key``, else one."""
+    if not by_key:
+        return {None: outputs}
+    groups: dict = {}
+    for item, out in zip(items, outputs, strict=True):
+        groups.setdefault(item.url, []).append(out)
+    return groups
 
 
 def _reduce_inputs(items, reduce_func, reduce_fanin, reduce_by_key: bool, obj_chunk_size, obj_chunk_number) -> list:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import CancelledError
 
-from .errors import CallLost, KeyNotFound, PlatformError
+from .errors import CallLost, CostCapReached, KeyNotFound, PlatformError
 from .jobs import remote_exception
 from .lease import ABANDONED
 from .observe import history, records
@@ -80,7 +80,8 @@ class AttachedJob:
     def results(self, return_exceptions: bool = False) -> list:
         """Every item's result in input order, as ``fnmap.map`` returned them (waits for the job):
         one entry per item, always.  An item's exception is raised (or put in place with
-        ``return_exceptions``); a call that never ran gives ``CancelledError``, one that failed on
+        ``return_exceptions``); a call that never ran gives ``CancelledError`` (``CostCapReached``
+        when its job's ``max_cost`` stopped it), one that failed on
         the platform ``PlatformError``, one that never reported (its client stopped first) ``CallLost``."""
         self.wait()
         record = self.record()
@@ -90,7 +91,7 @@ class AttachedJob:
         out = []
         for _, call in sorted(spans, key=lambda span: span[0]):
             out.extend(self._unreported(call, record, return_exceptions) if "unreported" in call
-                       else self._call_results(call, return_exceptions))
+                       else self._call_results(call, record, return_exceptions))
         return out
 
     def _unreported(self, span: dict, record: dict, return_exceptions: bool) -> list:
@@ -104,14 +105,20 @@ class AttachedJob:
             raise excs[0]
         return excs
 
-    def _call_results(self, call: dict, return_exceptions: bool) -> list:
+    def _call_results(self, call: dict, record: dict, return_exceptions: bool) -> list:
         try:
             key = keys.result_key(self.id, call["call"])
             secret = (self._secret or signing.local_secret()).encode()
             outcomes = loads(compression.unpack(signing.unseal(secret, key, self.store.get(key))))
         except KeyNotFound:
-            if call["status"] == "cancelled":
-                exc: BaseException = CancelledError(f"call {call['call']} of job {self.id} was cancelled")
+            cap = record.get("cost_cap") or {}
+            if call["status"] == "cancelled" and cap.get("reached"):  # not run: its job reached its max_cost
+                exc: BaseException = CostCapReached(
+                    f"call {call['call']} of job {self.id} did not run: the job stopped at its cost cap "
+                    f"max_cost=${cap['max_cost']:g} (`fnmap redrive {self.id[:12]} --max-cost USD` runs it)",
+                    job_id=self.id, cap=cap["max_cost"], spent=cap["spent_usd"])
+            elif call["status"] == "cancelled":
+                exc = CancelledError(f"call {call['call']} of job {self.id} was cancelled")
             else:
                 exc = PlatformError(f"call {call['call']} of job {self.id} has no result: "
                                     f"{call.get('error') or call['status']}")

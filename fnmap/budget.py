@@ -51,7 +51,7 @@ def pricing_of(config) -> Pricing:
 class Budget:
     """The running cost of one job against its cap, in US dollars at list prices."""
 
-    __slots__ = ("cap", "pricing", "spent", "reserved", "attempts", "reached_at", "calls_not_run", "in_flight",
+    __slots__ = ("cap", "pricing", "spent", "reserved", "attempts", "reached_at", "in_flight",
                  "stopped", "refused_estimate", "attempts_usd",
                  "first_calls")
 
@@ -67,8 +67,7 @@ class Budget:
         self.attempts_usd = 0.0
         #: When an attempt was first refused (the cap was reached), or None.
         self.reached_at: float | None = None
-        #: Calls never sent because the cap was reached, and attempts out at that moment.
-        self.calls_not_run = 0
+        #: Calls out when the cap was reached (stopped where the backend can).
         self.in_flight = 0
         #: The scheduler has stopped the job for its cap (once).
         self.stopped = False
@@ -119,12 +118,13 @@ class Budget:
         """The job is refused before any call: ``estimate`` (:func:`estimate_for`) is above the cap."""
         self.reached_at = time.time()
         self.stopped = True
-        self.calls_not_run = estimate["calls"]
         self.refused_estimate = estimate
 
     def settle(self, reserved: float, usd: float) -> None:
         """An attempt that reserved ``reserved`` ended, and cost ``usd`` (0 if it was never sent)."""
-        self.reserved = max(0.0, self.reserved - reserved)
+        self.reserved = self.reserved - reserved
+        if self.reserved < 1e-12:  # what is left of the sums of the same reservations: nothing
+            self.reserved = 0.0
         if usd:
             self.spent += usd
             self.attempts_usd += usd
@@ -138,7 +138,6 @@ class Budget:
             "in_flight_usd": self.reserved,
             "reached": self.reached,
             "reached_at": self.reached_at,
-            "calls_not_run": self.calls_not_run,
             "calls_in_flight": self.in_flight,
             "model": self.pricing.model,
             **({"refused": self.refused_estimate} if self.refused_estimate else {}),

@@ -208,7 +208,8 @@ class Job:
         out = ""
         if in_flight:
             out = (f" {in_flight} call(s) in flight when the cap was reached still bill until they end"
-                   + (" (they were stopped)." if stoppable else " (this platform cannot stop a call that started)."))
+                   + (" (fnmap is stopping them)." if stoppable
+                      else " (this platform cannot stop a call that started)."))
         return CostCapReached(
             f"job {self.id} stopped at its cost cap max_cost=${budget.cap:g}: ${spent:.6f} spent at list "
             f"prices ({budget.pricing.describe()}) by {done} call(s) done; {len(not_run)} call(s) "

@@ -133,6 +133,11 @@ def redrive(store, job_id: str, config=None, **options):
     if summary["status"] == "succeeded":
         raise RedriveError(f"job {job_id} succeeded: every call has its result, nothing to redrive "
                            "(fnmap.job(ID).results() reads them)")
+    if (summary.get("cost_cap") or {}).get("refused"):
+        refused = summary["cost_cap"]["refused"]
+        raise RedriveError(f"job {job_id} was refused before any call ran: its estimate ${refused['usd']:.6f} was "
+                           f"above max_cost=${summary['cost_cap']['max_cost']:g}, so its items were never stored; "
+                           "run the map again with a larger max_cost")
     kind = summary.get("kind") or "map"
     if not KINDS[kind].recorded:
         raise RedriveError(f"job {job_id} is an {kind!r} job, whose calls are not stored for a redrive: only maps "

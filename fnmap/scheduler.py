@@ -168,8 +168,6 @@ class Scheduler:
             if capped:
                 run.budget.in_flight = len(running)
             capped = run.budget is not None and run.budget.reached
-            if capped:
-                run.budget.calls_not_run += len(unstarted)
         for state in unstarted:
             if capped:
                 self._decide(job, state, 0, _cap_fault(), final=True)
@@ -243,7 +241,6 @@ class Scheduler:
                 return _SKIP, 0
             state.claimed = True
             if run.budget is not None and run.budget.reached:
-                run.budget.calls_not_run += 1
                 return _CAPPED, 1
             if run.cancelled:  # cancelled before any thread took it
                 return _CANCELLED, 0
@@ -254,7 +251,6 @@ class Scheduler:
             steps = job.config.memory_steps
             reserved = run.budget.admit(steps[state.memory_step] if steps else None)
             if reserved is None:  # the cap: this call fails with it unless an attempt of it is out
-                run.budget.calls_not_run += state.in_flight == 0
                 return _CAPPED, int(state.in_flight == 0)
         attempt = self._new_attempt(job, state)
         state.attempts[-1].reserved = reserved

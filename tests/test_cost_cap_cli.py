@@ -11,9 +11,9 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import pytest
+from test_cost_cap import _counted, _ran
 
 import fnmap
 from fnmap.cli.jobs import usd
@@ -27,26 +27,6 @@ SLEEP = 0.2
 BIG = 10240
 ITEMS = 30
 STATIC = pathlib.Path(views.__file__).parent / "static"
-
-
-def _counting(folder: str):
-    """A call that notes its item in a side file as it starts (a call stopped midway counts)."""
-
-    def work(x):
-        with open(os.path.join(folder, "ran"), "a") as f:
-            f.write(f"{x}\n")
-        time.sleep(SLEEP)
-        return x * 2
-
-    return work
-
-
-def _ran(folder) -> list[int]:
-    path = os.path.join(folder, "ran")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [int(x) for x in f.read().split()]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +50,7 @@ def _capped_map(storage: str, emu, folder: str) -> fnmap.CostCapReached:
     cap = LAMBDA.job_overhead() + 10 * per_call
     assert LAMBDA.job_overhead() + ITEMS * LAMBDA.minimum(BIG) < cap  # not refused before it starts
     with pytest.raises(fnmap.CostCapReached) as caught:
-        fnmap.map(_counting(folder), range(ITEMS), chunksize=1, memory=BIG, max_cost=cap, storage=storage,
+        fnmap.map(_counted(folder, SLEEP), range(ITEMS), chunksize=1, memory=BIG, max_cost=cap, storage=storage,
                   emulator_url=emu.url, secret=emu.secret)
     assert 0 < caught.value.calls_done < ITEMS and caught.value.calls_not_run > 0, str(caught.value)
     return caught.value
@@ -153,6 +133,8 @@ def test_fnmap_job_under_its_cap_and_refused_by_it(jobs):
     assert f"cost cap {usd(LAMBDA.minimum())}: refused before any call" in refused.stdout
     assert "(50 calls not run; raise max_cost and run the map again)" in refused.stdout
     assert "cost cap" not in fnmap_cli("job", jobs["plain"], storage=jobs["storage"]).stdout
+    again = fnmap_cli("redrive", jobs["refused"], storage=jobs["storage"])  # nothing was stored to redrive
+    assert again.returncode != 0 and "refused before any call ran" in again.stderr, again.stderr
 
 
 def test_redrive_help_names_max_cost_and_refuses_a_bad_one(tmp_path):

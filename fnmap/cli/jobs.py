@@ -337,14 +337,8 @@ def cap_text(record: dict) -> str:
                 "and run the map again)")
     if not cap.get("reached"):
         return head + " (not reached)"
-    return (head + f", stopped here ({calls_not_run(record)} calls not run; "
+    return (head + f", stopped here ({cap['calls_not_run']} calls not run; "
             f"finish with fnmap redrive {short} --max-cost USD)")
-
-
-def calls_not_run(record: dict) -> int:
-    """Calls of a capped job with no result: never sent, or stopped in flight when the cap was
-    reached (``cost_cap.calls_not_run`` counts only the first kind), as ``CostCapReached`` counts them."""
-    return sum(1 for c in record["calls"] if c["status"] in ("cancelled", "pending", "running"))
 
 
 def usd(amount: float) -> str:

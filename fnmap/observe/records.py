@@ -112,7 +112,9 @@ def build(job) -> dict:
     }
     if job.run.budget is not None:  # what the cap allowed, what was spent, whether it stopped the job
         with job._lock:
-            record["cost_cap"] = job.run.budget.as_record()
+            record["cost_cap"] = cap = job.run.budget.as_record()
+        cap["calls_not_run"] = (cap["refused"]["calls"] if cap.get("refused") else  # calls with no result
+                                sum(1 for c in calls if c["status"] in ("cancelled", *UNFINISHED)))
     record["summary"] = summarize(record)
     return record
 
