@@ -48,20 +48,31 @@ def pricing_of(config) -> Pricing:
                                        "instance_type": getattr(config, "instance_type", None)})
 
 
+#: How many attempts of a capped job are out at once before any has ended (when no earlier run of
+#: its function measured one): until then what a call costs is unknown, and a first wave as wide as
+#: the backend's concurrency (hundreds on Lambda) could pass the cap many times over.
+FIRST_WAVE = 4
+#: What :meth:`Budget.admit` answers while the first wave is out.
+WAIT = "wait"
+
+
 class Budget:
     """The running cost of one job against its cap, in US dollars at list prices."""
 
     __slots__ = ("cap", "pricing", "spent", "reserved", "attempts", "reached_at", "in_flight",
                  "stopped", "refused_estimate", "attempts_usd",
-                 "first_calls")
+                 "first_calls", "out", "waiting")
 
     def __init__(self, cap: float, pricing: Pricing, spent: float = 0.0):
         self.cap = float(cap)
         self.pricing = pricing
         #: What the attempts that ended cost (and the job's own storage requests).
         self.spent = spent
-        #: What the attempts still out are expected to cost (released as each ends).
+        #: What the attempts still out are expected to cost (released as each ends), and how many.
         self.reserved = 0.0
+        self.out = 0
+        #: Calls waiting for the first attempt's price (:data:`FIRST_WAVE`).
+        self.waiting: list = []
         #: Attempts that ended and were priced, and what they cost.
         self.attempts = 0
         self.attempts_usd = 0.0
@@ -89,16 +100,31 @@ class Budget:
         return max(least, mean)
 
     def admit(self, memory_mb: int | None = None) -> float | None:
-        """Reserve what one more attempt is expected to cost and return it, or None (and the cap
-        is reached) when it would take the job past its cap."""
+        """Reserve what one more attempt is expected to cost and return it; None (and the cap is
+        reached) when it would take the job past its cap; :data:`WAIT` while :data:`FIRST_WAVE`
+        attempts are out and nothing is known of what one costs (none has ended, no earlier run
+        of the function measured one): the attempt waits for the first to end."""
         if self.reached_at is not None:
             return None
         expected = self.expected(memory_mb)
         if self.spent + self.reserved + expected > self.cap:
             self.reached_at = time.time()
             return None
+        if not self.attempts and not self.first_calls and self.out >= FIRST_WAVE:
+            return WAIT
         self.reserved += expected
+        self.out += 1
         return expected
+
+    def wait(self, state) -> None:
+        """``state`` (a call) was told to :data:`WAIT`: it is sent again by :meth:`release`."""
+        self.waiting.append(state)
+
+    def release(self) -> list:
+        """The calls waiting that may be sent now (all, once an attempt has been priced)."""
+        room = len(self.waiting) if self.attempts else max(0, FIRST_WAVE - self.out)
+        released, self.waiting = self.waiting[:room], self.waiting[room:]
+        return released
 
     def charge(self, reserved: float, attempt, stats: dict | None, stored_input: bool) -> None:
         """Attempt ``attempt`` (:class:`fnmap.run.Attempt`, ended), which reserved ``reserved``, is
@@ -123,6 +149,7 @@ class Budget:
     def settle(self, reserved: float, usd: float) -> None:
         """An attempt that reserved ``reserved`` ended, and cost ``usd`` (0 if it was never sent)."""
         self.reserved = self.reserved - reserved
+        self.out -= 1
         if self.reserved < 1e-12:  # what is left of the sums of the same reservations: nothing
             self.reserved = 0.0
         if usd:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import time
 
 from . import policy
+from .budget import WAIT
 from .dispatch import ACCEPTED, COALESCE_MAX_SECONDS, COALESCE_SECONDS, Dispatch, Outcomes
 from .errors import FaultKind, PlatformFault
 from .locks import YieldingLock
@@ -250,6 +251,11 @@ class Scheduler:
         if run.budget is not None:
             steps = job.config.memory_steps
             reserved = run.budget.admit(steps[state.memory_step] if steps else None)
+            if reserved == WAIT:  # the first wave is out: sent again when its first attempt is priced
+                if first:  # unclaimed again: cancel() may still take it
+                    state.claimed = False
+                run.budget.wait(state)
+                return _SKIP, 0
             if reserved is None:  # the cap: this call fails with it unless an attempt of it is out
                 return _CAPPED, int(state.in_flight == 0)
         attempt = self._new_attempt(job, state)
@@ -425,8 +431,7 @@ class Scheduler:
         if others:
             self._stop_copies(job, state, others)
 
-    @staticmethod
-    def _settle(job, state=None) -> tuple[bool, bool, list[int]]:
+    def _settle(self, job, state=None) -> tuple[bool, bool, list[int]]:
         """Under the lock, after a call is done: (write the final record now, every call is done,
         the attempts of ``state`` still out, which end as superseded)."""
         run = job.run
@@ -437,11 +442,10 @@ class Scheduler:
             run.finished = run.finished or time.time()
         others = state.end_open_attempts() if state is not None and state.in_flight else []
         for attempt in others:
-            Scheduler._bill(job, state, attempt)
+            self._bill(job, state, attempt)
         return write, all_done, others
 
-    @staticmethod
-    def _bill(job, state, number: int, stats: dict | None = None, never_sent: bool = False) -> None:
+    def _bill(self, job, state, number: int, stats: dict | None = None, never_sent: bool = False) -> None:
         """Under the lock, as attempt ``number`` of ``state`` ends: price it into the job's budget
         (``max_cost``).  The worker's own time and cold start when it reported (``stats``), else the
         client's view, sent until now (an upper bound); nothing for an attempt never sent."""
@@ -452,8 +456,18 @@ class Scheduler:
         reserved, record.reserved = record.reserved, None
         if never_sent:
             budget.settle(reserved, 0.0)
-            return
-        budget.charge(reserved, record, stats, stored_input=bool(state.items_key))
+        else:
+            budget.charge(reserved, record, stats, stored_input=bool(state.items_key))
+        if budget.waiting:
+            released = budget.release()
+            if released:
+                self.monitor.after(0.0, self._resend, job, released)
+
+    def _resend(self, job, states: list) -> None:
+        """Send calls that waited for the first wave of a capped job (:data:`fnmap.budget.FIRST_WAVE`)."""
+        for state in states:
+            if not state.done:
+                self.dispatch.send(job, state)
 
     def _all_done(self, job) -> None:
         """Every call is done and no more will come: close the bar, then wake the waiters."""

@@ -136,10 +136,19 @@ def test_estimate_of_a_repeated_function_is_within_a_fifth_of_what_it_cost(modul
 
 
 def test_the_budget_admits_while_spent_plus_out_plus_one_more_fit():
+    from fnmap.budget import FIRST_WAVE, WAIT
+
     least = LAMBDA.minimum()
     budget = Budget(10.5 * least, LAMBDA)
-    held = [budget.admit() for _ in range(10)]
+    held = [budget.admit() for _ in range(FIRST_WAVE)]
     assert all(h == pytest.approx(least) for h in held)
+    assert budget.admit() == WAIT  # the first wave is out and nothing is priced yet
+    budget.wait("a call")
+    assert budget.release() == []
+    budget.settle(held.pop(), least)  # one ended, priced at the least
+    assert budget.release() == ["a call"]
+    more = [budget.admit() for _ in range(10 - FIRST_WAVE)]  # 1 spent + 3 out + 6 = 10
+    assert all(h == pytest.approx(least) for h in more)
     assert budget.admit() is None and budget.reached  # the eleventh would pass the cap
     assert budget.admit() is None  # and once reached, nothing more
     budget = Budget(10.5 * least, LAMBDA)
@@ -178,3 +187,32 @@ def test_a_lambda_cold_start_bills_its_init_phase(offline_aws, tmp_path):  # noq
     billed = sum(math.ceil(s * 1000) / 1000 for _c, _i, s in json.loads(calls)) + sum(
         math.ceil(init * 1000) / 1000 for init, _ in cold)
     assert float(gb_seconds) == pytest.approx(billed, abs=0.01)
+
+
+def _stamped(folder):
+    """A call that notes when it started and ended, in a side file."""
+
+    def work(x):
+        with open(os.path.join(folder, "times"), "a") as f:
+            f.write(f"start {time.time()}\n")
+        time.sleep(0.3)
+        with open(os.path.join(folder, "times"), "a") as f:
+            f.write(f"end {time.time()}\n")
+        return x
+
+    return work
+
+
+def test_until_a_call_has_ended_a_capped_map_sends_only_a_first_wave(tmp_path):
+    """Nothing is known of what a call costs before one ends: a capped map whose function never ran
+    here sends FIRST_WAVE calls, then the rest once one is priced (a cap checked against the minimum
+    alone let a backend's whole concurrency pass it)."""
+    from fnmap.budget import FIRST_WAVE
+
+    assert fnmap.map(_stamped(str(tmp_path)), range(12), backend="local", chunksize=1, workers=12,
+                     max_cost=1.0) == list(range(12))
+    with open(tmp_path / "times") as f:
+        events = sorted((float(t), kind) for kind, t in (line.split() for line in f))
+    first_end = next(t for t, kind in events if kind == "end")
+    assert sum(1 for t, kind in events if kind == "start" and t < first_end) == FIRST_WAVE
+    assert sum(1 for _t, kind in events if kind == "start") == 12
