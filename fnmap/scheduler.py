@@ -464,10 +464,11 @@ class Scheduler:
                 self.monitor.after(0.0, self._resend, job, released)
 
     def _resend(self, job, states: list) -> None:
-        """Send calls that waited for the first wave of a capped job (:data:`fnmap.budget.FIRST_WAVE`)."""
-        for state in states:
-            if not state.done:
-                self.dispatch.send(job, state)
+        """Send calls that waited for the first wave of a capped job (:data:`fnmap.budget.FIRST_WAVE`),
+        together where the backend batches calls (one array job, not one per call)."""
+        states = [state for state in states if not state.done]
+        if states:
+            self.dispatch.submit(job, states)
 
     def _all_done(self, job) -> None:
         """Every call is done and no more will come: close the bar, then wake the waiters."""

@@ -210,3 +210,29 @@ def test_fnmap_map_on_batch_under_a_third_of_its_minimum_is_refused_before_any_c
     assert caught.value.estimate["usd"] > cap
     record = fnmap.job(caught.value.job_id).record()
     assert record["cost_cap"]["refused"]["calls"] == n and record["summary"]["status"] == "capped"
+
+
+def test_calls_that_waited_for_the_first_wave_go_to_batch_as_one_array_job(use_backend, platform_emulator, tmp_path):
+    """A capped job sends its first wave (budget.FIRST_WAVE calls) before anything is priced; the
+    calls that waited go together once one is, as one array job, not one Batch job each."""
+    import boto3
+    from conftest import aws_credentials_of
+
+    from fnmap.budget import FIRST_WAVE
+
+    side = tmp_path / "ran"
+    name = use_backend("batch")
+    batch = boto3.client("batch", endpoint_url=platform_emulator.url, region_name="us-east-1",
+                         **{k.lower(): v for k, v in aws_credentials_of(platform_emulator).items()
+                            if k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+
+    def jobs() -> set:
+        return {j["jobId"] for status in ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED")
+                for j in batch.list_jobs(jobQueue="fnmap", jobStatus=status)["jobSummaryList"]}
+
+    before = jobs()
+    n = FIRST_WAVE + 6
+    assert fnmap.map(functools.partial(counted, side), range(n), backend=name, chunksize=1, max_cost=1.0) \
+        == list(range(n))
+    assert ran(side) == n
+    assert len(jobs() - before) == 2  # the first wave, then the rest together
