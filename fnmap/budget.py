@@ -11,8 +11,12 @@ retry, a speculative copy), :meth:`Budget.settle` when it ends.  An attempt is a
 where ``spent`` is the priced cost of every attempt that ended (its measured duration, memory,
 request and S3 requests: :class:`fnmap.observe.cost.Pricing`), ``reserved`` what the attempts
 still out are expected to cost, and ``expected`` what one more will: the mean of the attempts so
-far, never less than the least an attempt costs (the minimum billed duration).  The first attempt
-refused reaches the cap: the scheduler sends nothing more and stops what it can.
+far, never less than the least an attempt costs (the minimum billed duration).  An attempt not
+expected to fit waits while others are out (they may cost less than expected: as each ends, one
+waiting call is looked at again), so the calls in flight, which were expected to fit, end with
+their results.  The cap is reached when even at the least each can cost the attempts out and one
+more would pass it (the calls in flight then pass it too: the scheduler stops them where the
+backend can), or when one more is not expected to fit and none is out: nothing more is sent.
 
 Before a map runs, its estimate is made from one of two bases:
 
@@ -61,7 +65,7 @@ class Budget:
 
     __slots__ = ("cap", "pricing", "spent", "reserved", "attempts", "reached_at", "in_flight",
                  "stopped", "refused_estimate", "attempts_usd",
-                 "first_calls", "out", "waiting")
+                 "first_calls", "out", "waiting", "pressed")
 
     def __init__(self, cap: float, pricing: Pricing, spent: float = 0.0):
         self.cap = float(cap)
@@ -71,8 +75,10 @@ class Budget:
         #: What the attempts still out are expected to cost (released as each ends), and how many.
         self.reserved = 0.0
         self.out = 0
-        #: Calls waiting for the first attempt's price (:data:`FIRST_WAVE`).
+        #: Calls waiting for the first attempt's price (:data:`FIRST_WAVE`), or for room under the cap.
         self.waiting: list = []
+        #: A call waited for room under the cap (then each end releases one call, not all).
+        self.pressed = False
         #: Attempts that ended and were priced, and what they cost.
         self.attempts = 0
         self.attempts_usd = 0.0
@@ -100,29 +106,47 @@ class Budget:
         return max(least, mean)
 
     def admit(self, memory_mb: int | None = None) -> float | None:
-        """Reserve what one more attempt is expected to cost and return it; None (and the cap is
-        reached) when it would take the job past its cap; :data:`WAIT` while :data:`FIRST_WAVE`
-        attempts are out and nothing is known of what one costs (none has ended, no earlier run
-        of the function measured one): the attempt waits for the first to end."""
+        """Reserve what one more attempt is expected to cost and return it, or say why not:
+
+        * None, and the cap is reached: even at the least each attempt can cost, the ones out and
+          this one would take the job past its cap; or this one is not expected to fit and none is
+          out whose end could make room;
+        * :data:`WAIT`: it is not expected to fit, but attempts are out that may cost less than
+          expected (it is looked at again as one ends, see :meth:`release`); or :data:`FIRST_WAVE`
+          attempts are out and nothing is known yet of what one costs (none has ended, no earlier
+          run of the function measured one)."""
         if self.reached_at is not None:
             return None
+        least = self.pricing.minimum(memory_mb)
+        if self.spent + self.out * self.pricing.minimum() + least > self.cap:
+            return self._reach()
         expected = self.expected(memory_mb)
         if self.spent + self.reserved + expected > self.cap:
-            self.reached_at = time.time()
-            return None
+            if not self.out:
+                return self._reach()
+            self.pressed = True
+            return WAIT
         if not self.attempts and not self.first_calls and self.out >= FIRST_WAVE:
             return WAIT
         self.reserved += expected
         self.out += 1
         return expected
 
+    def _reach(self) -> None:
+        self.reached_at = time.time()
+        return None
+
     def wait(self, state) -> None:
         """``state`` (a call) was told to :data:`WAIT`: it is sent again by :meth:`release`."""
         self.waiting.append(state)
 
     def release(self) -> list:
-        """The calls waiting that may be sent now (all, once an attempt has been priced)."""
-        room = len(self.waiting) if self.attempts else max(0, FIRST_WAVE - self.out)
+        """The calls waiting that may be sent now, as an attempt ends: one while the cap is near
+        (its end made room for one at most), all once the first wave is priced."""
+        if not self.attempts:
+            room = max(0, FIRST_WAVE - self.out)
+        else:
+            room = 1 if self.pressed else len(self.waiting)
         released, self.waiting = self.waiting[:room], self.waiting[room:]
         return released
 

@@ -149,16 +149,25 @@ def test_the_budget_admits_while_spent_plus_out_plus_one_more_fit():
     assert budget.release() == ["a call"]
     more = [budget.admit() for _ in range(10 - FIRST_WAVE)]  # 1 spent + 3 out + 6 = 10
     assert all(h == pytest.approx(least) for h in more)
-    assert budget.admit() is None and budget.reached  # the eleventh would pass the cap
+    assert budget.admit() is None and budget.reached  # even at the least, the eleventh passes the cap
     assert budget.admit() is None  # and once reached, nothing more
+
     budget = Budget(10.5 * least, LAMBDA)
     first = budget.admit()
     budget.settle(first, 3 * least)  # an attempt that cost three times the least
     assert budget.spent == pytest.approx(3 * least) and budget.reserved == 0
     assert budget.expected() == pytest.approx(3 * least)  # the mean so far, not the least
-    assert budget.admit() and budget.admit() and budget.admit() is None
-    budget.settle(budget.reserved / 2, 0.0)  # an attempt never sent: released, not billed
-    assert budget.spent == pytest.approx(3 * least) and budget.attempts == 1
+    out = [budget.admit(), budget.admit()]  # 3 spent + 2 x 3 reserved = 9
+    assert budget.admit() == WAIT  # 12 > 10.5 expected, but what is out may cost less: it waits
+    assert not budget.reached
+    budget.wait("next")
+    budget.settle(out.pop(), least)  # it did: 4 spent + 3 reserved + 3 = 10, room for one
+    assert budget.release() == ["next"]
+    assert budget.admit() == pytest.approx(2 * least)  # the mean is now (3 + 1) / 2
+    budget.settle(out.pop(), 3 * least)
+    budget.settle(2 * least, 2 * least)  # 4 + 3 + 2 = 9 spent, nothing out
+    assert budget.admit() is None and budget.reached  # not expected to fit, and nothing out to wait for
+    assert budget.spent == pytest.approx(9 * least) and budget.attempts == 4 and budget.out == 0
 
 
 def test_a_bad_cap_is_a_clear_error(monkeypatch):
