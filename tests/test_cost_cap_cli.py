@@ -30,18 +30,9 @@ STATIC = pathlib.Path(views.__file__).parent / "static"
 
 
 @pytest.fixture(scope="module")
-def emulator():
-    from conftest import EmulatorProcess
-
-    emu = EmulatorProcess(workers=2)
-    try:
-        yield emu
-    finally:
-        from fnmap import client
-
-        for c in list(client._clients.values()):  # pooled connections would delay the stop
-            c.close()
-        emu.stop()
+def emulator(_module_emulator):
+    """The module's emulator (conftest), named to the tests: they pass it to the commands they run."""
+    return _module_emulator
 
 
 def _capped_map(storage: str, emu, folder: str) -> fnmap.CostCapReached:

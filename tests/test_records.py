@@ -108,7 +108,11 @@ def test_failure_record_logs_and_exception_note(emulator, store):
     assert record["summary"]["status"] == "failed" and record["summary"]["failed_items"] == 1
     assert "working on 2\nabout to fail" in failed[0]["log_tail"]
     assert job.logs(2) == "--- call 2 attempt 1 ---\nworking on 2\nabout to fail\n"
-    assert job.logs().count("--- call") == 4
+    # Every call that ran has its output in the job's logs (one stopped by the failure may not have).
+    logs = job.logs()
+    ran = [c["call"] for c in record["calls"] if c["status"] != "cancelled"]
+    assert all(f"--- call {call} attempt 1 ---\nworking on {call}\n" in logs for call in ran), (ran, logs)
+    assert len(ran) >= 3 and logs.count("--- call") in (len(ran), 4)
 
 
 def test_retry_record(emulator, store, tmp_path):
