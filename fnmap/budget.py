@@ -56,7 +56,8 @@ def pricing_of(config) -> Pricing:
 #: its function measured one): until then what a call costs is unknown, and a first wave as wide as
 #: the backend's concurrency (hundreds on Lambda) could pass the cap many times over.
 FIRST_WAVE = 4
-#: What :meth:`Budget.admit` answers while the first wave is out.
+#: What :meth:`Budget.admit` answers when an attempt must wait: the first wave is out, or it is not
+#: expected to fit while others are out.
 WAIT = "wait"
 
 
@@ -148,6 +149,11 @@ class Budget:
         else:
             room = 1 if self.pressed else len(self.waiting)
         released, self.waiting = self.waiting[:room], self.waiting[room:]
+        return released
+
+    def release_all(self) -> list:
+        """Every call waiting (the job stops: none will be sent)."""
+        released, self.waiting = self.waiting, []
         return released
 
     def charge(self, reserved: float, attempt, stats: dict | None, stored_input: bool) -> None:

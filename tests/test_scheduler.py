@@ -242,3 +242,28 @@ def test_the_on_poll_hook_given_to_the_scheduler_looks_at_each_running_job(tmp_p
         assert set(looked) == {running.id} and not running.done
     finally:
         scheduler.close()
+
+
+def test_a_capped_job_whose_cap_is_reached_while_a_retry_waits_for_room_ends(sched):
+    """A retry that waits for room under ``max_cost`` is decided when the cap is reached by another
+    call (its job would otherwise never end: no attempt is left out to release it)."""
+    from fnmap.observe.cost import Pricing
+
+    pricing = Pricing.of("local", {})
+    least, second = pricing.minimum(), pricing.attempt(1.0)  # ok() reports a call of one second
+    # Room for the first wave and a retry at the least, not for one more at the mean; two seconds
+    # and two least calls are past it.
+    cap = pricing.job_overhead() + (second + 3 * least + 1.5 * second + 2.5 * least) / 2
+    job = new_job(sched, n_calls=4, unwrap=True, retries=1, max_cost=cap)
+    c0, c1, c2, c3 = job.run.calls
+    a0, a1, a2 = sched._begin(job, c0), sched._begin(job, c1), sched._begin(job, c2)
+    sched._decide(job, c0, a0, ok("zero"))
+    sched._decide(job, c1, a1, PlatformFault("throttled", "429", retry_after=3600))  # retried in an hour
+    assert sched._begin(job, c3) is None and sched._begin(job, c1) is None  # both wait for room
+    assert job.run.budget.waiting == [c3, c1]
+    sched._decide(job, c2, a2, ok("two"))  # room for one to be looked at: c3, which reaches the cap
+    assert job.wait(10), [c.done for c in job.run.calls]
+    for call in (c1, c3):
+        with pytest.raises(fnmap.CostCapReached):
+            call.future.result(0)
+    assert c0.future.result(0) == "zero" and c2.future.result(0) == "two"
