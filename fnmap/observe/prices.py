@@ -30,6 +30,7 @@ import warnings
 from dataclasses import asdict, dataclass
 
 from ..errors import ConfigError
+from ..runtime import forks
 
 #: When the built-in tables were last checked against their sources.
 PRICES_DATE = "2026-12-06"
@@ -170,6 +171,14 @@ class _Tables:
 
 
 _lock = threading.Lock()
+
+
+@forks.at_fork
+def _new_lock() -> None:
+    """In a forked child: a fresh lock (a thread of the parent writing a job record at the fork,
+    which prices it, held the old one: the child's first record would wait for ever)."""
+    global _lock
+    _lock = threading.Lock()
 _state: dict = {"key": None, "tables": _Tables()}
 
 

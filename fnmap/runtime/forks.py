@@ -19,7 +19,7 @@ by both sides) and the worker routine (which the ``local`` backend runs on the c
 register resets too.  Registered at import: ``fnmap.client`` (the clients), ``fnmap.executor``
 (what exit waits for), ``fnmap.lease``, ``fnmap.joblib``, ``fnmap.backends.emulator`` (the
 emulator handles), ``fnmap.emulator.shared`` (the start lock's files), ``fnmap.storage``,
-``fnmap.runtime.worker`` and ``fnmap.runtime.setup`` (their locks).
+``fnmap.runtime.worker``, ``fnmap.runtime.setup`` and ``fnmap.observe.prices`` (their locks).
 """
 
 from __future__ import annotations
