@@ -337,7 +337,7 @@ def cap_text(record: dict) -> str:
                 "and run the map again)")
     if not cap.get("reached"):
         return head + " (not reached)"
-    return (head + f", stopped here ({cap['calls_not_run']} calls not run; "
+    return (head + f", stopped here ({cap.get('calls_not_run', 'some')} calls not run; "
             f"finish with fnmap redrive {short} --max-cost USD)")
 
 
