@@ -153,7 +153,8 @@ def test_a_child_forked_while_the_shared_emulators_lock_is_held(tmp_path):
 WORKER_LOCK_SCRIPT = textwrap.dedent("""
     import multiprocessing, threading
     import fnmap
-    from fnmap.runtime import setup, worker
+    from fnmap.observe import prices
+    from fnmap.runtime import capture, setup, worker
 
     def ready():
         pass
@@ -162,7 +163,9 @@ WORKER_LOCK_SCRIPT = textwrap.dedent("""
         return sum(fnmap.map(abs, range(-n, 0), backend="local", initializer=ready))
 
     if __name__ == "__main__":
-        held = {"functions": worker._functions_lock, "initializer": setup._lock}[HELD_LOCK]
+        held = {"functions": worker._functions_lock, "initializer": setup._lock,
+                "peak memory": worker._peak_memory._lock, "output": capture._router_lock,
+                "prices": prices._lock}[HELD_LOCK]
         taken, release = threading.Event(), threading.Event()
 
         def hold():  # as a local-backend call loading its function or running its initializer
@@ -180,10 +183,11 @@ WORKER_LOCK_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("lock", ["functions", "initializer"])
+@pytest.mark.parametrize("lock", ["functions", "initializer", "peak memory", "output", "prices"])
 def test_a_child_forked_while_a_local_call_holds_a_worker_lock(lock):
     """The local backend runs the worker routine on the client's threads: a lock one of them held at
-    the fork (loading a function, running an initializer) is fresh in the child."""
+    the fork (loading a function, running an initializer, starting a call: its peak memory reset
+    writes to /proc under a lock, its output capture; pricing a job record) is fresh in the child."""
     done = _run(WORKER_LOCK_SCRIPT.replace("HELD_LOCK", repr(lock)), _environment())
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["[6,", "10]"]

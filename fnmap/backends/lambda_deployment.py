@@ -22,12 +22,21 @@ from __future__ import annotations
 
 import threading
 
+from ..runtime import forks
+
 #: Seconds an asynchronous call may sit in Lambda's queue and run before the client calls it lost,
 #: on top of the function's own timeout, when the function's event age is not bounded by fnmap.
 ASYNC_GRACE_SECONDS = 120.0
 
 _cache: dict[tuple, object] = {}
 _lock = threading.Lock()
+
+
+@forks.at_fork
+def _new_lock() -> None:
+    """In a forked child: a fresh lock (a thread of the parent holding it at the fork is gone)."""
+    global _lock
+    _lock = threading.Lock()
 
 
 def _cached(client, function_name: str, what: str, read):

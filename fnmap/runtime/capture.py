@@ -7,8 +7,17 @@ import io
 import sys
 import threading
 
+from . import forks
+
 _capture = threading.local()
 _router_lock = threading.Lock()
+
+
+@forks.at_fork
+def _new_router_lock() -> None:
+    """In a forked child: a fresh lock (a thread of the parent starting a call held it at the fork)."""
+    global _router_lock
+    _router_lock = threading.Lock()
 
 
 class _Router:

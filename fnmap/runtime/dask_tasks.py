@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..storage import open_store
-from . import signing
+from . import forks, signing
 from .serialization import dumps, loads
 from .stored import Stored
 from .worker import WORKER_ID
@@ -46,6 +46,13 @@ RECENT_VALUES_BYTES = _recent_budget()
 _recent: OrderedDict[str, tuple[Any, int]] = OrderedDict()
 _recent_bytes = 0
 _recent_lock = threading.Lock()  # the local backend runs batches on several threads
+
+
+@forks.at_fork
+def _new_recent_lock() -> None:
+    """In a forked child: a fresh lock (a thread of the parent holding it at the fork is gone)."""
+    global _recent_lock
+    _recent_lock = threading.Lock()
 
 
 @dataclass

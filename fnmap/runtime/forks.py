@@ -19,7 +19,9 @@ by both sides) and the worker routine (which the ``local`` backend runs on the c
 register resets too.  Registered at import: ``fnmap.client`` (the clients), ``fnmap.executor``
 (what exit waits for), ``fnmap.lease``, ``fnmap.joblib``, ``fnmap.backends.emulator`` (the
 emulator handles), ``fnmap.emulator.shared`` (the start lock's files), ``fnmap.storage``,
-``fnmap.runtime.worker``, ``fnmap.runtime.setup`` and ``fnmap.observe.prices`` (their locks).
+``fnmap.runtime.worker``, ``fnmap.runtime.setup``, ``fnmap.runtime.capture``,
+``fnmap.runtime.dask_tasks``, ``fnmap.backends.lambda_deployment`` and ``fnmap.observe.prices``
+(their locks).
 """
 
 from __future__ import annotations

@@ -42,10 +42,12 @@ _functions_lock = threading.Lock()
 
 @forks.at_fork
 def _new_functions_lock() -> None:
-    """In a forked child: a fresh lock (a local-backend thread loading a function at the fork held
-    it, and that thread is gone)."""
-    global _functions_lock
+    """In a forked child: fresh locks (a local-backend thread loading a function, or starting a call
+    and writing to /proc under the peak-memory lock, at the fork held one, and that thread is gone:
+    the child's first call waited for ever)."""
+    global _functions_lock, _peak_memory
     _functions_lock = threading.Lock()
+    _peak_memory = PeakMemory()
 
 
 _calls_served = 0
