@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .backends import backend_class
 from .config import resolve
 from .errors import CostCapReached
 from .observe.cost import Pricing, requests
@@ -64,13 +65,15 @@ WAIT = "wait"
 class Budget:
     """The running cost of one job against its cap, in US dollars at list prices."""
 
-    __slots__ = ("cap", "pricing", "spent", "reserved", "attempts", "reached_at", "in_flight",
+    __slots__ = ("cap", "pricing", "least", "spent", "reserved", "attempts", "reached_at", "in_flight",
                  "stopped", "refused_estimate", "attempts_usd",
                  "first_calls", "out", "waiting", "pressed")
 
     def __init__(self, cap: float, pricing: Pricing, spent: float = 0.0):
         self.cap = float(cap)
         self.pricing = pricing
+        #: The least an attempt at the job's memory costs (asked before every attempt: priced once).
+        self.least = pricing.minimum()
         #: What the attempts that ended cost (and the job's own storage requests).
         self.spent = spent
         #: What the attempts still out are expected to cost (released as each ends), and how many.
@@ -102,9 +105,11 @@ class Budget:
     def expected(self, memory_mb: int | None = None) -> float:
         """What one more attempt is expected to cost: the mean so far (before any ended, what an
         earlier run of the function measured, if one did), at least the minimum."""
-        least = self.pricing.minimum(memory_mb)
         mean = self.attempts_usd / self.attempts if self.attempts else self.first_calls
-        return max(least, mean)
+        return max(self._least(memory_mb), mean)
+
+    def _least(self, memory_mb: int | None) -> float:
+        return self.least if memory_mb in (None, self.pricing.memory_mb) else self.pricing.minimum(memory_mb)
 
     def admit(self, memory_mb: int | None = None) -> float | None:
         """Reserve what one more attempt is expected to cost and return it, or say why not:
@@ -118,8 +123,7 @@ class Budget:
           run of the function measured one)."""
         if self.reached_at is not None:
             return None
-        least = self.pricing.minimum(memory_mb)
-        if self.spent + self.out * self.pricing.minimum() + least > self.cap:
+        if self.spent + self.out * self.least + self._least(memory_mb) > self.cap:
             return self._reach()
         expected = self.expected(memory_mb)
         if self.spent + self.reserved + expected > self.cap:
@@ -203,9 +207,6 @@ class Budget:
 
 #: How many of the newest index entries are searched for an earlier run of the same function.
 HISTORY_ENTRIES = 200
-#: What an automatically chunked job's calls last on each backend (``call_seconds``), without
-#: importing the backends (boto3, Flask).
-_CALL_SECONDS = {"emulator": 0.1, "local": 0.05, "http": 0.5, "aws": 1.5, "batch": 60.0}
 
 
 class SharedCap:
@@ -314,7 +315,7 @@ def _calls(config, n_items: int, seconds_per_item: float | None) -> int:
         return math.ceil(n_items / config.chunksize)
     if seconds_per_item is None:
         return 1  # the least an automatically chunked job can make
-    target = _CALL_SECONDS.get(config.backend, 0.5)
+    target = backend_class(config.backend).call_seconds  # what the feed sizes its calls to
     return max(1, min(n_items, math.ceil(n_items * seconds_per_item / target)))
 
 

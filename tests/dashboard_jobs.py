@@ -68,6 +68,23 @@ def wait_for_file(path: str, timeout: float = 60.0):
 
 
 @contextlib.contextmanager
+def running_map(storage: str, release: str, timeout: float = 60.0):
+    """A map of 4 calls running in a thread, each waiting for the file ``release``: yields the list
+    its results go to; at the end the file is made and the map joined."""
+    import threading
+
+    results: list = []
+    mapping = threading.Thread(target=lambda: results.extend(
+        fnmap.map(wait_for_file(release), range(4), chunksize=1, storage=storage, output="none")))
+    mapping.start()
+    try:
+        yield results
+    finally:
+        open(release, "w").close()
+        mapping.join(timeout)
+
+
+@contextlib.contextmanager
 def serving(storage: str, token: str = "a-test-token-of-enough-length"):
     """A dashboard over ``storage`` on a free loopback port, from a thread of this process."""
     store = open_store(storage, "the test's storage", create=False)

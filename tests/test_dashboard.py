@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import requests
-from dashboard_jobs import failed_job, serving, wait_for_file
+from dashboard_jobs import failed_job, running_map, serving, wait_for_file
 from prometheus_client.parser import text_string_to_metric_families
 
 import fnmap
@@ -251,14 +251,7 @@ def test_the_command_prints_the_url_and_serves(storage, job_id, tmp_path):
 def test_a_running_job_page_offers_cancel_and_spans_every_call(dashboard, storage, tmp_path):
     """While a map runs, its page is rebuilt from the workers' reports: it says so (not that items
     have no result), offers `fnmap cancel`, and its timeline spans all the job's calls."""
-    import threading
-
-    release = str(tmp_path / "release")
-    results = []
-    mapping = threading.Thread(target=lambda: results.extend(
-        fnmap.map(wait_for_file(release), range(4), chunksize=1, storage=storage, output="none")))
-    mapping.start()
-    try:
+    with running_map(storage, str(tmp_path / "release")) as results:
         rows = _wait_for(lambda: [r for r in _authed(dashboard, "/api/jobs").json()["jobs"]
                                   if r["status"] == "running"], "the running job")
         page = _authed(dashboard, f"/api/jobs/{rows[0]['job_id']}").json()
@@ -266,7 +259,4 @@ def test_a_running_job_page_offers_cancel_and_spans_every_call(dashboard, storag
         assert len(page["notes"]) == 1 and page["notes"][0].startswith("running: ")
         assert any(c["command"].startswith("fnmap cancel ") for c in page["commands"])
         assert page["timeline"]["last_call"] == 3
-    finally:
-        open(release, "w").close()
-        mapping.join(60)
     assert results == [0, 1, 2, 3]

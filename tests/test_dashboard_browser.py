@@ -19,12 +19,9 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 
 import pytest
-from dashboard_jobs import MARKUP_ERROR, MARKUP_NAME, failed_job, markup_job, serving, wait_for_file
-
-import fnmap
+from dashboard_jobs import MARKUP_ERROR, MARKUP_NAME, failed_job, markup_job, running_map, serving
 
 #: Where the pages' screenshots go besides the test's folder (the tests' variable, not fnmap's).
 SCREENSHOTS = os.environ.get("DASHBOARD_SCREENSHOTS")
@@ -143,12 +140,7 @@ def test_the_front_page_lists_jobs_and_follows_a_running_one_live(browser, dashb
     assert failed[1] == "failed" and "1 failed" in failed[3] and "24 (1 failed)" == failed[4]
     _until(browser, lambda d: d.find_element("id", "count").text == "2 jobs", "two jobs counted")
     browser.execute_script("window.fnmapNotReloaded = true")
-    release = str(tmp_path / "release")
-    results = []
-    mapping = threading.Thread(target=lambda: results.extend(
-        fnmap.map(wait_for_file(release), range(4), chunksize=1, storage=storage, output="none")))
-    mapping.start()
-    try:
+    with running_map(storage, str(tmp_path / "release"), WAIT) as results:
         _until(browser, lambda d: d.find_element("id", "count").text == "3 jobs", "the new job listed, live")
         listed = browser.execute_script(
             "return [...document.querySelectorAll('#jobs tbody tr')].map((r) => r.dataset.job)")
@@ -157,9 +149,6 @@ def test_the_front_page_lists_jobs_and_follows_a_running_one_live(browser, dashb
                          "the running job's first call done, live")
         assert running[1] == "running" and "1 done, 3 running of 4" in running[3]
         _screenshot(browser, tmp_path, "dashboard-jobs.png", 560)
-    finally:
-        open(release, "w").close()
-        mapping.join(WAIT)
     assert results == [0, 1, 2, 3]
     ended = _until(browser, lambda d: (t := _cell_texts(d, new)) and t[1] == "succeeded" and t, "the job's end, live")
     assert "4 succeeded of 4" in ended[3]

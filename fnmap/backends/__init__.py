@@ -11,11 +11,16 @@ import importlib
 
 from ..backend_table import BACKENDS
 
-__all__ = ["BACKENDS", "create_backend"]
+__all__ = ["BACKENDS", "backend_class", "create_backend"]
+
+
+def backend_class(name: str) -> type:
+    """The class of backend ``name`` (a name :class:`fnmap.config.Config` checked); its module
+    imports no platform library (boto3, Flask) until an instance needs one."""
+    module_name, class_name = BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
 
 
 def create_backend(config):
     """Instantiate the backend ``config.backend`` names (a name :class:`fnmap.config.Config` checked)."""
-    module_name, class_name = BACKENDS[config.backend].split(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(config)
+    return backend_class(config.backend)(config)

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from .prices import UnknownPrice, instance_price, lambda_price, prices_basis, s3_price
 
-__all__ = ["BATCH_MINIMUM_SECONDS", "DEFAULT_LAMBDA_MEMORY_MB", "Pricing", "UnknownPrice", "attempt_durations",
-           "describe", "estimate"]
+__all__ = ["BATCH_MINIMUM_SECONDS", "DEFAULT_LAMBDA_MEMORY_MB", "Pricing", "UnknownPrice", "describe",
+           "estimate", "requests"]
 
 DEFAULT_REGION = "us-east-1"
 #: Memory assumed for Lambda when a job did not set ``memory`` (fnmap's deploy default).
@@ -132,15 +132,6 @@ def requests(stored_input: bool, first_attempt: bool, cold: bool) -> tuple[int, 
     puts = S3_PUTS_PER_CALL + (stored_input and first_attempt)
     gets = S3_GETS_PER_CALL + stored_input + cold
     return puts, gets
-
-
-def attempt_durations(record: dict) -> list[float]:
-    """Billed seconds of every attempt of a job record.
-
-    The worker's own time when it reported, else the client's view (sent until answered), which
-    is an upper bound.
-    """
-    return [seconds for _call, _index, seconds in _attempts(record)]
 
 
 def _attempts(record: dict):
