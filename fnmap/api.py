@@ -264,11 +264,13 @@ def _start(
     pending: list = []  # with chunksize set: each call's input store (None: its input travels inline)
     try:
         func_key = client.upload_function(func, job)  # a function that does not pickle: recorded too
-        if config.max_cost is not None:  # refused before any call runs if even its least is above the cap
+        if config.max_cost is not None or config.cache is not None:
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
             make_items = lambda _job_id, items=items: items  # noqa: E731
-            _check_cap(job, func_key, len(items))
+            hits = _look_up_cache(client, job, func, mode, items)  # hits are answered, never sent
+        if config.max_cost is not None:  # refused before any call runs if even its least is above the cap
+            _check_cap(job, func_key, len(items) - hits)
         if config.chunksize is None:
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
@@ -278,12 +280,15 @@ def _start(
             index = len(items)
             client.finish_stores(stores)
         else:
-            for chunk in policy.chunks(make_items(job.id), config.chunksize):
+            for chunk in _chunks(make_items(job.id), config.chunksize, job.cache):
                 stored_before = len(stores)
-                states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), ResultSlot(),
-                                              stores=stores))
+                if isinstance(chunk, int):  # a run of cache hits
+                    states.append(client.add_cached_call(job, func_key, index, chunk, ResultSlot()))
+                else:
+                    states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), ResultSlot(),
+                                                  stores=stores))
                 pending.append(stores[stored_before] if len(stores) > stored_before else None)
-                index += len(chunk)
+                index += chunk if isinstance(chunk, int) else len(chunk)
             if stores:  # a storage that refuses the inputs refuses the first: then nothing has run
                 stores[0].result()
     except BaseException as e:
@@ -301,6 +306,27 @@ def _start(
     else:
         client.submit(job, states)
     return job
+
+
+def _look_up_cache(client, job, func: Callable, mode: str, items: list) -> int:
+    """With ``cache=``: key every item and read its entry (:mod:`fnmap.cache.plan`); how many hit."""
+    if job.config.cache is None:
+        return 0
+    client.use_cache(job, func)
+    return len(job.cache.look_up(mode, items))
+
+
+def _chunks(items: Iterable, chunksize: int, cache):
+    """The chunks of ``chunksize`` items to send; with a result cache, each run of hits as its
+    length (an int: one call that is never sent) and the misses between chunked apart."""
+    if cache is None:
+        yield from policy.chunks(items, chunksize)
+        return
+    for hit, first, n in cache.runs(0, len(items)):
+        if hit:
+            yield n
+        else:
+            yield from policy.chunks(items[first:first + n], chunksize)
 
 
 def _check_cap(job, func_key: str, n_items: int) -> None:
@@ -390,7 +416,7 @@ def map_reduce(
     cap.jobs.append(map_job)
     groups = _groups(items, map_job.results(), reduce_by_key)
     stage = ReduceStage(reduce_func, client.store.url)
-    reduce_config = config.replace(chunksize=1)
+    reduce_config = config.replace(chunksize=1, cache=None)  # cache=: the map's calls are cached
     try:
         results, last_job = _reduce_tree(client, reduce_config, stage, groups, reduce_fanin, cap)
     except CostCapReached as e:

@@ -131,6 +131,25 @@ class Client:
         self.scheduler.add(job, state)
         return state
 
+    def add_cached_call(self, job: Job, func_key: str, first_index: int, n_items: int,
+                        future: Future | None = None, unwrap: bool = False) -> CallRun:
+        """Add to ``job`` a call of items ``first_index..`` that the result cache answered (their
+        values are taken from ``job.cache``): never sent, it is decided when :meth:`submit` sees it."""
+        from .runtime import outcome
+
+        cache = job.cache
+        state = CallRun(len(job.run.calls), first_index, n_items, func_key, b"", None, future or Future(), unwrap)
+        state.cached = cache.origins(first_index, n_items)
+        state.result = outcome.all_ok(cache.take(first_index, n_items))
+        self.scheduler.add(job, state)
+        return state
+
+    def use_cache(self, job: Job, func) -> None:
+        """Give ``job`` (run with ``cache=``) its :class:`fnmap.cache.plan.JobCache`."""
+        from .cache.plan import JobCache
+
+        job.cache = JobCache(self.store, self.secret, job, func, job.config.cache)
+
     def add_stored_call(self, job: Job, call_id: int, first_index: int, n_items: int, func_key: str,
                         items_key: str | None, payload: bytes, future: Future | None = None) -> CallRun:
         """Add to ``job`` a call whose input is pickled already (inline ``payload``, or stored at
@@ -179,7 +198,9 @@ class Client:
     def submit(self, job: Job, states: list[CallRun]) -> None:
         """Send these calls of ``job``; their futures complete as they finish."""
         if job.recorder is not None:  # what they run, stored first: a redrive can run them again
-            job.recorder.record_calls(job, states)
+            sent = [s for s in states if s.cached is None]  # a cache hit runs nothing
+            if sent:
+                job.recorder.record_calls(job, sent)
         self.scheduler.submit(job, states)
 
     def seal(self, job: Job) -> None:
