@@ -205,3 +205,42 @@ def _now() -> float:
     import time
 
     return time.time()
+
+
+class FunctionCaches:
+    """The result cache of a job whose calls may each run another function (an ``Executor``): one
+    :class:`JobCache` per function, and the one that answered or keyed each call's items."""
+
+    def __init__(self, store, secret: bytes, job):
+        self._store, self._secret, self._job = store, secret, job
+        self._by_function: dict[str, JobCache] = {}
+        self._by_first: dict[int, JobCache] = {}
+        self._lock = threading.Lock()
+
+    def look_up_call(self, func_key: str, func, mode: str, items: list, first: int) -> bool:
+        """Key one call's items (indexes from ``first``) and read their entries: True when every
+        item hit (the call is answered, :meth:`fnmap.client.Client.add_cached_call`), else the call
+        is sent and its values stored as it ends."""
+        with self._lock:
+            cache = self._by_function.get(func_key)
+            if cache is None:
+                cache = self._by_function[func_key] = JobCache(self._store, self._secret, self._job, func,
+                                                               self._job.config.cache)
+            self._by_first[first] = cache
+        hits = cache.look_up(mode, items, first)
+        if len(hits) == len(items):
+            return True
+        for index in hits:  # a call partly answered is sent whole: its values come back with it
+            cache.hits.pop(index, None)
+        return False
+
+    def origins(self, first: int, n: int) -> list[list]:
+        return self._by_first[first].origins(first, n)
+
+    def take(self, first: int, n: int) -> list:
+        return self._by_first.pop(first).take(first, n)
+
+    def delivered(self, state, result) -> None:
+        cache = self._by_first.pop(state.first_index, None)
+        if cache is not None:
+            cache.delivered(state, result)
