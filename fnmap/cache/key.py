@@ -244,8 +244,10 @@ def _is_users_module(name: str) -> bool:
     if name == "__main__" or name.startswith("__main__."):
         return True
     module = sys.modules.get(name)
+    if module is None:  # code with no module (exec'd, a notebook cell's namespace): walked, as the user's
+        return True
     path = getattr(module, "__file__", None)
-    if module is None or path is None or name.split(".", 1)[0] in sys.builtin_module_names:
+    if path is None or name.split(".", 1)[0] in sys.builtin_module_names:
         return False
     if name.split(".", 1)[0] == "fnmap":
         return False  # fnmap's own code: its protocol number stands in for it
