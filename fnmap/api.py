@@ -280,15 +280,7 @@ def _start(
             index = len(items)
             client.finish_stores(stores)
         else:
-            for chunk in _chunks(make_items(job.id), config.chunksize, job.cache):
-                stored_before = len(stores)
-                if isinstance(chunk, int):  # a run of cache hits
-                    states.append(client.add_cached_call(job, func_key, index, chunk, ResultSlot()))
-                else:
-                    states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), ResultSlot(),
-                                                  stores=stores))
-                pending.append(stores[stored_before] if len(stores) > stored_before else None)
-                index += chunk if isinstance(chunk, int) else len(chunk)
+            index = _add_chunked_calls(client, job, func_key, mode, make_items(job.id), (states, stores, pending))
             if stores:  # a storage that refuses the inputs refuses the first: then nothing has run
                 stores[0].result()
     except BaseException as e:
@@ -306,6 +298,23 @@ def _start(
     else:
         client.submit(job, states)
     return job
+
+
+def _add_chunked_calls(client, job, func_key: str, mode: str, items: Iterable, into: tuple) -> int:
+    """Add the calls of ``chunksize`` items each (a run of cache hits as one call, never sent) to
+    ``into``: (the calls, the pending input stores, each call's store or None).  How many items."""
+    states, stores, pending = into
+    index = 0
+    for chunk in _chunks(items, job.config.chunksize, job.cache):
+        stored_before = len(stores)
+        if isinstance(chunk, int):  # a run of cache hits
+            states.append(client.add_cached_call(job, func_key, index, chunk, ResultSlot()))
+        else:
+            states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), ResultSlot(),
+                                          stores=stores))
+        pending.append(stores[stored_before] if len(stores) > stored_before else None)
+        index += chunk if isinstance(chunk, int) else len(chunk)
+    return index
 
 
 def _look_up_cache(client, job, func: Callable, mode: str, items: list) -> int:

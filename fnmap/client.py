@@ -148,7 +148,7 @@ class Client:
         """Give ``job`` (run with ``cache=``) its :class:`fnmap.cache.plan.JobCache`."""
         from .cache.plan import JobCache
 
-        job.cache = JobCache(self.store, self.secret, job, func, job.config.cache)
+        job.cache = JobCache(self.store, self.secret, job.id, func, job.config)
 
     def add_stored_call(self, job: Job, call_id: int, first_index: int, n_items: int, func_key: str,
                         items_key: str | None, payload: bytes, future: Future | None = None) -> CallRun:

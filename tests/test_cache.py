@@ -349,3 +349,50 @@ def test_cache_ls_clear_and_gc(runs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert len(runs.run()["computed"]) == 3
+
+
+def test_estimate_prices_hits_as_gets_and_calls_only_for_misses(runs):
+    runs.script(SQUARE, items="[1, 2, 3]")
+    runs.run()
+    runs.write("estimate.py", textwrap.dedent('''
+        import json, sys
+        import fnmap
+        from job import work
+        print(json.dumps([fnmap.estimate(work, [1, 2, 3, 4, 5], cache=True, chunksize=1),
+                          fnmap.estimate(work, [1, 2, 3, 4, 5], chunksize=1)]))
+        '''))
+    env = {**os.environ, "FNMAP_STORAGE": runs.storage}
+    done = subprocess.run([sys.executable, "estimate.py"], cwd=runs.folder, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    cached, uncached = json.loads(done.stdout)
+    assert (cached["calls"], cached["cache_hits"], cached["items"]) == (2, 3, 5) and uncached["calls"] == 5
+    assert cached["usd"] < uncached["usd"]
+
+
+def test_fnmap_job_the_dashboard_and_metrics_show_hits(runs):
+    import requests
+    from dashboard_jobs import serving
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fnmap.dashboard import auth
+
+    runs.script(SQUARE, items="[1, 2, 3]")
+    first = runs.run()
+    runs.script(SQUARE, items="[1, 2, 3, 4]")
+    second = runs.run()
+    shown = subprocess.run([sys.executable, "-m", "fnmap", "job", second["job"], "--storage", runs.storage],
+                           capture_output=True, text=True, timeout=60)
+    assert f"cache    3 of 4 items from the result cache (no call sent), written by job(s) {first['job'][:12]}" \
+        in shown.stdout, shown.stdout + shown.stderr
+    token = "a-test-token-of-enough-length"
+    with serving(runs.storage, token) as dashboard:
+        base = dashboard.url.rstrip("/")
+        metrics = requests.get(base + "/metrics", cookies={auth.COOKIE: token}, timeout=30).text
+        page = requests.get(f"{base}/api/jobs/{second['job']}", cookies={auth.COOKIE: token}, timeout=30).json()
+    samples = {(s.name, s.labels.get("job_id")): s.value
+               for f in text_string_to_metric_families(metrics) for s in f.samples}
+    assert samples[("fnmap_job_cache_hits", second["job"])] == 3
+    assert samples[("fnmap_job_cache_hits", first["job"])] == 0
+    assert samples[("fnmap_cache_hits", None)] == 3
+    assert any("3 of 4 items came from the result cache" in note for note in page["notes"])

@@ -37,16 +37,16 @@ def _result_options(config) -> tuple:
 class JobCache:
     """What the cache knows and does for one job (see the module's docstring)."""
 
-    def __init__(self, store, secret: bytes, job, func, settings):
+    def __init__(self, store, secret: bytes | None, job_id: str, func, config):
         self.store = store
         self.secret = secret
-        self.job_id = job.id
-        self.settings = settings
+        self.job_id = job_id
+        self.settings = settings = config.cache
         #: A map_reduce's map stage is keyed by the user's function and item, not the stage's.
         self._stage = getattr(func, "map_func", None) is not None
         target = func.map_func if self._stage else func
         self.name = getattr(target, "__qualname__", None) or type(target).__qualname__
-        self.function = function_digest(target, _result_options(job.config))
+        self.function = function_digest(target, _result_options(config))
         self._signature = None
         if settings.ignore:
             try:
@@ -99,6 +99,16 @@ class JobCache:
                 found[index] = hit
         self.hits.update(found)
         return found
+
+    def count_hits(self, mode: str, items: list) -> int:
+        """How many of ``items`` have an entry young enough to be used, from one listing of the
+        function's entries (no entry is read: what ``fnmap.estimate`` prices)."""
+        if self.settings.refresh:
+            return 0
+        prefix = keys.cache_key(self.function, "")
+        oldest = -1.0 if self.settings.expire is None else _now() - self.settings.expire
+        present = {key for key, _size, modified in self.store.list_details(prefix) if modified >= oldest}
+        return sum(1 for item in items if self.key_of(mode, item) in present)
 
     def _read(self, index: int):
         key = self.keys[index]
@@ -224,8 +234,8 @@ class FunctionCaches:
         with self._lock:
             cache = self._by_function.get(func_key)
             if cache is None:
-                cache = self._by_function[func_key] = JobCache(self._store, self._secret, self._job, func,
-                                                               self._job.config.cache)
+                cache = self._by_function[func_key] = JobCache(self._store, self._secret, self._job.id, func,
+                                                               self._job.config)
             self._by_first[first] = cache
         hits = cache.look_up(mode, items, first)
         if len(hits) == len(items):

@@ -51,6 +51,7 @@ def job_row(summary: dict) -> dict:
         "items": summary.get("items") or 0,
         "failed_items": summary.get("failed_items") or 0,
         "retries": summary.get("retries") or 0,
+        "cache_hits": summary.get("cache_hits") or 0,
         "usd": usd,
         "host": client.get("host"),
         "pid": client.get("pid"),
@@ -111,6 +112,10 @@ def _notes(record: dict) -> list[str]:
     cap = record.get("cost_cap") or {}
     if cap.get("reached") and not cap.get("refused"):  # a refused job's error says so already
         notes.append(f"cost cap {cap_text(record)}")
+    if s.get("cache_hits"):
+        origins = sorted({job[:12] for c in record["calls"] for _first, _n, job in c.get("cached_from") or ()})
+        notes.append(f"{s['cache_hits']} of {s.get('items')} items came from the result cache (no call sent), "
+                     f"written by job(s) {', '.join(origins[:5])}")
     if s.get("items_unreported"):
         notes.append(f"{s['items_unreported']} items have no result: their calls never ran or never reported")
     if record.get("rebuilt"):
