@@ -130,7 +130,7 @@ def test_a_fresh_process_with_another_hash_seed_hits_for_sets_dicts_numpy_and_pa
 
 def test_a_hit_after_a_comment_or_blank_lines_misses_after_each_edit_that_changes_the_result(runs):
     runs.write("helpers.py", "OFFSET = 1\n\ndef shift(x):\n    return x + OFFSET\n")
-    body = '''
+    body = '''{preamble}
         import helpers
         SCALE = {scale}
         def make(factor):
@@ -141,7 +141,7 @@ def test_a_hit_after_a_comment_or_blank_lines_misses_after_each_edit_that_change
             return work
         work = make({factor})
         '''
-    base = {"scale": 2, "comment": "", "literal": 1, "factor": 3}
+    base = {"scale": 2, "comment": "", "literal": 1, "factor": 3, "preamble": ""}
 
     def computed_after(edit: dict | None = None, helper: str | None = None, **options) -> int:
         runs.script(body.format(**{**base, **(edit or {})}))
@@ -150,7 +150,8 @@ def test_a_hit_after_a_comment_or_blank_lines_misses_after_each_edit_that_change
         return len(runs.run(**options)["computed"])
 
     assert computed_after() == 12
-    assert computed_after({"comment": "\n\n                # a comment\n"}) == 0  # same code: a hit
+    moved = {"comment": "\n\n                # a comment\n", "preamble": "\n        # lines above move it down\n\n"}
+    assert computed_after(moved) == 0  # the same code, on other lines: a hit
     assert computed_after({"literal": 2}) == 12  # the body
     assert computed_after({"literal": 2}, helper="OFFSET = 1\n\ndef shift(x):\n    return x + OFFSET + 1\n") == 12
     assert computed_after({"literal": 2}, helper="OFFSET = 5\n\ndef shift(x):\n    return x + OFFSET + 1\n") == 12
