@@ -134,13 +134,19 @@ class Client:
     def add_cached_call(self, job: Job, func_key: str, first_index: int, n_items: int,
                         future: Future | None = None, unwrap: bool = False) -> CallRun:
         """Add to ``job`` a call of items ``first_index..`` that the result cache answered (their
-        values are taken from ``job.cache``): never sent, it is decided when :meth:`submit` sees it."""
-        from .runtime import outcome
+        values are taken from ``job.cache``): never sent, it is decided when :meth:`submit` sees it.
+        Its outcomes are committed as its result, as a worker's would be (one PUT for the run of
+        hits), so ``fnmap.job(ID).results()``, a named job's re-attach and a redrive find them."""
+        from .runtime import compression, outcome, signing
+        from .runtime.outcome import dump_all
 
         cache = job.cache
         state = CallRun(len(job.run.calls), first_index, n_items, func_key, b"", None, future or Future(), unwrap)
         state.cached = cache.origins(first_index, n_items)
         state.result = outcome.all_ok(cache.take(first_index, n_items))
+        key = keys.result_key(job.id, state.call_id)
+        with self.storage_errors("store the result of a call the cache answered"):
+            self.store.put_if_absent(key, signing.seal(self.secret, key, compression.pack(dump_all(state.result))))
         self.scheduler.add(job, state)
         return state
 

@@ -104,7 +104,9 @@ def test_the_same_map_run_again_invokes_nothing_and_returns_the_same(runs):
     again = runs.run()
     assert again["computed"] == [] and again["attempts"] == {}  # no item computed, no call sent
     assert again["results"] == first["results"] and again["hits"] == 12
-    record = fnmap.job(again["job"], storage=runs.storage).record()
+    attached = fnmap.job(again["job"], storage=runs.storage)  # from this process: the results are in storage
+    assert attached.results() == first["results"]
+    record = attached.record()
     assert [c["cached_from"] for c in record["calls"]] == [[[0, 12, first["job"]]]]
     assert record["summary"]["cost"]["s3_gets"] >= 12  # a hit is priced as the GET it is
 
