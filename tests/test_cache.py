@@ -399,3 +399,20 @@ def test_fnmap_job_the_dashboard_and_metrics_show_hits(runs):
     assert samples[("fnmap_job_cache_hits", first["job"])] == 0
     assert samples[("fnmap_cache_hits", None)] == 3
     assert any("3 of 4 items came from the result cache" in note for note in page["notes"])
+
+
+def test_cache_is_an_option_like_any_other(tmp_path, monkeypatch):
+    from fnmap.config import resolve
+    from fnmap.errors import ConfigError
+
+    assert resolve().cache is None and resolve(cache=True).cache == fnmap.Cache()
+    monkeypatch.setenv("FNMAP_CACHE", "1")
+    assert resolve().cache == fnmap.Cache() and resolve(cache=False).cache is None  # the keyword wins
+    monkeypatch.delenv("FNMAP_CACHE")
+    (tmp_path / "fnmap.toml").write_text('[fnmap.cache]\nexpire = "2h"\nignore = ["log"]\n')
+    monkeypatch.chdir(tmp_path)
+    assert resolve().cache == fnmap.Cache(expire=7200, ignore=("log",))
+    with pytest.raises(ConfigError, match=r"cache='yes' \(from keyword\) must be True, False or fnmap.Cache"):
+        resolve(cache="yes")
+    with pytest.raises(ConfigError, match="expire='soon'.*e.g. 12h"):
+        fnmap.Cache(expire="soon")
