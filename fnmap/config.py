@@ -133,7 +133,8 @@ class Cache:
       cannot see: a file read by path, a remote service).
     - ``key``: ``key(*args, **kwargs)`` returns what identifies a call, in place of its arguments
       (for arguments fnmap cannot encode, or to key on less than all of them).
-    - ``ignore``: names of arguments left out of the key (a logger, a verbosity flag).
+    - ``ignore``: names of arguments, or of globals and closure variables the function reads,
+      left out of the key (a logger, a verbosity flag, a client object).
 
     What the key covers and what it cannot see: docs/cache.md."""
 

@@ -8,6 +8,7 @@ run's invocations are counted, not inferred.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -293,6 +294,14 @@ class Opaque:
     pass
 
 
+LOG = logging.getLogger("fnmap-cache-test")
+
+
+def reads_a_logger(x):
+    LOG.debug("computing %s", x)
+    return x + 1
+
+
 def test_an_item_with_no_deterministic_encoding_is_refused_naming_its_type_and_key():
     with pytest.raises(Uncacheable, match=r"test_cache\.Opaque.*key="):
         encode({"a": [Opaque()]})
@@ -318,6 +327,9 @@ def test_key_and_ignore_choose_what_identifies_a_call(module_emulator, tmp_path)
     again = fnmap.starmap(inc, [(5, Opaque())], cache=ignoring, storage=storage, return_job=True)
     assert again.results() == [6] and again.summary()["attempts"] == {}
     assert not seen
+    with pytest.raises(Uncacheable, match="global 'LOG' read by function reads_a_logger: a logging.Logger"):
+        fnmap.map(reads_a_logger, [1], cache=True, storage=storage)
+    assert fnmap.map(reads_a_logger, [1], cache=fnmap.Cache(ignore=["LOG"]), storage=storage) == [2]
 
 
 def test_function_identity_sees_code_not_comments_nor_line_numbers():

@@ -26,6 +26,7 @@ import functools
 import hashlib
 import os
 import pathlib
+import re
 import struct
 import sys
 import sysconfig
@@ -51,7 +52,7 @@ def _refuse(value: Any, where: str) -> Uncacheable:
         f"cache=True cannot key {where}: a {kind} has no deterministic encoding (fnmap encodes builtins, "
         "numpy arrays, pandas objects, dataclasses, enums and dates, never pickle bytes). Pass "
         "cache=fnmap.Cache(key=lambda *args, **kwargs: ...) returning what identifies the call, or "
-        "ignore=['name'] to leave that argument out of the key")
+        "ignore=['name'] to leave that argument (or global, or closure variable) out of the key")
 
 
 # -- values ----------------------------------------------------------------------------------
@@ -212,7 +213,8 @@ _WRITERS = {
     uuid.UUID: _as_text, datetime.datetime: _as_text, datetime.date: _as_text, datetime.time: _as_text,
     datetime.timedelta: lambda enc, h, v, d: enc.write(h, v.total_seconds(), d + 1),
     pathlib.PurePosixPath: _as_text, pathlib.PosixPath: _as_text, pathlib.PureWindowsPath: _as_text,
-    pathlib.WindowsPath: _as_text, type(None): None,
+    pathlib.WindowsPath: _as_text,
+    re.Pattern: lambda enc, h, v, d: enc.write(h, (v.pattern, v.flags), d + 1),
 }
 
 
@@ -268,7 +270,9 @@ def _code_names(code: types.CodeType) -> set[str]:
 class _FunctionHasher:
     """The identity of functions, classes and modules of the user's code, each hashed once."""
 
-    def __init__(self):
+    def __init__(self, ignore: tuple = ()):
+        #: Names of globals and closure variables left out (``fnmap.Cache(ignore=...)``).
+        self.ignore = frozenset(ignore)
         self._done: dict[int, bytes] = {}
         self._keep: list = []  # what _done's ids refer to, alive while this hasher lives
 
@@ -315,6 +319,8 @@ class _FunctionHasher:
         where = f"function {func.__qualname__}"
         self._values(h, (func.__defaults__, func.__kwdefaults__), f"the defaults of {where}")
         for name, cell in zip(func.__code__.co_freevars, func.__closure__ or (), strict=True):
+            if name in self.ignore:
+                continue
             try:
                 value = cell.cell_contents
             except ValueError:  # an empty cell (the function refers to a name bound later)
@@ -328,7 +334,7 @@ class _FunctionHasher:
 
     def _globals(self, h, namespace: dict, names: set[str], where: str) -> None:
         for name in sorted(names):
-            if name not in namespace or name.startswith("__") and name.endswith("__"):
+            if name not in namespace or name.startswith("__") and name.endswith("__") or name in self.ignore:
                 continue
             value = namespace[name]
             h.update(b"global" + name.encode() + b"\0")
@@ -353,8 +359,8 @@ class _FunctionHasher:
         for base in cls.__bases__:
             h.update(self.identity(base))
         for name, value in sorted(vars(cls).items()):
-            if name in ("__dict__", "__weakref__", "__module__", "__doc__", "__qualname__", "__annotations__"):
-                continue
+            if name.startswith("_abc_") or (name.startswith("__") and name.endswith("__") and not _is_code_like(value)):
+                continue  # Python's bookkeeping (dataclass fields, ABC caches, __dict__): the code stays
             h.update(b"attr" + name.encode() + b"\0")
             self._values(h, value, f"attribute {name!r} of class {cls.__qualname__}")
 
@@ -384,10 +390,11 @@ def _qualname(obj: Any) -> str:
 
 # -- the two digests -------------------------------------------------------------------------
 
-def function_digest(func: Any, options: Any = ()) -> str:
+def function_digest(func: Any, options: Any = (), ignore: tuple = ()) -> str:
     """The hex digest of ``func``'s identity with the result-changing ``options`` (encodable values),
-    fnmap's protocol, the key version and the Python version."""
-    hasher = _FunctionHasher()
+    fnmap's protocol, the key version and the Python version; globals and closure variables named in
+    ``ignore`` are left out."""
+    hasher = _FunctionHasher(ignore)
     h = hashlib.sha256(b"fnmap-cache-function\n")
     h.update(hasher.identity(func))
     h.update(_Encoder("the call options", hasher).digest(options, 0))

@@ -46,7 +46,7 @@ class JobCache:
         self._stage = getattr(func, "map_func", None) is not None
         target = func.map_func if self._stage else func
         self.name = getattr(target, "__qualname__", None) or type(target).__qualname__
-        self.function = function_digest(target, _result_options(config))
+        self.function = function_digest(target, _result_options(config), settings.ignore)
         self._signature = None
         if settings.ignore:
             try:
