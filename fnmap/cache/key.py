@@ -229,7 +229,13 @@ def _package_version(top: str) -> str:
     """The installed distribution version(s) providing top-level module ``top``; ``""`` for stdlib."""
     from importlib import metadata
 
-    names = metadata.packages_distributions().get(top, [])
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        return ""  # the Python version stands for it
+    try:
+        return f"{top}=={metadata.version(top)}"  # most distributions are named as their module
+    except (metadata.PackageNotFoundError, ValueError):
+        pass
+    names = _distributions().get(top, [])
     versions = []
     for name in sorted(set(names)):
         try:
@@ -237,6 +243,14 @@ def _package_version(top: str) -> str:
         except metadata.PackageNotFoundError:
             continue
     return ",".join(versions)
+
+
+@functools.cache
+def _distributions() -> dict:
+    """Top-level module -> the distributions providing it (a walk of every installed one, once)."""
+    from importlib import metadata
+
+    return metadata.packages_distributions()
 
 
 @functools.cache

@@ -25,6 +25,8 @@ from .key import Uncacheable, function_digest, item_digest
 
 #: Threads reading and writing entries at once (each is one storage request).
 IO_THREADS = 16
+#: Entries one thread reads or writes per task (a future per entry cost more than a file store's read).
+_BATCH = 32
 
 
 def _result_options(config) -> tuple:
@@ -94,11 +96,14 @@ class JobCache:
             self.replace.update(indexes)
             return {}
         found = {}
-        for index, hit in zip(indexes, self._pool.map(self._read, indexes), strict=True):
-            if hit is not None:
-                found[index] = hit
+        batches = [indexes[i:i + _BATCH] for i in range(0, len(indexes), _BATCH)]
+        for batch, hits in zip(batches, self._pool.map(self._read_all, batches), strict=True):
+            found.update((index, hit) for index, hit in zip(batch, hits, strict=True) if hit is not None)
         self.hits.update(found)
         return found
+
+    def _read_all(self, indexes: list[int]) -> list:
+        return [self._read(index) for index in indexes]
 
     def count_hits(self, mode: str, items: list) -> int:
         """How many of ``items`` have an entry young enough to be used, from one listing of the
@@ -169,7 +174,8 @@ class JobCache:
             return
         try:
             self._name_function()
-            list(self._pool.map(self._write, writes))
+            batches = [writes[i:i + _BATCH] for i in range(0, len(writes), _BATCH)]
+            list(self._pool.map(lambda batch: [self._write(w) for w in batch], batches))
         except Exception as e:  # the results matter more than the cache: warn, do not fail the job
             warnings.warn(f"fnmap: could not write cache entries of job {self.job_id} to {self.store.url}: "
                           f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
