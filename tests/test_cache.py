@@ -102,8 +102,9 @@ def test_the_same_map_run_again_invokes_nothing_and_returns_the_same(runs):
     first = runs.run()
     assert first["results"] == [x * x for x in range(12)] and len(first["computed"]) == 12
     assert first["hits"] == 0
-    again = runs.run()
+    again = runs.run(progress=True)
     assert again["computed"] == [] and again["attempts"] == {}  # no item computed, no call sent
+    assert "cached=12" in again["stderr"]  # the progress bar counts the hits
     assert again["results"] == first["results"] and again["hits"] == 12
     attached = fnmap.job(again["job"], storage=runs.storage)  # from this process: the results are in storage
     assert attached.results() == first["results"]
