@@ -429,3 +429,19 @@ def test_cache_is_an_option_like_any_other(tmp_path, monkeypatch):
         resolve(cache="yes")
     with pytest.raises(ConfigError, match="expire='soon'.*e.g. 12h"):
         fnmap.Cache(expire="soon")
+
+
+def test_numpy_and_pandas_keys_change_with_values_dtypes_names_and_index():
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.DataFrame({"a": [1, 2], "b": ["x", "y"], "t": pd.date_range("2026-01-01", periods=2, tz="UTC")})
+    assert encode(frame) == encode(frame.copy())
+    variants = [frame.assign(a=[1, 3]), frame.assign(a=[1.0, 2.0]), frame.rename(columns={"b": "c"}),
+                frame.set_axis([5, 6]), frame.assign(b=["x", "z"]), frame[["b", "a", "t"]]]
+    assert len({encode(v) for v in [frame, *variants]}) == 1 + len(variants)
+    series = pd.Series([1, 2], name="s")
+    assert encode(series) != encode(series.rename("r")) != encode(pd.Index([1, 2], name="s"))
+    array = np.arange(6)
+    assert encode(array) != encode(array.reshape(2, 3)) != encode(array.astype(np.int32))
+    assert encode(array[::2]) == encode(np.array([0, 2, 4]))  # a view by its values, not its strides

@@ -7,9 +7,8 @@ and the **item's** (:func:`item_digest`: the item, or a call's args and kwargs).
 one canonical encoding (:func:`encode`), never from pickle bytes: pickles of sets, and of
 functions whose globals hold sets, differ with ``PYTHONHASHSEED``, and pickles of ``__main__``
 functions differ between cloudpickle versions.  The encoding sorts dicts and sets by the digests
-of their members, hashes numpy arrays by their buffer and pandas objects by
-``pandas.util.hash_pandas_object``, and refuses, naming the type and ``key=``, what it cannot
-encode deterministically.
+of their members, hashes numpy arrays and pandas columns by their buffer, and refuses, naming the
+type and ``key=``, what it cannot encode deterministically.
 
 Code is hashed as the interpreter runs it (bytecode, constants, names, recursively), not as text:
 a comment or a blank line changes no key; an edit that changes what runs does.
@@ -113,6 +112,10 @@ class _Encoder:
         if writer is not None:
             h.update(b"x" + _type_name(t).encode() + b"\0")
             writer(self, h, value, depth)
+        elif isinstance(value, (datetime.date, datetime.time, datetime.timedelta)):  # pandas' Timestamp...
+            h.update(b"t" + _type_name(t).encode() + b"\0")
+            _WRITERS[datetime.timedelta if isinstance(value, datetime.timedelta) else datetime.date](
+                self, h, value, depth)
         elif isinstance(value, enum.Enum):
             h.update(b"e" + _type_name(t).encode() + b"\0")
             self.write(h, value.value, depth + 1)
@@ -171,20 +174,32 @@ def _numpy_scalar(enc: _Encoder, h, value, depth: int) -> None:
 
 
 def _pandas(enc: _Encoder, h, value, depth: int) -> None:
+    """A DataFrame by its column names, then each column; a Series by its name, dtype, values and
+    index; an Index by its name, dtype and values.  Values by their buffer (numbers, datetimes),
+    else one by one (strings, objects: :meth:`_Encoder.write` refuses what it cannot encode)."""
     import pandas as pd
 
     if isinstance(value, pd.DataFrame):
-        enc.write(h, ([str(c) for c in value.columns], [str(d) for d in value.dtypes], value.shape), depth + 1)
-        enc.write(h, list(value.columns), depth + 1)
+        enc.write(h, ("frame", list(value.columns), value.shape), depth + 1)
+        for _name, column in value.items():
+            _pandas_values(enc, h, column, depth)
+        _pandas_values(enc, h, value.index, depth)
     elif isinstance(value, pd.Series):
-        enc.write(h, (value.name, str(value.dtype), len(value)), depth + 1)
+        enc.write(h, ("series", value.name), depth + 1)
+        _pandas_values(enc, h, value, depth)
+        _pandas_values(enc, h, value.index, depth)
     else:  # an Index
-        enc.write(h, (value.name, str(value.dtype), len(value)), depth + 1)
-    try:
-        hashed = pd.util.hash_pandas_object(value, index=not isinstance(value, pd.Index), categorize=False)
-    except TypeError as e:  # a column of unhashable objects (lists, dicts)
-        raise _refuse(value, f"{enc.where} ({e})") from None
-    h.update(memoryview(hashed.to_numpy()).cast("B"))
+        enc.write(h, ("index", value.name), depth + 1)
+        _pandas_values(enc, h, value, depth)
+
+
+def _pandas_values(enc: _Encoder, h, values, depth: int) -> None:
+    enc.write(h, str(values.dtype), depth + 1)
+    array = values.to_numpy()
+    if array.dtype.hasobject:
+        enc.write(h, array.tolist(), depth + 1)
+    else:
+        _numpy_array(enc, h, array, depth)
 
 
 def _writer_of(t: type):
