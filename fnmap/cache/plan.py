@@ -110,7 +110,7 @@ class JobCache:
         function's entries (no entry is read: what ``fnmap.estimate`` prices)."""
         if self.settings.refresh:
             return 0
-        prefix = keys.cache_key(self.function, "")
+        prefix = f"{keys.CACHE_PREFIX}{self.function}/"
         oldest = -1.0 if self.settings.expire is None else _now() - self.settings.expire
         present = {key for key, _size, modified in self.store.list_details(prefix) if modified >= oldest}
         return sum(1 for item in items if self.key_of(mode, item) in present)

@@ -221,8 +221,10 @@ CACHE_PREFIX = "cache/"
 
 def cache_key(function_digest: str, item_digest: str) -> str:
     """The cached result of one call: the function's digest (its code, what it reads, the options
-    that change results) and the item's (:mod:`fnmap.cache.key`)."""
-    return f"cache/{function_digest}/{item_digest}"
+    that change results) and the item's (:mod:`fnmap.cache.key`), spread over 16 sub-prefixes by
+    the item digest's first digit (S3 rates are per prefix; a file store's folders are locked per
+    write)."""
+    return f"cache/{function_digest}/{item_digest[:1]}/{item_digest}"
 
 
 def cache_function_key(function_digest: str) -> str:
