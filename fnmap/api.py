@@ -167,6 +167,8 @@ def _results_as_they_come(job, ordered: bool, return_exceptions: bool):
         states = _in_order(job) if ordered else _as_completed(job)
         for state in states:
             yield from job.call_results(state, return_exceptions)
+        if job.cache is not None:  # the entries of what it yielded are written when it ends
+            job.cache.flush()
     except Exception as e:
         finished = False
         if not isinstance(e.__cause__, RemoteTraceback):

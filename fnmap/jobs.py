@@ -320,6 +320,8 @@ class Job:
             self.cancel(stop_platform=True)
             raise
         finally:
+            if self.cache is not None:  # the entries of what it returns are written when it returns
+                self.cache.flush()
             if self._run.progress is not None:  # ended before the caller's next line, even on a failure
                 self._run.progress.close()
             show_call_output(self)  # remote print() output, per call, after the bar

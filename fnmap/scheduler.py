@@ -500,6 +500,8 @@ class Scheduler:
         if run.all_done.is_set():
             return
         run.finished = run.finished or time.time()  # set already if the record was written
+        if job.cache is not None:  # its results' cache entries are written before anyone sees it done
+            job.cache.flush()
         if run.progress is not None:  # before the waiters wake: the bar's last draw precedes their next line
             run.progress.close()
         run.all_done.set()

@@ -65,6 +65,8 @@ class JobCache:
         self.refused = 0
         self.written = 0
         self._named = False
+        #: The writes handed to the cache's threads and not waited for (:meth:`flush`).
+        self._pending: list = []
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="fnmap-cache")
 
@@ -162,23 +164,46 @@ class JobCache:
     # -- after each call --------------------------------------------------------------------------
 
     def delivered(self, state, result) -> None:
-        """A sent call ended with ``result`` (its outcomes, or a fault): store what succeeded."""
+        """A sent call ended with ``result`` (its outcomes, or a fault): store what succeeded.  The
+        values are pickled and sealed now (the caller may change them once delivered); the writes
+        run on the cache's threads, and :meth:`flush` waits for them."""
         if state.cached is not None or isinstance(result, Exception) or result is None:
             return
         writes = []
-        for offset, item_outcome in enumerate(_outcome.each(result)):
-            key = self.keys.pop(state.first_index + offset, None)
-            if key is not None and _outcome.succeeded(item_outcome):
-                writes.append((state.first_index + offset, key, _outcome.value(item_outcome)))
-        if not writes:
-            return
         try:
-            self._name_function()
+            for offset, item_outcome in enumerate(_outcome.each(result)):
+                index = state.first_index + offset
+                key = self.keys.pop(index, None)
+                packed = self._packed(_outcome.value(item_outcome)) \
+                    if key is not None and _outcome.succeeded(item_outcome) else None
+                if packed is not None:
+                    writes.append((index, key, entries.pack_entry(self.secret, key, packed, self.job_id, self.name)))
+        except Exception as e:
+            self._warn(e)
+        if writes:
             batches = [writes[i:i + _BATCH] for i in range(0, len(writes), _BATCH)]
-            list(self._pool.map(lambda batch: [self._write(w) for w in batch], batches))
-        except Exception as e:  # the results matter more than the cache: warn, do not fail the job
-            warnings.warn(f"fnmap: could not write cache entries of job {self.job_id} to {self.store.url}: "
-                          f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
+            with self._lock:
+                self._pending.extend(self._pool.submit(self._write_batch, batch) for batch in batches)
+
+    def flush(self) -> None:
+        """Wait until every entry handed to :meth:`delivered` so far is written (a failure is warned
+        about: the results matter more than the cache)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for future in pending:
+            try:
+                future.result()
+            except Exception as e:
+                self._warn(e)
+
+    def _warn(self, e: Exception) -> None:
+        warnings.warn(f"fnmap: could not write cache entries of job {self.job_id} to {self.store.url}: "
+                      f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=3)
+
+    def _write_batch(self, batch: list) -> None:
+        self._name_function()
+        for write in batch:
+            self._write(write)
 
     def _name_function(self) -> None:
         with self._lock:
@@ -188,11 +213,7 @@ class JobCache:
         entries.write_function(self.store, self.function, self.name, self.job_id)
 
     def _write(self, write: tuple) -> None:
-        index, key, value = write
-        packed = self._packed(value)
-        if packed is None:
-            return
-        data = entries.pack_entry(self.secret, key, packed, self.job_id, self.name)
+        index, key, data = write
         if index in self.replace:
             self.store.put(key, data)
             wrote = True
@@ -260,3 +281,9 @@ class FunctionCaches:
         cache = self._by_first.pop(state.first_index, None)
         if cache is not None:
             cache.delivered(state, result)
+
+    def flush(self) -> None:
+        with self._lock:
+            caches = list(self._by_function.values())
+        for cache in caches:
+            cache.flush()
