@@ -445,3 +445,13 @@ def test_numpy_and_pandas_keys_change_with_values_dtypes_names_and_index():
     array = np.arange(6)
     assert encode(array) != encode(array.reshape(2, 3)) != encode(array.astype(np.int32))
     assert encode(array[::2]) == encode(np.array([0, 2, 4]))  # a view by its values, not its strides
+
+
+def test_a_map_returns_once_its_entries_are_written(module_emulator, tmp_path):
+    storage = (tmp_path / "store").as_uri()
+    items = list(range(300))
+    assert fnmap.map(abs, items, cache=True, storage=storage, chunksize=100) == items
+    again = fnmap.map(abs, items, cache=True, storage=storage, chunksize=100, return_job=True)
+    assert again.results() == items and again.summary()["attempts"] == {}  # the same process, at once
+    assert list(fnmap.imap(abs, [-1, -2], cache=True, storage=storage)) == [1, 2]
+    assert fnmap.map(abs, [-1, -2], cache=True, storage=storage, return_job=True).summary()["attempts"] == {}
