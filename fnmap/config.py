@@ -161,7 +161,7 @@ JOB_OPTIONS = (
     Option("inline_limit", 256 << 10, "Arguments and results larger than this (bytes) travel through storage, "
            "not in request bodies.", kind="int", check=check_int, fix="a size in bytes"),
     Option("max_cost", None, "The most this job may cost, in US dollars at list prices (see "
-           ":mod:`fnmap.observe.prices`): no call is sent once what ran plus what is still out would "
+           ":mod:`fnmap.cost.prices`): no call is sent once what ran plus what is still out would "
            "pass it, and the map raises fnmap.CostCapReached; None: no cap.", kind="float",
            check=_check_max_cost),
     Option("lease", 60.0, "Seconds a running job's lease lasts (renewed every sixth of it): a job whose client "

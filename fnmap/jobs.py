@@ -454,10 +454,11 @@ class Job:
 
 
 def new_budget(config):
-    """The :class:`fnmap.budget.Budget` of a job run with ``max_cost``, or None."""
+    """The :class:`fnmap.cost.budget.Budget` of a job run with ``max_cost``, or None."""
     if config.max_cost is None:
         return None
-    from .budget import Budget, pricing_of
+    from .cost.budget import Budget
+    from .cost.pricing import pricing_of
 
     pricing = pricing_of(config)
     return Budget(config.max_cost, pricing, spent=pricing.job_overhead())

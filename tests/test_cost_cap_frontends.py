@@ -1,7 +1,7 @@
 """The cost cap (``max_cost``, issue 36) through every front end and on the offline platforms.
 
 Each test counts the calls that really ran in a side file (each call appends a line) and takes
-its cap from :class:`fnmap.observe.cost.Pricing`, never a dollar figure: a price update moves
+its cap from :class:`fnmap.cost.pricing.Pricing`, never a dollar figure: a price update moves
 the cap with the prices.  Front ends run on the embedded emulator (priced as AWS Lambda); the
 platforms are the ``aws`` backend against the emulator's Lambda API and the ``batch`` backend
 against its Batch API (``use_backend``), each call priced at its minimum of instance time there.
@@ -22,8 +22,8 @@ import pytest
 import fnmap
 import fnmap.dask
 import fnmap.joblib  # noqa: F401 - registers the "fnmap" backend
+from fnmap.cost.pricing import Pricing
 from fnmap.cubed import FnmapExecutor
-from fnmap.observe.cost import Pricing
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -218,7 +218,7 @@ def test_calls_that_waited_for_the_first_wave_go_to_batch_as_one_array_job(use_b
     import boto3
     from conftest import aws_credentials_of
 
-    from fnmap.budget import FIRST_WAVE
+    from fnmap.cost.budget import FIRST_WAVE
 
     side = tmp_path / "ran"
     name = use_backend("batch")

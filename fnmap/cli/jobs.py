@@ -180,8 +180,8 @@ def run_jobs(args) -> int:
 
 
 def run_job(args) -> int:
+    from ..cost.pricing import job_cost
     from ..observe import records
-    from ..observe.cost import estimate
 
     store = _store(args)
     if args.watch:
@@ -191,7 +191,7 @@ def run_job(args) -> int:
     asked = {k: v for k, v in asked.items() if v is not None}
     if asked:
         record.setdefault("options", {}).update(asked)
-        record["summary"]["cost"] = estimate(record)
+        record["summary"]["cost"] = job_cost(record)
     if args.plot:
         from ..observe.plot import plot_record
 
@@ -275,7 +275,7 @@ def _memory_climbs(calls: list[dict]) -> list[str]:
 
 def format_summary(record: dict) -> str:
     """The human-readable summary ``fnmap job ID`` prints."""
-    from ..observe.cost import describe
+    from ..cost.pricing import describe
 
     s = record["summary"]
     d, lat, tp = s["duration_seconds"], s["latency_seconds"], s["throughput"]

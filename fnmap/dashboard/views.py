@@ -16,7 +16,7 @@ import math
 import time
 
 from ..cli.jobs import cap_text
-from ..observe.cost import describe
+from ..cost.pricing import describe
 from ..observe.records import UNFINISHED
 
 #: Most bars one timeline carries to the browser.

@@ -35,10 +35,11 @@ import math
 import time
 
 from .. import lease
+from ..cost.pricing import job_cost
 from ..errors import FnmapError
 from ..lease import ABANDONED
 from ..runtime import keys
-from . import cost, identity
+from . import identity
 from .history import JobNotFound, get_json_many, resolve_id, started_entry, write_index
 from .identity import gone_reason
 from .logs import logs_text
@@ -386,7 +387,7 @@ def summarize(record: dict) -> dict:
         "bytes_in": sum(c.get("bytes_in") or 0 for c in done),
         "bytes_out": sum(c.get("bytes_out") or 0 for c in done),
         "peak_memory_mb": max(peaks) / 1024 if peaks else None,
-        "cost": cost.estimate(record),
+        "cost": job_cost(record),
         "cost_cap": record.get("cost_cap"),
         "seconds_per_item": _seconds_per_item(done),
     }
