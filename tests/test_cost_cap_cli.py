@@ -16,8 +16,7 @@ import pytest
 from test_cost_cap import _counted, _ran
 
 import fnmap
-from fnmap.cli.jobs import usd
-from fnmap.cost.pricing import Pricing
+from fnmap.cost.pricing import Pricing, usd
 from fnmap.dashboard import views
 
 LAMBDA = Pricing.of("emulator", {})

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import sys
 import time
 
 from ..errors import StorageError
+from ..observe import report
 
 _STORAGE_HELP = "storage URL to read (default: the configured storage, FNMAP_STORAGE or fnmap.toml)"
 
@@ -151,7 +151,7 @@ def run_jobs(args) -> int:
     if not jobs:
         print(f"no jobs in {store.url}", file=sys.stderr)
         return 0
-    # A column for the cost cap only where a listed job has one: most lists have none (issue 36).
+    # A column for the cost cap only where a listed job has one: most lists have none.
     capped = any(s.get("cost_cap") for s in jobs)
     rows = [("JOB", "CREATED", "FUNCTION", "KIND", "BACKEND", "STATUS", "CALLS", "RETRIES", "WALL")
             + (("SPENT/CAP",) if capped else ())]
@@ -164,11 +164,11 @@ def run_jobs(args) -> int:
                 s.get("kind") or "-",
                 s.get("backend") or "-",
                 s["status"],
-                states_text(s),
+                report.states_text(s),
                 str(s["retries"]),
                 _seconds(s.get("wall_seconds")),
             )
-            + ((spent_of_cap(s.get("cost_cap")),) if capped else ())
+            + ((report.spent_of_cap(s.get("cost_cap")),) if capped else ())
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
@@ -207,7 +207,6 @@ def run_job(args) -> int:
 
 def watch(store, job_id: str, period: float = 1.0) -> int:
     """``fnmap job ID --watch``: a progress line per ``period`` until the job ends, then its summary."""
-    from ..attach import FINAL
     from ..observe import history, records
 
     job_id = history.resolve_id(store, job_id)
@@ -216,9 +215,9 @@ def watch(store, job_id: str, period: float = 1.0) -> int:
         s = record["summary"]
         rate = s["throughput"]["calls_per_second"]
         print(f"{_time(time.time())}  {s['status']:<10} {s['calls_done']}/{s['calls']} calls done  "
-              f"({states_text(s)})  retries {s['retries']}"
+              f"({report.states_text(s)})  retries {s['retries']}"
               + (f"  {rate:.1f} calls/s" if rate else ""), flush=True)
-        if s["status"] in FINAL:
+        if s["status"] in report.FINAL:
             print(format_summary(record))
             return 0 if s["status"] == "succeeded" else 1
         time.sleep(period)
@@ -236,7 +235,7 @@ def run_cancel(args) -> int:
     status = record["summary"]["status"]
     if not client_runs(record["summary"]):
         print(f"job {job_id} has ended already ({status}): nothing to cancel"
-              + (f"; {redrive_advice(record)}" if status == "abandoned" else ""))
+              + (f"; {report.redrive_advice(record)}" if status == "abandoned" else ""))
         return 0
     request_cancel(store, job_id)
     print(f"asked the client running job {job_id} to cancel it")
@@ -245,22 +244,6 @@ def run_cancel(args) -> int:
         job.wait()
         print(f"job {job_id} stopped: {job.status}")
     return 0
-
-
-def items_left(record: dict) -> int:
-    """Items of a job that have no result a redrive would not run again: those of calls that never
-    ran, were stopped or never reported (a failed item's error is its committed result)."""
-    stopped = sum(c["items"] for c in record["calls"] if c["status"] in ("cancelled", "pending", "running"))
-    return stopped + (record["summary"].get("items_unreported") or 0)
-
-
-def redrive_advice(record: dict) -> str:
-    """What ``fnmap redrive`` would do for a job that stopped: run the items left, or nothing."""
-    left = items_left(record)
-    short = record["job_id"][:12]
-    if left:
-        return f"`fnmap redrive {short}` runs the {left} item(s) left"
-    return "every call has its result (or its error): nothing is left to redrive"
 
 
 def _memory_climbs(calls: list[dict]) -> list[str]:
@@ -275,8 +258,6 @@ def _memory_climbs(calls: list[dict]) -> list[str]:
 
 def format_summary(record: dict) -> str:
     """The human-readable summary ``fnmap job ID`` prints."""
-    from ..cost.pricing import describe
-
     s = record["summary"]
     d, lat, tp = s["duration_seconds"], s["latency_seconds"], s["throughput"]
     lines = [
@@ -297,10 +278,10 @@ def format_summary(record: dict) -> str:
         f"{_rate(tp['calls_per_second'])} calls/s",
         f"data     in {_bytes(s['bytes_in'])}   out {_bytes(s['bytes_out'])}   peak memory "
         + (f"{s['peak_memory_mb']:.0f} MB" if s.get("peak_memory_mb") else "-"),
-        f"cost     {describe(s['cost'])}",
+        f"cost     {report.cost_text(s['cost'])}",
     ]
     if record.get("cost_cap"):
-        lines.append(f"cost cap {cap_text(record)}")
+        lines.append(f"cost cap {report.cap_text(record)}")
     lines.extend(_memory_climbs(record["calls"]))
     if s.get("error"):
         lines.append(f"error    {s['error']} (before any call ran)")
@@ -308,7 +289,7 @@ def format_summary(record: dict) -> str:
         lines.append(f"raised   {s['raised']['error']} (reached the job's caller, which stopped the calls still out)")
     if s["status"] == "abandoned":
         lines.append("note     the client that started this job is gone before it finished: "
-                     + (s.get("abandoned") or "killed or crashed") + f"; {redrive_advice(record)}")
+                     + (s.get("abandoned") or "killed or crashed") + f"; {report.redrive_advice(record)}")
     if s.get("items_unreported"):
         lines.append(f"no result {s['items_unreported']} items: their calls never ran or never reported "
                      "(fnmap.job(ID).results() has an exception in their place)")
@@ -318,41 +299,10 @@ def format_summary(record: dict) -> str:
     return "\n".join(lines)
 
 
-def spent_of_cap(cap: dict | None) -> str:
-    """``fnmap jobs``' cell for a job's cost cap: ``$spent/$cap``, ``-`` without a cap."""
-    return f"{usd(cap['spent_usd'])}/{usd(cap['max_cost'])}" if cap else "-"
-
-
-def cap_text(record: dict) -> str:
-    """What ``fnmap job`` and the dashboard say of a capped job's cost cap (its record's
-    ``cost_cap``): the cap, what was spent, and whether the job stopped there and how to finish it."""
-    cap, short = record["cost_cap"], record["job_id"][:12]
-    head = f"{usd(cap['max_cost'])}: {usd(cap['spent_usd'])} spent"
-    if record["summary"]["status"] == "running" and cap.get("in_flight_usd"):
-        head += f", {usd(cap['in_flight_usd'])} in flight"
-    refused = cap.get("refused")
-    if refused:  # nothing was sent, nothing stored to redrive: the map itself must run again
-        return (f"{usd(cap['max_cost'])}: refused before any call, its estimate {usd(refused['usd'])} "
-                f"({refused['basis']}) is above it ({refused['calls']} calls not run; raise max_cost "
-                "and run the map again)")
-    if not cap.get("reached"):
-        return head + " (not reached)"
-    return (head + f", stopped here ({cap.get('calls_not_run', 'some')} calls not run; "
-            f"finish with fnmap redrive {short} --max-cost USD)")
-
-
-def usd(amount: float) -> str:
-    """Dollars to three significant digits (cents from a dollar up): a cap is often a fraction of a cent."""
-    if amount >= 1 or amount < 1e-9:  # a sum of attempts less the same attempts is 1e-20, not 0
-        return f"${amount:.2f}"
-    text = f"{amount:.{2 - math.floor(math.log10(amount))}f}".rstrip("0")
-    return "$" + text.ljust(len(text.partition(".")[0]) + 3, "0")  # cents at least: $0.10, not $0.1
-
-
 def _failures(record: dict) -> list[str]:
     """The failed calls of ``fnmap job ID``: ten at most, the first traceback, where to read more."""
     s, lines = record["summary"], []
-    failed = [c for c in record["calls"] if c["status"] not in ("ok", "cancelled", "pending", "running")]
+    failed = report.failed_calls(record["calls"])
     if failed:
         lines.append("failures:")
         for c in failed[:10]:
@@ -455,23 +405,11 @@ def run_gc(args) -> int:
 
 # -- formatting ------------------------------------------------------------------
 
-#: The order call states are shown in.
-STATES = ("succeeded", "done", "failed", "cancelled", "abandoned", "running")
-
-
-def states_text(summary: dict) -> str:
-    """Calls per state, e.g. ``20 succeeded, 80 cancelled``; ``done/calls`` for a summary written
-    before states were counted."""
-    states = summary.get("states")
-    if not states:
-        return f"{summary['calls_done']}/{summary['calls']} done"
-    return ", ".join(f"{states[name]} {name}" for name in STATES if states.get(name)) or "no calls"
-
 
 def _states_line(s: dict) -> str:
     """``fnmap job``'s calls per state, every state shown, failed with its items."""
     states = s.get("states") or {"done": s["calls_done"], "failed": s["calls_failed"]}
-    shown = [name for name in STATES if name in states or name != "done"]
+    shown = [name for name in report.CALL_STATES if name in states or name != "done"]
     return "   ".join(f"{name} {states.get(name, 0)}" + (f" ({s['failed_items']} items)" if name == "failed" else "")
                        for name in shown)
 

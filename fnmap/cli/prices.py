@@ -39,6 +39,7 @@ def register(sub) -> None:
 
 def run_show(args) -> int:
     from ..cost import prices
+    from ..cost.pricing import usd
 
     region = args.region
     basis = prices.prices_basis()
@@ -53,13 +54,13 @@ def run_show(args) -> int:
     print("list prices in USD, first tier, no free tier or savings plans: the platform's bill is the truth")
     print(f"\nAWS Lambda, {region}")
     print(f"  per GB-second   x86_64 {lam.gb_second_x86:.10f}   arm64 {lam.gb_second_arm:.10f}")
-    print(f"  per request     {lam.request:.10f}  (${lam.request * 1e6:.2f} per million)")
+    print(f"  per request     {lam.request:.10f}  ({usd(lam.request * 1e6)} per million)")
     print(f"  a cold start's INIT phase is billed at the duration price since {prices.LAMBDA_INIT_BILLED_SINCE}")
     other = "" if s3.region == region else (
         f"  (us-east-1's: no figure for {region}; `fnmap prices update --region {region}`)")
     print(f"\nS3 Standard requests, {region}{other}")
-    print(f"  PUT, COPY, POST, LIST  {s3.put:.10f}  (${s3.put * 1000:.4f} per 1,000)")
-    print(f"  GET, SELECT            {s3.get:.10f}  (${s3.get * 1000:.5f} per 1,000)")
+    print(f"  PUT, COPY, POST, LIST  {s3.put:.10f}  ({usd(s3.put * 1000)} per 1,000)")
+    print(f"  GET, SELECT            {s3.get:.10f}  ({usd(s3.get * 1000)} per 1,000)")
     print(f"\nEC2 on-demand, Linux (AWS Batch), {region}, USD per hour")
     if ec2:
         for name, hourly in ec2.items():

@@ -205,19 +205,3 @@ def job_cost(record: dict) -> dict:
         result["note"] = f"as if the {record.get('backend')} job had run on {pricing.model}"
     return result
 
-
-def describe(estimate_: dict) -> str:
-    """One line for the job summary."""
-    if estimate_.get("usd") is None:
-        return f"unknown ({estimate_.get('note', 'no estimate')})"
-    assumed = estimate_.get("assumed") or []
-    s3 = f"{estimate_.get('s3_puts', 0)} S3 PUTs + {estimate_.get('s3_gets', 0)} GETs"
-    if estimate_["model"] == "aws-lambda":
-        memory = f"{estimate_['memory_mb']} MB" + (" (assumed)" if "memory" in assumed else "")
-        region = estimate_["region"] + (" (assumed)" if "region" in assumed else "")
-        detail = (f"AWS Lambda {region}, {memory}: {estimate_['gb_seconds']:.3f} GB-s + "
-                  f"{estimate_['requests']} requests + {s3}")
-    else:
-        instance = estimate_["instance_type"] + (" (assumed)" if assumed else "")
-        detail = f"AWS Batch on {instance}: {estimate_['instance_seconds']:.0f} instance-seconds + {s3}"
-    return f"{usd(estimate_['usd'])}  {detail} (list prices of {estimate_.get('prices')})"

@@ -43,14 +43,13 @@ from . import identity
 from .history import JobNotFound, get_json_many, resolve_id, started_entry, write_index
 from .identity import gone_reason
 from .logs import logs_text
+from .report import UNFINISHED
 
 #: What fnmap.jobs reads from here; the index and logs are re-exported from their modules.
 __all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id", "started_summary",
            "summarize", "write", "write_index"]
 
 FORMAT = 1
-#: Call statuses that mean the call has not finished.
-UNFINISHED = ("pending", "running")
 #: Worker stats copied from the counted attempt into the call's entry.
 _STATS_FIELDS = (
     "worker",
@@ -428,6 +427,11 @@ def load(store, job_id: str) -> dict:
                 _apply_stats(call, max(found, key=lambda s: s["attempt"]))
         record["summary"] = summarize(record)
     return lease.judge(store, record)  # abandoned if its client is gone
+
+
+def call_reports(store, job_id: str, call: int) -> list[dict]:
+    """The status records of one call of a job (one per attempt that reported), by attempt."""
+    return sorted(get_json_many(store, store.list(keys.call_status_prefix(job_id, call))), key=lambda s: s["attempt"])
 
 
 def _apply_stats(call: dict, stats: dict) -> None:
