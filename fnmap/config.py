@@ -305,7 +305,7 @@ def _normalize(values: dict, sources: dict) -> None:
         values["memory"] = tuple(values["memory"])
     gpu = values.get("gpu")
     if "backend" not in values and isinstance(gpu, int) and not isinstance(gpu, bool) and gpu > 0:
-        # GPU calls run as container jobs unless a backend is named (issue 6).
+        # GPU calls run as container jobs unless a backend is named.
         values["backend"], sources["backend"] = "batch", f"{_GPU_SOURCE}{gpu}: GPU calls run as container jobs"
 
 

@@ -201,7 +201,7 @@ def compact_calls(calls: list[dict]) -> list[dict]:
     """Call entries as stored: empty fields left out, times to the millisecond, each attempt as
     ``[attempt, sent, ended, outcome]`` (and the memory, when set), ``submitted`` and ``ended``
     left to be derived from the attempts.  A 100,000-call record was 48 MB at about 500 bytes a
-    call (issue 24); automatic chunking makes far fewer calls, and each now takes about half."""
+    call; automatic chunking makes far fewer calls, and each now takes about half."""
     out = []
     for call in calls:
         entry = {k: _ms(v) if k in _TIME_FIELDS else v for k, v in call.items()
