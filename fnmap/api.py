@@ -17,12 +17,11 @@ from .client import get_client
 from .config import resolve
 from .cost.forecast import check_cap
 from .cost.shared import SharedCap
-from .errors import ConfigError, CostCapReached, RemoteTraceback
+from .errors import ConfigError, RemoteTraceback
 from .feed import ChunkFeed
 from .jobs import ResultSlot
 from .kinds import KINDS
 from .observe.progress import make_progress
-from .observe.report import usd
 from .redrive import StorageRecorder
 from .runtime import keys
 from .runtime.wire import MODE_ARGS, MODE_ONE
@@ -270,7 +269,7 @@ def _start(
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
             make_items = lambda _job_id, items=items: items  # noqa: E731
-            _check_cap(job, func_key, len(items))
+            check_cap(job, func_key, len(items))
         if config.chunksize is None:
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
@@ -303,20 +302,6 @@ def _start(
     else:
         client.submit(job, states)
     return job
-
-
-def _check_cap(job, func_key: str, n_items: int) -> None:
-    """Refuse a job with ``max_cost`` whose estimate (its least cost, or what an earlier run of the
-    same function measured) is above the cap, before any call is made: raises CostCapReached."""
-    found = check_cap(job, func_key, n_items)
-    if found is None:
-        return
-    raise CostCapReached(
-        f"job {job.id} refused before any call ran: max_cost=${job.config.max_cost:g} is below its estimate "
-        f"{usd(found['usd'])} ({found['made_from']}). Raise max_cost, or run fewer items; "
-        "fnmap.estimate(func, items, **options) gives the estimate without running anything.",
-        job_id=job.id, cap=job.config.max_cost, spent=job.run.budget.spent, calls_not_run=found["calls"],
-        estimate=found)
 
 
 def _submit_as_stored(client, job, states: list, pending: list, stores: list) -> None:

@@ -21,12 +21,8 @@ _STORAGE_HELP = "storage URL to read (default: the configured storage, FNMAP_STO
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "jobs", help="list recent jobs", description="List recent jobs, newest first."
-    )
-    p.add_argument(
-        "--limit", type=int, default=20, help="how many jobs to show (default 20; 0 for all)"
-    )
+    p = sub.add_parser("jobs", help="list recent jobs", description="List recent jobs, newest first.")
+    p.add_argument("--limit", type=int, default=20, help="how many jobs to show (default 20; 0 for all)")
     p.add_argument("--json", action="store_true", help="print the jobs' summaries as a JSON list")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     p.set_defaults(run=_storage_errors(run_jobs))
@@ -34,26 +30,19 @@ def register(sub) -> None:
     p = sub.add_parser(
         "job",
         help="show one job: calls, failures, retries, durations, throughput, cost",
-        description="Summarize one job: calls, failures, retries, durations p50/p95/max, "
-        "throughput and "
+        description="Summarize one job: calls, failures, retries, durations p50/p95/max, throughput and "
         "estimated cost; --json prints the whole record (every call's times and stats).",
     )
     p.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
     p.add_argument("--json", action="store_true", help="print the job record as JSON")
-    p.add_argument(
-        "--plot", metavar="PATH", help="also save a timeline and duration histogram (PNG, SVG, PDF)"
-    )
+    p.add_argument("--plot", metavar="PATH", help="also save a timeline and duration histogram (PNG, SVG, PDF)")
     p.add_argument("--watch", action="store_true",
                    help="follow a running job: one progress line a second until it ends (Ctrl-C stops watching)")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
-    price = p.add_argument_group(
-        "cost estimate", "price the job as if it had run with other settings"
-    )
+    price = p.add_argument_group("cost estimate", "price the job as if it had run with other settings")
     price.add_argument("--memory", type=int, metavar="MB", help="Lambda memory per call")
     price.add_argument("--region", help="AWS region of the price table, e.g. eu-west-1")
-    price.add_argument(
-        "--instance-type", metavar="TYPE", help="Batch instance type, e.g. g5.xlarge"
-    )
+    price.add_argument("--instance-type", metavar="TYPE", help="Batch instance type, e.g. g5.xlarge")
     p.set_defaults(run=_storage_errors(run_job))
 
     _register_cancel_logs_gc(sub)
@@ -72,15 +61,10 @@ def _register_cancel_logs_gc(sub) -> None:
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     p.set_defaults(run=_storage_errors(run_cancel))
 
-    p = sub.add_parser(
-        "logs",
-        help="print the captured output of a job's calls",
-        description="Print the stdout and stderr captured from a job's calls, per attempt.",
-    )
+    p = sub.add_parser("logs", help="print the captured output of a job's calls",
+                       description="Print the stdout and stderr captured from a job's calls, per attempt.")
     p.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
-    p.add_argument(
-        "--call", type=int, metavar="N", help="only call N (see `fnmap job ID` for call numbers)"
-    )
+    p.add_argument("--call", type=int, metavar="N", help="only call N (see `fnmap job ID` for call numbers)")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     p.set_defaults(run=_storage_errors(run_logs))
 
@@ -92,12 +76,7 @@ def _register_cancel_logs_gc(sub) -> None:
         "again, until gc removes them), then the shared function pickles and content-addressed "
         "inputs that no job left in storage uses. Reports objects and bytes; --dry-run deletes nothing.",
     )
-    p.add_argument(
-        "--older-than",
-        default="7d",
-        metavar="AGE",
-        help="age like 90s, 30m, 12h, 7d or 2w (default 7d)",
-    )
+    p.add_argument("--older-than", default="7d", metavar="AGE", help="age like 90s, 30m, 12h, 7d or 2w (default 7d)")
     p.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
@@ -156,20 +135,9 @@ def run_jobs(args) -> int:
     rows = [("JOB", "CREATED", "FUNCTION", "KIND", "BACKEND", "STATUS", "CALLS", "RETRIES", "WALL")
             + (("SPENT/CAP",) if capped else ())]
     for s in jobs:
-        rows.append(
-            (
-                s["job_id"][:12],
-                _time(s["created"]),
-                _short(s.get("function") or "-", 28),
-                s.get("kind") or "-",
-                s.get("backend") or "-",
-                s["status"],
-                report.states_text(s),
-                str(s["retries"]),
-                _seconds(s.get("wall_seconds")),
-            )
-            + ((report.spent_of_cap(s.get("cost_cap")),) if capped else ())
-        )
+        rows.append((s["job_id"][:12], _time(s["created"]), _short(s.get("function") or "-", 28), s.get("kind") or "-",
+                     s.get("backend") or "-", s["status"], report.states_text(s), str(s["retries"]),
+                     _seconds(s.get("wall_seconds"))) + ((report.spent_of_cap(s.get("cost_cap")),) if capped else ()))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
@@ -261,8 +229,7 @@ def format_summary(record: dict) -> str:
     s = record["summary"]
     d, lat, tp = s["duration_seconds"], s["latency_seconds"], s["throughput"]
     lines = [
-        f"job      {s['job_id']}  {s.get('kind') or '?'} on {s.get('backend') or '?'}  "
-        f"{s['status']}",
+        f"job      {s['job_id']}  {s.get('kind') or '?'} on {s.get('backend') or '?'}  {s['status']}",
         f"function {s.get('function') or '-'}   from {s.get('origin') or '-'}",
         f"storage  {s.get('storage')}",
         f"created  {_time(s['created'])}   wall {_seconds(s['wall_seconds'])}",
@@ -271,11 +238,9 @@ def format_summary(record: dict) -> str:
         f"workers  {s['workers']}   cold starts {s['cold_starts']}",
         f"duration p50 {_seconds(d['p50'])}   p95 {_seconds(d['p95'])}   max {_seconds(d['max'])}"
         "   (run time on the worker)",
-        f"latency  p50 {_seconds(lat['p50'])}   p95 {_seconds(lat['p95'])}   "
-        f"max {_seconds(lat['max'])}"
+        f"latency  p50 {_seconds(lat['p50'])}   p95 {_seconds(lat['p95'])}   max {_seconds(lat['max'])}"
         "   (submitted until the result came back)",
-        f"rate     {_rate(tp['items_per_second'])} items/s   "
-        f"{_rate(tp['calls_per_second'])} calls/s",
+        f"rate     {_rate(tp['items_per_second'])} items/s   {_rate(tp['calls_per_second'])} calls/s",
         f"data     in {_bytes(s['bytes_in'])}   out {_bytes(s['bytes_out'])}   peak memory "
         + (f"{s['peak_memory_mb']:.0f} MB" if s.get("peak_memory_mb") else "-"),
         f"cost     {report.cost_text(s['cost'])}",
@@ -306,14 +271,7 @@ def _failures(record: dict) -> list[str]:
     if failed:
         lines.append("failures:")
         for c in failed[:10]:
-            items = (
-                c["first_item"]
-                if c["items"] == 1
-                else f"{c['first_item']}..{c['first_item'] + c['items'] - 1}"
-            )
-            lines.append(
-                f"  call {c['call']} (item {items}): {c['status']}: {c.get('error') or '?'}"
-            )
+            lines.append(f"  call {c['call']} (item {report.item_range(c)}): {c['status']}: {c.get('error') or '?'}")
         first_traceback = next((c for c in failed if c.get("traceback")), None)
         if first_traceback:
             lines.append(f"traceback of call {first_traceback['call']} (the others: fnmap logs ID --call N):")
@@ -336,14 +294,10 @@ def run_logs(args) -> int:
     job_id = record["job_id"]
     calls = {c["call"] for c in record["calls"]}
     if args.call is not None and args.call not in calls and "rebuilt" not in record:
-        raise SystemExit(
-            f"fnmap logs: job {job_id} has no call {args.call}; its calls are 0..{len(calls) - 1}"
-        )
+        raise SystemExit(f"fnmap logs: job {job_id} has no call {args.call}; its calls are 0..{len(calls) - 1}")
     found = read_logs(store, job_id, args.call)
-    tracebacks = {
-        c["call"]: c["traceback"] for c in record["calls"]
-        if c.get("traceback") and (args.call is None or c["call"] == args.call)
-    }
+    tracebacks = {c["call"]: c["traceback"] for c in record["calls"]
+                  if c.get("traceback") and (args.call is None or c["call"] == args.call)}
     if not found and not tracebacks:
         which = f"call {args.call} of job {job_id}" if args.call is not None else f"job {job_id}"
         print(f"{which} printed nothing (no output was captured)", file=sys.stderr)
@@ -369,37 +323,33 @@ def run_gc(args) -> int:
     except ValueError as e:
         raise SystemExit(f"fnmap gc: --older-than: {e}") from None
     store = _store(args)
-    report = gc.collect_garbage(store, age, dry_run=args.dry_run)
+    found = gc.collect_garbage(store, age, dry_run=args.dry_run)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(found, indent=2))
         return 0
     verb = "would delete" if args.dry_run else "deleted"
-    print(
-        f"{verb} {len(report['deleted_jobs'])} job(s) older than {args.older_than} and "
-        f"{len(report['deleted_shared'])} shared object(s) no kept job uses: {report['deleted_keys']} objects, "
-        f"{_bytes(report['deleted_bytes'])}; kept {report['kept_jobs']} job(s), {_bytes(report['kept_bytes'])}"
-    )
+    print(f"{verb} {len(found['deleted_jobs'])} job(s) older than {args.older_than} and "
+          f"{len(found['deleted_shared'])} shared object(s) no kept job uses: {found['deleted_keys']} objects, "
+          f"{_bytes(found['deleted_bytes'])}; kept {found['kept_jobs']} job(s), {_bytes(found['kept_bytes'])}")
     if args.dry_run:  # where the bytes are: each job's records, logs, inputs and results
-        sizes = {**report["kept_job_bytes"], **report["deleted_job_bytes"]}
+        sizes = {**found["kept_job_bytes"], **found["deleted_job_bytes"]}
         largest = sorted(sizes.items(), key=lambda item: -item[1])[:5]
         if largest:
             print("largest jobs in storage:")
         for job_id, size in largest:
-            fate = "would delete" if job_id in report["deleted_job_bytes"] else "kept"
+            fate = "would delete" if job_id in found["deleted_job_bytes"] else "kept"
             print(f"  {job_id[:12]}  {_bytes(size):>9}  {fate}")
-    if report["kept_running_jobs"]:
-        print(f"kept {len(report['kept_running_jobs'])} old job(s) that may still run (a live lease, or "
-              "no final record and a client not known to be gone): " + ", ".join(report["kept_running_jobs"][:5]))
-    if report["deleted_temporary"]:
-        print(f"{verb} {len(report['deleted_temporary'])} temporary file(s) of killed writers, "
-              f"{_bytes(report['deleted_temporary_bytes'])}")
-    if report["kept_shared_because_running"]:
+    if found["kept_running_jobs"]:
+        print(f"kept {len(found['kept_running_jobs'])} old job(s) that may still run (a live lease, or "
+              "no final record and a client not known to be gone): " + ", ".join(found["kept_running_jobs"][:5]))
+    if found["deleted_temporary"]:
+        print(f"{verb} {len(found['deleted_temporary'])} temporary file(s) of killed writers, "
+              f"{_bytes(found['deleted_temporary_bytes'])}")
+    if found["kept_shared_because_running"]:
         print("kept every shared function and input: a kept job is still running")
-    if report["undated_jobs"]:
-        print(
-            f"left alone {len(report['undated_jobs'])} job(s) of unknown age "
-            "(no record, no status): " + ", ".join(report["undated_jobs"][:5])
-        )
+    if found["undated_jobs"]:
+        print(f"left alone {len(found['undated_jobs'])} job(s) of unknown age (no record, no status): "
+              + ", ".join(found["undated_jobs"][:5]))
     return 0
 
 

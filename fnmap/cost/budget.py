@@ -16,9 +16,6 @@ waiting call is looked at again), so the calls in flight, which were expected to
 their results.  The cap is reached when even at the least each can cost the attempts out and one
 more would pass it (the calls in flight then pass it too: the scheduler stops them where the
 backend can), or when one more is not expected to fit and none is out: nothing more is sent.
-
-What a map will cost before it runs, and the check that refuses one above its cap, are in
-:mod:`fnmap.cost.forecast`.
 """
 
 from __future__ import annotations
@@ -67,7 +64,7 @@ class Budget:
         #: The scheduler has stopped the job for its cap (once).
         self.stopped = False
         #: What each call is expected to cost before any has ended: what an earlier run of the same
-        #: function measured (:func:`check_cap`), else 0 (then the minimum).
+        #: function measured (:func:`fnmap.cost.forecast.check_cap`), else 0 (then the minimum).
         self.first_calls = 0.0
         #: The estimate that refused the job before any call (:meth:`refuse`), or None.
         self.refused_estimate: dict | None = None
@@ -113,7 +110,6 @@ class Budget:
 
     def _reach(self) -> None:
         self.reached_at = time.time()
-        return None
 
     def wait(self, state) -> None:
         """``state`` (a call) was told to :data:`WAIT`: it is sent again by :meth:`release`."""

@@ -19,11 +19,8 @@ class PriceFetchError(FnmapError, OSError):
 
 def update(regions: list[str] | None = None, instance_types: list[str] | None = None) -> dict:
     """Fetch current prices of ``regions`` (default: us-east-1 and boto3's configured region) and
-    ``instance_types`` (default: those fnmap knows) and write them over the cache.
-
-    Returns ``{"path", "date", "fetched", "changed", "missing"}``: the cache file, the day, how many
-    figures were fetched, ``(name, old or None, new)`` of each that changed, what was not found.
-    Raises :class:`PriceFetchError` when nothing usable came back (the cache is then unchanged)."""
+    ``instance_types`` (default: those fnmap knows) into the cache: ``{"path", "date", "fetched",
+    "changed" [(name, old or None, new)], "missing"}``; :class:`PriceFetchError` when none came back."""
     client, configured = _client()
     regions = list(dict.fromkeys(regions or [prices.DEFAULT_REGION, *([configured] if configured else [])]))
     types = list(dict.fromkeys(instance_types or prices.INSTANCE_TYPES))

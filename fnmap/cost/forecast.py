@@ -20,12 +20,13 @@ from typing import Any
 
 from ..backends import backend_class
 from ..config import resolve
+from ..errors import CostCapReached
 from ..observe.history import get_json_many, index_keys
 from ..runtime import keys
 from ..runtime.serialization import pickle_function
 from ..runtime.setup import with_initializer
 from .prices import prices_basis
-from .pricing import pricing_of
+from .pricing import pricing_of, usd
 
 #: How many of the newest index entries are searched for an earlier run of the same function.
 HISTORY_ENTRIES = 200
@@ -111,15 +112,19 @@ def _measured(config, func_key: str) -> dict | None:
     return None
 
 
-def check_cap(job, func_key: str, n_items: int) -> dict | None:
-    """Before a job with ``max_cost`` sends anything: its estimate when that is above the cap (the job
-    is refused: its record says so), else None.  An estimate measured by an earlier run of the same
-    function is what each of its first calls is expected to cost, until its own calls have ended."""
+def check_cap(job, func_key: str, n_items: int) -> None:
+    """Before a job with ``max_cost`` sends anything: refuse it when its estimate is above the cap
+    (its record says so; raises :class:`fnmap.CostCapReached`).  An estimate measured by an earlier
+    run of the same function is what each of its first calls is expected to cost, until its own
+    calls have ended."""
     config, budget = job.config, job.run.budget
     found = estimate_for(config, func_key, n_items)
     if found["usd"] > config.max_cost:
         budget.refuse(found)
-        return found
+        raise CostCapReached(
+            f"job {job.id} refused before any call ran: max_cost=${config.max_cost:g} is below its estimate "
+            f"{usd(found['usd'])} ({found['made_from']}). Raise max_cost, or run fewer items; "
+            "fnmap.estimate(func, items, **options) gives the estimate without running anything.",
+            job_id=job.id, cap=config.max_cost, spent=budget.spent, calls_not_run=found["calls"], estimate=found)
     if found["basis"] == "measured" and found["calls"]:
         budget.first_calls = (found["usd"] - budget.pricing.job_overhead()) / found["calls"]
-    return None

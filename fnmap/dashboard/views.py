@@ -39,22 +39,14 @@ def job_row(summary: dict) -> dict:
     usd = (summary.get("cost") or {}).get("usd")
     return {
         "job_id": summary["job_id"],
-        "status": summary.get("status"),
-        "function": summary.get("function"),
-        "kind": summary.get("kind"),
-        "backend": summary.get("backend"),
-        "created": summary.get("created"),
-        "wall_seconds": summary.get("wall_seconds"),
-        "calls": summary.get("calls") or 0,
+        **{name: summary.get(name) for name in ("status", "function", "kind", "backend", "created", "wall_seconds",
+                                                "origin")},
+        **{name: summary.get(name) or 0 for name in ("calls", "items", "failed_items", "retries")},
         "states": summary.get("states") or {"done": summary.get("calls_done") or 0},
-        "items": summary.get("items") or 0,
-        "failed_items": summary.get("failed_items") or 0,
-        "retries": summary.get("retries") or 0,
         "usd": usd,
         "usd_text": "-" if usd is None else report.usd(usd),
         "host": client.get("host"),
         "pid": client.get("pid"),
-        "origin": summary.get("origin"),
     }
 
 
@@ -184,7 +176,7 @@ def failures(calls: list[dict]) -> dict:
     failed = report.failed_calls(calls)
     shown = [{
         "call": c["call"],
-        "items": _item_range(c),
+        "items": report.item_range(c),
         "status": c["status"],
         "error": c.get("error"),
         "failed_items": c.get("failed_items"),
@@ -192,13 +184,6 @@ def failures(calls: list[dict]) -> dict:
         "log_tail": c.get("log_tail"),
     } for c in failed[:MAX_FAILURES]]
     return {"total": len(failed), "calls": shown}
-
-
-def _item_range(call: dict) -> str:
-    first = call.get("first_item")
-    if first is None:
-        return "?"
-    return str(first) if call["items"] == 1 else f"{first}..{first + call['items'] - 1}"
 
 
 def call_output(call: int, reports: list[dict], found: list[tuple[int, int, str]]) -> dict:

@@ -51,19 +51,8 @@ __all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id
 
 FORMAT = 1
 #: Worker stats copied from the counted attempt into the call's entry.
-_STATS_FIELDS = (
-    "worker",
-    "cold",
-    "init_seconds",
-    "started",
-    "loaded",
-    "finished",
-    "written",
-    "bytes_in",
-    "bytes_out",
-    "peak_memory_kb",
-    "log_tail",
-)
+_STATS_FIELDS = ("worker", "cold", "init_seconds", "started", "loaded", "finished", "written", "bytes_in",
+                 "bytes_out", "peak_memory_kb", "log_tail")
 
 
 # -- writing -------------------------------------------------------------------
@@ -411,11 +400,7 @@ def load(store, job_id: str) -> dict:
         if not status_keys and started is None:
             raise JobNotFound(f"job {job_id} has no record and no status records in {store.url}")
         return lease.judge(store, _rebuild(store, job_id, status_keys, started))  # abandoned if its client is gone
-    missing = {
-        c["call"]
-        for c in record["calls"]
-        if c["status"] not in UNFINISHED and c.get("started") is None
-    }
+    missing = {c["call"] for c in record["calls"] if c["status"] not in UNFINISHED and c.get("started") is None}
     wanted = [k for k in status_keys if keys.call_attempt_of(k)[0] in missing]
     if wanted:
         by_call = {}

@@ -1,9 +1,6 @@
-"""What a job's record says to a person, said once for every reader: the command line (``fnmap
-jobs``, ``fnmap job``, ``fnmap cancel``), the dashboard, ``job.plot()``, ``summary()`` and the
-error messages.  The states a job and its calls can be in, which calls failed, what is left to
-run and what to advise, and how money reads (:func:`usd`, the one formatter).
-
-It imports nothing that reads storage: the records, the lease and the index import it.
+"""What a job's record says to a person, said once for the command line, the dashboard, ``job.plot()`` and
+the error messages: the states of a job and its calls, which calls failed, what is left, what to advise,
+and how money reads (:func:`usd`).  It imports nothing that reads storage: the records and the lease import it.
 """
 
 from __future__ import annotations
@@ -37,6 +34,14 @@ def failed(call: dict) -> bool:
 def failed_calls(calls: list[dict]) -> list[dict]:
     """The calls of a record that failed, in order."""
     return [c for c in calls if failed(c)]
+
+
+def item_range(call: dict) -> str:
+    """The items of a call: ``7``, ``0..99``, ``?`` where its record does not say."""
+    first = call.get("first_item")
+    if first is None:
+        return "?"
+    return str(first) if call["items"] == 1 else f"{first}..{first + call['items'] - 1}"
 
 
 def items_left(record: dict) -> int:
