@@ -18,6 +18,7 @@ from dashboard_jobs import failed_job, running_map, serving, wait_for_file
 from prometheus_client.parser import text_string_to_metric_families
 
 import fnmap
+from fnmap.cost.pricing import usd
 from fnmap.dashboard import auth, views
 from fnmap.dashboard.listing import JobList
 from fnmap.errors import ConfigError
@@ -169,6 +170,7 @@ def test_the_list_sees_new_jobs_and_running_ones_change(storage, tmp_path):
     ended = _wait_for(lambda: [r for r in listing.rows() if r["job_id"] == running[0]["job_id"]
                                and r["status"] == "succeeded"], "the job's end")
     assert ended[0]["states"]["succeeded"] == 1
+    assert ended[0]["usd_text"] == usd(ended[0]["usd"])  # the money is sent as text, formatted once
     # An ended job's entry is kept, not read again: rewritten in storage, the list still shows what it read.
     summary = next(s for s in listing.summaries() if s["job_id"] == ended[0]["job_id"])
     records.write_index(store, {**summary, "function": "rewritten"})
