@@ -236,7 +236,7 @@ def test_a_planted_entry_is_refused_never_unpickled_and_replaced(runs):
 def test_max_cost_admits_hits_without_reserving_a_call(runs):
     runs.script(SQUARE, items="[1, 2, 3]")
     runs.run()
-    from fnmap.observe.cost import Pricing
+    from fnmap.cost.pricing import Pricing
 
     pricing = Pricing.of("emulator", {})
     cap = pricing.job_overhead() + 3 * pricing.per_get + pricing.minimum() / 2  # less than one call
@@ -411,7 +411,7 @@ def test_fnmap_job_the_dashboard_and_metrics_show_hits(runs):
     assert samples[("fnmap_job_cache_hits", second["job"])] == 3
     assert samples[("fnmap_job_cache_hits", first["job"])] == 0
     assert samples[("fnmap_cache_hits", None)] == 3
-    assert any("3 of 4 items came from the result cache" in note for note in page["notes"])
+    assert any("3 of 4 items from the result cache" in note for note in page["notes"])
 
 
 def test_cache_is_an_option_like_any_other(tmp_path, monkeypatch):
