@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -113,7 +114,7 @@ class JobCache:
         if self.settings.refresh:
             return 0
         prefix = f"{keys.CACHE_PREFIX}{self.function}/"
-        oldest = -1.0 if self.settings.expire is None else _now() - self.settings.expire
+        oldest = -1.0 if self.settings.expire is None else time.time() - self.settings.expire
         present = {key for key, _size, modified in self.store.list_details(prefix) if modified >= oldest}
         return sum(1 for item in items if self.key_of(mode, item) in present)
 
@@ -124,7 +125,7 @@ class JobCache:
             if entry is None:
                 return None
             expire = self.settings.expire
-            if expire is not None and entry.created + expire < _now():
+            if expire is not None and entry.created + expire < time.time():
                 self.replace.add(index)
                 return None
             return entries.unpack_value(entry), entry.job
@@ -234,14 +235,6 @@ class JobCache:
         except Exception:  # it came back pickled, so this is rare: that item is just not cached
             return None
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False)
-
-
-def _now() -> float:
-    import time
-
-    return time.time()
 
 
 class FunctionCaches:
