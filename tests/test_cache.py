@@ -455,3 +455,17 @@ def test_a_map_returns_once_its_entries_are_written(module_emulator, tmp_path):
     assert again.results() == items and again.summary()["attempts"] == {}  # the same process, at once
     assert list(fnmap.imap(abs, [-1, -2], cache=True, storage=storage)) == [1, 2]
     assert fnmap.map(abs, [-1, -2], cache=True, storage=storage, return_job=True).summary()["attempts"] == {}
+
+
+class Scaler:
+    """A callable object: its state is part of what it computes."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    def __call__(self, x):
+        return x * self.factor
+
+
+def test_a_callable_objects_state_is_in_its_key():
+    assert function_digest(Scaler(2)) == function_digest(Scaler(2)) != function_digest(Scaler(3))

@@ -328,6 +328,10 @@ class _FunctionHasher:
         elif isinstance(obj, types.MethodType):
             h.update(b"method" + self.identity(obj.__func__))
             self._values(h, obj.__self__, f"the object of method {_qualname(obj)}")
+        elif not isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type)):  # an object with __call__
+            h.update(b"callable" + self.identity(type(obj)))
+            state = vars(obj) if hasattr(obj, "__dict__") and not dataclasses.is_dataclass(obj) else obj
+            self._values(h, state, f"the callable {type(obj).__qualname__} object")
         elif not _is_users_module(getattr(obj, "__module__", None) or ""):
             h.update(b"extern" + self._extern(obj).encode())
         elif isinstance(obj, types.FunctionType):
