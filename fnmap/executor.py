@@ -68,7 +68,7 @@ class Executor(futures.Executor):
         return self._job
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
-        future = Future()
+        future = AwaitableFuture()
         self._submit(fn, [(args, kwargs)], future, unwrap=True)
         return future
 
@@ -150,6 +150,18 @@ class Executor(futures.Executor):
             futures.wait([s.future for s in self._job.run.calls])
             _open_jobs.discard(self._job)
             show_call_output(self._job)  # remote print() output of its calls (output="after", issue 14)
+
+
+class AwaitableFuture(Future):
+    """The future of ``Executor.submit``: a real ``concurrent.futures.Future`` that a coroutine may
+    also ``await`` (and ``asyncio.wait``, ``as_completed`` and ``gather`` take).  Awaited, it is
+    wrapped in the awaiting loop (``asyncio.wrap_future``): cancelling the awaiting task cancels the
+    call if it has not started, as ``future.cancel()`` does."""
+
+    def __await__(self):
+        import asyncio
+
+        return asyncio.wrap_future(self).__await__()
 
 
 def _check_map_options(chunksize, buffersize) -> None:
