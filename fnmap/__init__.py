@@ -49,7 +49,7 @@ def __getattr__(name: str):
 
         return getattr(aio.api, name)
     if name == "function":
-        from .function import function
+        from .decorator import function
 
         return function
     if name == "Executor":

@@ -30,18 +30,22 @@ from .runtime.wire import MODE_ARGS, MODE_ONE
 REDUCE_FANIN = 64
 
 
-def _remote_error_from_here(func: Callable) -> Callable:
+def remote_error_from_here(func: Callable | None = None, *, warn: bool = True) -> Callable:
     """Make an exception an item raised remotely start at the caller's line: the frames it passed
     through inside fnmap (the job's results, the call's outcomes) are dropped, so a traceback reads
     the caller's code, then the remote traceback it is chained to, not three fnmap frames between.
     The one frame left is this wrapper's (pytest hides it, ``__tracebackhide__``; IPython shows the
     frame an exception was raised in always).
-    fnmap's own errors keep their frames: there they say where fnmap failed."""
+    fnmap's own errors keep their frames: there they say where fnmap failed.
+    ``warn``: called from a coroutine on a running loop, it warns (:mod:`fnmap.blocking`)."""
+    if func is None:
+        return functools.partial(remote_error_from_here, warn=warn)
 
     @functools.wraps(func)
     def from_the_caller(*args, **kwargs):
         __tracebackhide__ = True  # noqa: F841 (read by IPython's and pytest's traceback printers)
-        warn_if_in_coroutine(f"fnmap.{func.__name__}(...)", f"await fnmap.{func.__name__}.aio(...)", kwargs)
+        if warn:
+            warn_if_in_coroutine(f"fnmap.{func.__name__}(...)", f"await fnmap.{func.__name__}.aio(...)", kwargs)
         try:
             return func(*args, **kwargs)
         except Exception as e:
@@ -52,7 +56,7 @@ def _remote_error_from_here(func: Callable) -> Callable:
     return from_the_caller
 
 
-@_remote_error_from_here
+@remote_error_from_here
 def map(
     func: Callable,
     items: Iterable,
@@ -103,7 +107,7 @@ def map(
     return job.results(return_exceptions=return_exceptions)
 
 
-@_remote_error_from_here
+@remote_error_from_here
 def starmap(
     func: Callable,
     iterable: Iterable,
@@ -180,7 +184,7 @@ def start_stream(func: Callable, items: Iterable, config, ordered: bool, return_
 
 
 def _results_as_they_come(job, states, return_exceptions: bool):
-    __tracebackhide__ = True  # noqa: F841 (see _remote_error_from_here)
+    __tracebackhide__ = True  # noqa: F841 (see remote_error_from_here)
     finished = True
     try:
         for state in states:
@@ -356,7 +360,7 @@ def _submit_as_stored(client, job, states: list, pending: list, stores: list) ->
     client.submit(job, ready)
 
 
-@_remote_error_from_here
+@remote_error_from_here
 def map_reduce(
     map_func: Callable,
     items: Iterable,
