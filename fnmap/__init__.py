@@ -38,7 +38,7 @@ __all__ = [
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
     "SerializationError", "VersionMismatch", "SignatureError", "StorageError", "PlatformError", "WorkerCrashed",
     "CallLost", "TimeoutError", "RemoteError", "RemoteExit", "InitializerError", "OutOfMemory",
-    "CostCapReached",
+    "CostCapReached", "BlockingCallWarning",
 ]
 
 
@@ -48,6 +48,10 @@ def __getattr__(name: str):
         from . import aio  # hangs each front end's async twin on it: fnmap.map.aio
 
         return getattr(aio.api, name)
+    if name == "BlockingCallWarning":
+        from .blocking import BlockingCallWarning
+
+        return BlockingCallWarning
     if name == "function":
         from .decorator import function
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from . import api
 from .config import resolve
-from .loop import Inbox, run_blocking, runner, sync_items
+from .loop import EMPTY, Inbox, run_blocking, runner, sync_items
 from .scopes import Scope
 
 #: How often a stream's thread, waiting for the reader to take a result, looks whether it stopped.
@@ -86,7 +86,9 @@ async def _stream(func, items, options: dict, ordered: bool, return_exceptions: 
             if credits is not None:
                 credits.release()  # the thread may take one more result from the job
             try:
-                value = await inbox.get()
+                value = inbox.get_nowait()  # those of a batch already in: no wait, no coroutine
+                if value is EMPTY:
+                    value = await inbox.get()
             except StopAsyncIteration:
                 return
             yield value

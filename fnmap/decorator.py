@@ -27,6 +27,7 @@ it by name runs it in the worker, never as another remote call.  The object keep
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 from . import aio, api
@@ -47,6 +48,7 @@ class Function:
         functools.update_wrapper(self, func)
         self._options = dict(options)
         self._executor: Executor | None = None
+        self._executor_lock = threading.Lock()
 
     @property
     def options(self) -> dict:
@@ -143,8 +145,9 @@ class Function:
     def submit(self, *args, **kwargs):
         """Start ``func(*args, **kwargs)`` as a call of this function's :class:`fnmap.Executor`; its
         future (awaitable).  The executor is made at the first submit, with these options."""
-        if self._executor is None:
-            self._executor = Executor(**self._options)
+        with self._executor_lock:
+            if self._executor is None:
+                self._executor = Executor(**self._options)
         return self._executor.submit(self.__wrapped__, *args, **kwargs)
 
 

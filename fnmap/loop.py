@@ -165,6 +165,12 @@ class Inbox:
         while not self._ready:
             self._waiter = self._loop.create_future()
             await self._waiter
+        return self.get_nowait()
+
+    def get_nowait(self):
+        """As :meth:`get`, without waiting: :data:`EMPTY` when no result is in yet."""
+        if not self._ready:
+            return EMPTY
         value = self._ready.popleft()
         if value is self._END:
             self._ready.appendleft(value)
@@ -173,6 +179,10 @@ class Inbox:
             self._ready.appendleft(value)
             raise from_the_caller(value.error) from value.error.__cause__
         return value
+
+
+#: What :meth:`Inbox.get_nowait` gives when no result is in.
+EMPTY = object()
 
 
 class _Failed:

@@ -14,11 +14,11 @@ import warnings
 import pytest
 
 import fnmap
-from fnmap.blocking import BlockingCallWarning
 from fnmap.observe import history
 from fnmap.storage import open_store
 
 pytestmark = pytest.mark.timeout(240)
+BlockingCallWarning = fnmap.BlockingCallWarning
 
 
 def square(x):
