@@ -80,7 +80,8 @@ async def _stream(func, items, options: dict, ordered: bool, return_exceptions: 
         return api.start_stream(func, sync_items(items, loop, stopped), config, ordered, return_exceptions,
                                 buffersize)
 
-    pumping = runner().pool.submit(scope.run, _pump, start, inbox, stopped, credits)
+    runner().pool.submit(scope.run, _pump, start, inbox, stopped, credits)
+    ended = False  # the thread said the results ended (all given, or an error raised here)
     try:
         while True:
             if credits is not None:
@@ -90,11 +91,15 @@ async def _stream(func, items, options: dict, ordered: bool, return_exceptions: 
                 if value is EMPTY:
                     value = await inbox.get()
             except StopAsyncIteration:
+                ended = True
                 return
+            except BaseException as e:
+                ended = not isinstance(e, asyncio.CancelledError)
+                raise
             yield value
     finally:
         stopped.set()
-        if not pumping.done():  # stopped early: the job is cancelled, as Ctrl-C cancels imap
+        if not ended:  # stopped early: the job is cancelled, as Ctrl-C cancels imap
             await asyncio.wrap_future(runner().pool.submit(scope.cancel))
 
 
@@ -112,9 +117,9 @@ def _pump(start: Callable, inbox: Inbox, stopped: threading.Event, credits) -> N
                     break
                 inbox.put(value)
         finally:
-            results.close()  # left early: the job is cancelled
-            if stopped.is_set() and not job.done:
+            if stopped.is_set() and not job.done:  # its record says why: the reader stopped
                 job.stop(CancelledError("the async iteration over its results was closed"))
+            results.close()  # left early: the job is cancelled
     except BaseException as e:
         inbox.end(e)
     else:

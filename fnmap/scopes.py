@@ -38,7 +38,8 @@ class Scope:
             self.cancelled = True
             jobs = list(self.jobs)
         for job in jobs:
-            job.stop(CancelledError(self.reason))
+            if not job.done:  # one that ended stays as it ended
+                job.stop(CancelledError(self.reason))
 
     def run(self, fn, /, *args, **kwargs):
         """``fn(*args, **kwargs)`` on this thread with this scope current."""
