@@ -124,6 +124,7 @@ def test_the_loop_keeps_running_during_a_thousand_call_map():
         await asyncio.sleep(0.05)
         started = time.monotonic()
         job = await fnmap.map.aio(square, range(1000), chunksize=1, return_job=True)
+        assert await fnmap.job(job.id).wait.aio(60)
         out = await fnmap.job(job.id).results.aio()
         ended = time.monotonic()
         stop.set()
@@ -225,6 +226,25 @@ def test_cancelling_the_awaiting_task_cancels_the_job(tmp_path, how):
     assert len(started) < 10, started
     calls = job.record()["calls"]
     assert sum(1 for c in calls if c["status"] == "cancelled") >= 40 - len(started)
+
+
+def test_cancelling_map_reduce_aio_stops_its_map_and_starts_no_reduce(tmp_path):
+    folder = tmp_path / "side"
+    folder.mkdir()
+    storage = (tmp_path / "storage").as_uri()
+
+    async def main():
+        task = asyncio.ensure_future(fnmap.map_reduce.aio(
+            start_and_nap, [(i, str(folder)) for i in range(20)], sum, workers=2, chunksize=1, storage=storage))
+        while not list(folder.glob("started-*")):
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    job = _only_job(storage)  # the map's: no reduce level was started
+    assert job.wait(60) and job.status == "cancelled", job.summary()
 
 
 def test_shield_keeps_the_job_running(tmp_path):
