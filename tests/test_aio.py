@@ -108,6 +108,19 @@ def test_executor_futures_are_real_futures_that_asyncio_awaits():
     assert done == [9] and gathered == [16, 25] and one == 36
 
 
+def test_cancelling_the_await_of_a_queued_executor_future_cancels_its_call(tmp_path):
+    async def main(ex):
+        ex.submit(nap, 1.5)  # takes the one worker
+        queued = ex.submit(start_and_nap, (0, str(tmp_path)))
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(queued, 0.2)
+        return queued
+
+    with fnmap.Executor(workers=1) as ex:
+        queued = asyncio.run(main(ex))
+    assert queued.cancelled() and not list(tmp_path.glob("started-*"))
+
+
 def test_the_loop_keeps_running_during_a_thousand_call_map():
     """A heartbeat coroutine ticks while 1,000 calls run (its longest stall is measured by
     benchmarks/async_bridge.py, not asserted here)."""
