@@ -18,6 +18,7 @@ from .jobs import remote_exception
 from .lease import ABANDONED
 from .observe import history, records
 from .observe.logs import logs_text
+from .observe.report import FINAL
 from .runtime import cancel, compression, keys, signing
 from .runtime import outcome as _outcome
 from .runtime.serialization import loads
@@ -25,8 +26,6 @@ from .twins import with_aio
 
 #: Longest one wait of ``wait.aio`` holds a thread of fnmap's (it waits again until the job ends).
 _AIO_WAIT_SECONDS = 2.0
-#: Statuses after which nothing about a job changes any more.
-FINAL = ("succeeded", "failed", "cancelled", "capped", "incomplete", ABANDONED)
 
 
 def job(job_id: str, **options) -> AttachedJob:
