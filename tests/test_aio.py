@@ -153,7 +153,7 @@ def test_the_loop_keeps_running_during_a_thousand_call_map():
 
 def blocking_map_in_a_coroutine(**options):
     async def main():
-        return fnmap.map(square, range(3), **options)  # the line the warning names
+        return fnmap.map(square, range(3), return_exceptions=True, **options)  # the line the warning names
 
     return asyncio.run(main())
 
@@ -175,7 +175,7 @@ def test_a_blocking_form_in_a_coroutine_works_and_warns_at_the_callers_line(monk
     found = [w for w in caught if issubclass(w.category, BlockingCallWarning)]
     assert len(found) == 2, [str(w.message) for w in caught]
     first, second = found
-    assert first.filename == __file__ and "return fnmap.map(square, range(3), **options)" in \
+    assert first.filename == __file__ and "return fnmap.map(square, range(3), return_exceptions=True" in \
         open(__file__).read().splitlines()[first.lineno - 1]
     assert "await fnmap.map.aio(...)" in str(first.message)
     assert second.lineno == helper_that_blocks.__code__.co_firstlineno + 1
