@@ -7,6 +7,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import subprocess
+import sys
 import time
 import traceback
 import warnings
@@ -186,6 +188,26 @@ def test_a_blocking_form_in_a_coroutine_works_and_warns_at_the_callers_line(monk
         monkeypatch.setenv("FNMAP_BLOCKING_WARNING", "0")
         blocking_map_in_a_coroutine()
     assert not [w for w in caught if issubclass(w.category, BlockingCallWarning)]
+
+
+SCRIPT = """\
+import asyncio, fnmap
+
+async def main():
+    return fnmap.map(abs, [-1, -2])
+
+print(asyncio.run(main()))
+"""
+
+
+def test_a_script_shows_the_warning_at_its_line_under_the_default_filters(tmp_path):
+    script = tmp_path / "service.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout == "[1, 2]\n", done.stdout + done.stderr
+    assert f"{script}:4: BlockingCallWarning" in done.stderr, done.stderr
+    assert "await fnmap.map.aio(...)" in done.stderr and "return fnmap.map(abs, [-1, -2])" in done.stderr
 
 
 def start_and_nap(args):
