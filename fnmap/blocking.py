@@ -71,9 +71,10 @@ def _in_coroutine(frame) -> bool:
 
 
 def _enabled(options: dict) -> bool:
-    from .config import resolve
+    """Whether the call's options (its other keywords, ``return_exceptions``..., left out) warn."""
+    from .config import OPTIONS, resolve
 
     try:
-        return bool(resolve(**options).blocking_warning)
+        return bool(resolve(**{k: v for k, v in options.items() if k in OPTIONS}).blocking_warning)
     except Exception:  # a bad option: the call itself raises it, with its message
         return False

@@ -175,7 +175,7 @@ def test_a_blocking_form_in_a_coroutine_works_and_warns_at_the_callers_line(monk
 
         assert asyncio.run(via_a_helper()) == [0, 1]
     found = [w for w in caught if issubclass(w.category, BlockingCallWarning)]
-    assert len(found) == 2, [str(w.message) for w in caught]
+    assert len(found) == 2, [(w.filename, w.lineno, str(w.message)[:30]) for w in caught]
     first, second = found
     assert first.filename == __file__ and "return fnmap.map(square, range(3), return_exceptions=True" in \
         open(__file__).read().splitlines()[first.lineno - 1]
