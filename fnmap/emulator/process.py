@@ -89,6 +89,7 @@ def serve(conn, env: dict | None, client: dict | None = None) -> None:
     keep_freed_memory()
 
     worker.WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"  # imported before the fork
+    worker.reimport_changed_modules()  # it serves its client for long: an edited module is seen
     secret = secret_from_env()
     fd = conn.fileno()
     try:
