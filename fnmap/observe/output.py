@@ -1,4 +1,5 @@
-"""Remote ``print()`` output shown by the client after a job (the ``output="after"`` option, issue 14).
+"""Remote ``print()`` output shown by the client: after a job (the ``output="after"`` option, issue
+14), or as it happens (``output="live"``) through the descriptor the emulator's workers write to.
 
 Workers capture each call's output; with ``output="after"`` they send it back with the call's
 answer (bounded: :data:`fnmap.runtime.worker.OUTPUT_CHARS`) instead of writing it to the emulator's stderr,
@@ -10,7 +11,11 @@ Nothing is read from storage here: a job of 100,000 calls does not fetch 100,000
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+
+from ..runtime import forks
 
 #: Calls whose output is printed after a job; beyond them one line says how to see the rest.
 MAX_CALLS_SHOWN = 50
@@ -45,3 +50,69 @@ def show_call_output(job, file=None) -> None:
         file.flush()
     except (OSError, ValueError):  # a closed or broken stdout must not lose the results
         pass
+
+
+# -- output="live": where the emulator's workers write -------------------------------------------------
+
+
+class _CellRelay:
+    """A pipe the workers write their output to in a Jupyter kernel, and the thread that writes what
+    comes out of it to the running cell (``sys.stderr``), whole lines at a time.
+
+    The kernel's own fd 2 is a pipe that ipykernel reads in chunks that cut lines, and copies to the
+    kernel's real stderr (the Jupyter server's console): workers writing there had their lines of
+    concurrent calls spliced in the cell and every line copied to the console.
+    """
+
+    def __init__(self):
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_inheritable(self.write_fd, False)  # handed on explicitly (SCM_RIGHTS, Popen's stderr)
+        threading.Thread(target=self._relay, name="fnmap-live-output", daemon=True).start()
+
+    def _relay(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(self.read_fd, 1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            pending += chunk
+            cut = pending.rfind(b"\n") + 1
+            if cut:
+                whole, pending = pending[:cut], pending[cut:]
+                try:
+                    sys.stderr.write(whole.decode(errors="replace"))  # the running cell's, at each write
+                except (OSError, ValueError):  # a closed stream at the kernel's exit: nothing to show it on
+                    pass
+
+
+_relay: _CellRelay | None = None
+_relay_lock = threading.Lock()
+
+
+@forks.at_fork
+def _forget_relay() -> None:
+    """In a forked child: the parent's relay thread is not there; the child makes its own if it needs one."""
+    global _relay, _relay_lock
+    _relay, _relay_lock = None, threading.Lock()
+
+
+def workers_stderr() -> int | None:
+    """The descriptor the emulator's workers (and an emulator of this process's own) write their
+    ``live`` output to: this process's stderr, or in a Jupyter kernel a pipe whose lines reach the
+    running cell whole and nothing else (:class:`_CellRelay`).  None: stderr is closed."""
+    from .progress import in_kernel
+
+    if not in_kernel():
+        try:
+            os.fstat(2)
+        except OSError:
+            return None
+        return 2
+    global _relay
+    with _relay_lock:
+        if _relay is None:
+            _relay = _CellRelay()
+        return _relay.write_fd
