@@ -4,11 +4,16 @@ lines in the running cell, and a job stopped by a restart of the kernel."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
+import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
+from conftest import until
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(importlib.util.find_spec("ipykernel") is None, reason="ipykernel is not installed")]
@@ -28,7 +33,8 @@ class Kernel:
         self.km = KernelManager(kernel_name="python3")
         # Not PYTEST_CURRENT_TEST either: ipykernel would not take over its fd 2 as it does in JupyterLab.
         full = {k: v for k, v in os.environ.items() if not k.startswith(("FNMAP_", "PYTEST_"))}
-        full.update(PYTHONPATH=FNMAP_ROOT, FNMAP_STORAGE=os.environ["FNMAP_STORAGE"], FNMAP_PROGRESS="false", **env)
+        full.update(PYTHONPATH=FNMAP_ROOT, FNMAP_STORAGE=os.environ["FNMAP_STORAGE"], FNMAP_PROGRESS="false")
+        full.update(env)
         self.km.start_kernel(env=full, cwd=str(folder), stderr=self._stderr)
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -100,3 +106,81 @@ def test_live_output_arrives_whole_in_the_cell_and_not_on_the_kernels_stderr(ker
     kernel.stop()
     on_console = kernel.stderr_path.read_text()
     assert "live line" not in on_console, on_console[-2000:]
+
+
+SLOW_CELL = """
+import os, time, fnmap
+
+def slow(x):
+    if x >= 4:
+        open(f"started-{x}", "w").close()
+        time.sleep(120)
+    return x
+
+fnmap.map(slow, range(24), chunksize=1, workers=4)
+"""
+
+
+def fnmap_cli(storage: str, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FNMAP_")}
+    done = subprocess.run([sys.executable, "-m", "fnmap", *args, "--storage", storage], capture_output=True,
+                          text=True, timeout=120, env=dict(env, PYTHONPATH=FNMAP_ROOT))
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _start_slow_map(kernel: Kernel, folder) -> str:
+    """Run the slow cell without waiting for it; its message id, once its slow calls have started."""
+    msg_id = kernel.kc.execute(textwrap.dedent(SLOW_CELL))
+    until(lambda: any(folder.glob("started-*")), 120)
+    return msg_id
+
+
+def _slow_job(storage: str) -> dict:
+    (summary,) = [s for s in json.loads(fnmap_cli(storage, "jobs", "--json")) if s["function"] == "slow"]
+    return summary
+
+
+@pytest.mark.parametrize("how", ["restart", "shutdown"])
+def test_a_graceful_kernel_restart_leaves_its_job_abandoned_with_a_redrive_offered(kernel_in, tmp_path, how):
+    """JupyterLab's restart button (jupyter_client: interrupt, then a shutdown request, then a new
+    kernel), or its shut-down: the running map was not cancelled by its user, its client went away;
+    its items with no result are for ``fnmap redrive``."""
+    storage = (tmp_path / "storage").as_uri()
+    kernel = kernel_in(FNMAP_STORAGE=storage)
+    _start_slow_map(kernel, tmp_path)
+    if how == "restart":
+        kernel.km.restart_kernel(now=False)
+    else:
+        kernel.km.shutdown_kernel(now=False)
+    summary = _slow_job(storage)
+    assert summary["status"] == "abandoned", summary
+    shown = fnmap_cli(storage, "job", summary["job_id"])
+    assert "raised   KeyboardInterrupt" not in shown, shown
+    assert re.search(r"`fnmap redrive \w+` runs the (\d+) item\(s\) left", shown), shown
+    left = int(re.search(r"runs the (\d+) item", shown).group(1))
+    assert 4 <= 24 - left <= 20 and left >= 4, shown  # the fast items have results, the slow ones none
+
+
+def test_an_interrupted_cell_still_cancels_its_job(kernel_in, tmp_path):
+    """The interrupt button alone is the user's Ctrl-C: the job is cancelled, and the kernel lives on;
+    shut down later, the kernel leaves the job as its user did."""
+    storage = (tmp_path / "storage").as_uri()
+    kernel = kernel_in(FNMAP_STORAGE=storage)
+    msg_id = _start_slow_map(kernel, tmp_path)
+    kernel.km.interrupt_kernel()
+    reply = kernel.kc.get_shell_msg(timeout=120)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kernel.kc.get_shell_msg(timeout=120)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", reply
+    until(lambda: _slow_job(storage)["status"] != "running", 60)
+    summary = _slow_job(storage)
+    assert summary["status"] == "cancelled", summary
+    assert summary["raised"]["error"].startswith("KeyboardInterrupt"), summary
+    reply, shown = kernel.run("print(fnmap.map(abs, [-1, -2]))")
+    assert reply["status"] == "ok" and "[1, 2]" in shown, (reply, shown)
+    from fnmap.lease import SHUTDOWN_INTERRUPT_SECONDS
+
+    time.sleep(SHUTDOWN_INTERRUPT_SECONDS + 1)  # the interrupt was the user's, long before the shutdown
+    kernel.km.shutdown_kernel(now=False)
+    assert _slow_job(storage)["status"] == "cancelled"
