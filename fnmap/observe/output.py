@@ -11,6 +11,7 @@ Nothing is read from storage here: a job of 100,000 calls does not fetch 100,000
 
 from __future__ import annotations
 
+import contextvars
 import os
 import sys
 import threading
@@ -25,7 +26,10 @@ def show_call_output(job, file=None) -> None:
     """Print the output that came back with ``job``'s calls, each under a short header.
 
     Calls with a failed item are left out: their output is in the raised exception's notes.
+    With ``output="live"`` in a notebook: the lines the calls wrote are in the cell before it ends.
     """
+    if job.config.output == "live" and _relay is not None:
+        _relay.drain()
     if job.config.output != "after":
         return
     printed = [s for s in job.run.calls
@@ -55,6 +59,12 @@ def show_call_output(job, file=None) -> None:
 # -- output="live": where the emulator's workers write -------------------------------------------------
 
 
+#: Longest a job's end waits for its ``live`` lines to reach its cell.
+DRAIN_SECONDS = 2.0
+#: What :meth:`_CellRelay.drain` writes into the pipe, and its thread takes out.
+_SYNC = b"\x00fnmap-live-output-drained\x00"
+
+
 class _CellRelay:
     """A pipe the workers write their output to in a Jupyter kernel, and the thread that writes what
     comes out of it to the running cell (``sys.stderr``), whole lines at a time.
@@ -67,7 +77,20 @@ class _CellRelay:
     def __init__(self):
         self.read_fd, self.write_fd = os.pipe()
         os.set_inheritable(self.write_fd, False)  # handed on explicitly (SCM_RIGHTS, Popen's stderr)
-        threading.Thread(target=self._relay, name="fnmap-live-output", daemon=True).start()
+        self._synced = threading.Semaphore(0)
+        # In an empty context: ipykernel sends what a thread writes to the cell its context names, and
+        # with none to the running cell (a thread that inherited the first map's cell kept writing there).
+        threading.Thread(target=contextvars.Context().run, args=(self._relay,), name="fnmap-live-output",
+                         daemon=True).start()
+
+    def drain(self, timeout: float = DRAIN_SECONDS) -> None:
+        """Return once what was written to the pipe before is in the cell (the calls of a job wrote
+        their lines before answering: they are shown in its cell, not the next one)."""
+        try:
+            os.write(self.write_fd, _SYNC)
+        except OSError:
+            return
+        self._synced.acquire(timeout=timeout)
 
     def _relay(self) -> None:
         pending = b""
@@ -79,6 +102,9 @@ class _CellRelay:
             if not chunk:
                 return
             pending += chunk
+            synced = 0
+            while (at := pending.find(_SYNC)) >= 0:
+                pending, synced = pending[:at] + pending[at + len(_SYNC):], synced + 1
             cut = pending.rfind(b"\n") + 1
             if cut:
                 whole, pending = pending[:cut], pending[cut:]
@@ -86,6 +112,8 @@ class _CellRelay:
                     sys.stderr.write(whole.decode(errors="replace"))  # the running cell's, at each write
                 except (OSError, ValueError):  # a closed stream at the kernel's exit: nothing to show it on
                     pass
+            for _ in range(synced):
+                self._synced.release()
 
 
 _relay: _CellRelay | None = None
