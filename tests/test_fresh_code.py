@@ -148,3 +148,32 @@ def test_autoreload_in_a_real_kernel_reaches_the_workers(tmp_path, monkeypatch):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+MID_JOB = """
+import pathlib, time
+import fnmap, edpkg
+
+path = pathlib.Path(edpkg.__file__)
+
+def use(x):
+    if x == 0:  # an edit while the job runs, on a worker kept busy with it
+        path.write_text('def version(x):\\n    return "s2"\\n')
+    time.sleep(0.3)
+    return edpkg.version(x)
+
+print("during", fnmap.map(use, range(6), chunksize=1, workers=1), flush=True)
+print("next", fnmap.map(use, range(2), chunksize=1, workers=1), flush=True)
+"""
+
+
+def test_the_calls_of_one_job_run_one_version_of_a_module(tmp_path):
+    """A worker looks at the files between jobs (or after a second with no call), not between the
+    calls of a job it is kept busy with: an edit in the middle of a map is for the next map."""
+    python, _module = editable_package(tmp_path)
+    script = tmp_path / "main.py"
+    script.write_text(MID_JOB)
+    done = subprocess.run([python, str(script)], cwd=tmp_path, env=_env(FNMAP_EMULATOR_IDLE="0"),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["during ['s1', 's1', 's1', 's1', 's1', 's1']", "next ['s2', 's2']"], done.stderr

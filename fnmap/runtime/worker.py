@@ -55,10 +55,13 @@ _calls_served = 0
 _peak_memory = PeakMemory()
 
 #: The user's module files this process imported (:class:`ModuleFiles`): looked at when a call of
-#: another job arrives, and at most this many seconds apart for calls of one job (an Executor's).
-MODULE_LOOK_SECONDS = 1.0
+#: another job arrives, or one after the process served none for this many seconds (an Executor's
+#: next call, a named job run again); not between the calls of a job it is kept busy with, which
+#: all run the code of the job's first.
+MODULE_LOOK_IDLE_SECONDS = 1.0
 _module_files: ModuleFiles | None = None
-_last_look: tuple[str, float] = ("", 0.0)
+#: The job of the last call this process served, and when that call ended (``time.monotonic``).
+_last_call: tuple[str, float] = ("", 0.0)
 #: Whether a changed module is imported afresh (a process serving calls alone), not only its
 #: functions loaded again (the client's own process, whose modules are the user's to reload).
 _reimport = False
@@ -76,19 +79,19 @@ def reimport_changed_modules() -> None:
 def _look_at_module_files(job_id: str) -> None:
     """Forget the loaded functions, and with :data:`_reimport` the user's modules, if a module file
     the calls imported changed since (see :class:`ModuleFiles`)."""
-    global _module_files, _last_look
-    last_job, last_time = _last_look
-    now = time.monotonic()
-    if job_id == last_job and now - last_time < MODULE_LOOK_SECONDS:
+    global _module_files
+    last_job, ended = _last_call
+    if job_id == last_job and time.monotonic() - ended < MODULE_LOOK_IDLE_SECONDS:
         return
     with _functions_lock:
-        _last_look = (job_id, now)
         if _module_files is None:
             _module_files = ModuleFiles(baseline=False)
         if _module_files.changed():
             _functions.clear()
             if _reimport:
                 _module_files.forget()
+
+
 #: Seconds this process spent starting before it could serve its first call, where the platform
 #: bills that (AWS Lambda's INIT phase, billed since 2025-08-01): reported with the first call's
 #: stats as ``init_seconds`` and priced into its cost.  None where it is not billed.
@@ -161,11 +164,13 @@ def handle(body: bytes, signature: str | None, secret: bytes | None,
 
 def run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[CallResponse, bytes]:
     """Run one call and commit its outcomes; return the response header and inline payload."""
+    global _last_call
     _peak_memory.call_started()
     try:
         return _run(req, payload, secret)
     finally:
         _peak_memory.call_ended()
+        _last_call = (req.job_id, time.monotonic())
 
 
 def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[CallResponse, bytes]:
