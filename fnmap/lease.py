@@ -20,7 +20,10 @@ rather than ``failed`` with the connection errors of an emulator stopping under 
 was committed stays; ``fnmap redrive ID`` runs the rest (:mod:`fnmap.redrive`).  Not abandoned: a
 job cancelled by ``fnmap cancel``, or whose exception reached its caller (a map that raised as the
 script ended); their exit waits briefly for them to settle, and they end ``cancelled`` or
-``failed``, as their caller saw them (the latter's record was written when it raised).
+``failed``, as their caller saw them (the latter's record was written when it raised).  Except the
+interrupt of a notebook kernel's restart or shut-down (jupyter_client interrupts the running cell
+before it asks the kernel to shut down): a KeyboardInterrupt that reached a job's caller shortly
+before such a kernel exits was not the user's, and the job is ``abandoned`` too.
 
 Clocks: ``expires`` is the holder's clock; readers on machines whose clocks differ by less than
 the lease minus the renewal period (50 s by default) judge it right.
@@ -31,7 +34,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import sys
 import threading
 import time
 import weakref
@@ -287,9 +289,9 @@ class _Leases:
 def _kernel_shutting_down() -> bool:
     """Whether this process is a Jupyter kernel that was asked to shut down (its shell's ``exit_now``,
     which ipykernel sets on a shutdown or restart request)."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
-    return getattr(shell, "kernel", None) is not None and bool(getattr(shell, "exit_now", False))
+    from .observe.progress import kernel_shell
+
+    return bool(getattr(kernel_shell(), "exit_now", False))
 
 
 _leases = _Leases()
