@@ -1,5 +1,5 @@
-"""Remote ``print()`` output shown by the client: after a job (the ``output="after"`` option, issue
-14), or as it happens (``output="live"``) through the descriptor the emulator's workers write to.
+"""Remote ``print()`` output shown by the client: after a job (the ``output="after"`` option), or
+as it happens (``output="live"``) through the descriptor the emulator's workers write to.
 
 Workers capture each call's output; with ``output="after"`` they send it back with the call's
 answer (bounded: :data:`fnmap.runtime.worker.OUTPUT_CHARS`) instead of writing it to the emulator's stderr,
