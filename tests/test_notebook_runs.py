@@ -143,13 +143,14 @@ def _slow_job(storage: str) -> dict:
     return summary
 
 
-@pytest.mark.parametrize("how", ["restart", "shutdown"])
-def test_a_graceful_kernel_restart_leaves_its_job_abandoned_with_a_redrive_offered(kernel_in, tmp_path, how):
+@pytest.mark.parametrize("how, idle", [("restart", "300"), ("shutdown", "300"), ("restart", "0")])
+def test_a_graceful_kernel_restart_leaves_its_job_abandoned_with_a_redrive_offered(kernel_in, tmp_path, how, idle):
     """JupyterLab's restart button (jupyter_client: interrupt, then a shutdown request, then a new
     kernel), or its shut-down: the running map was not cancelled by its user, its client went away;
-    its items with no result are for ``fnmap redrive``."""
+    its items with no result are for ``fnmap redrive``.  On the emulator shared by the user's
+    processes, and on one of the kernel's own (stopped with it)."""
     storage = (tmp_path / "storage").as_uri()
-    kernel = kernel_in(FNMAP_STORAGE=storage)
+    kernel = kernel_in(FNMAP_STORAGE=storage, FNMAP_EMULATOR_IDLE=idle)
     _start_slow_map(kernel, tmp_path)
     if how == "restart":
         kernel.km.restart_kernel(now=False)
