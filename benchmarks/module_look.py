@@ -44,7 +44,7 @@ def main() -> None:
         importlib.import_module(usual)
 
     start = time.perf_counter()
-    local_modules._install_roots()  # once per process, at the first module looked at
+    local_modules.install_roots()  # once per process, at the first module looked at
     print(f"the install folders, once a process: {(time.perf_counter() - start) * 1e3:.2f} ms")
     with tempfile.TemporaryDirectory() as tmp:
         sys.path.insert(0, tmp)

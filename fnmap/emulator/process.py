@@ -16,7 +16,10 @@ import io
 import os
 import struct
 
+from ..runtime.local_modules import install_roots
 from . import fresh_imports  # imported in the fork server: its snapshot of the .pth files
+
+install_roots()  # found once in the fork server, not by each worker at its first look at its modules
 
 _LEN = struct.Struct(">I")
 #: A request to a worker: flags and the signature's length, then the signature and the body.
