@@ -110,6 +110,27 @@ def test_live_output_arrives_whole_in_the_cell_and_not_on_the_kernels_stderr(ker
 
 
 
+TAIL_CELL = """
+import fnmap
+
+def tail(x):
+    print("a line without its end", end="")
+    return x
+
+print(fnmap.map(tail, [1], output="live"))
+"""
+
+
+def test_a_calls_last_line_without_its_end_is_in_its_cell(kernel_in):
+    """The relay writes whole lines, but what a call left without its end of line is shown when its
+    map ends, in its own cell."""
+    kernel = kernel_in(FNMAP_EMULATOR_IDLE="0", PYTHONUNBUFFERED="1")
+    for _cell in range(2):
+        reply, shown = kernel.run(TAIL_CELL)
+        assert reply["status"] == "ok", reply
+        assert shown.count("a line without its end") == 1, shown
+
+
 SLOW_CELL = """
 import os, time, fnmap
 

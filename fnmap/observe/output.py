@@ -105,7 +105,8 @@ class _CellRelay:
             synced = 0
             while (at := pending.find(_SYNC)) >= 0:
                 pending, synced = pending[:at] + pending[at + len(_SYNC):], synced + 1
-            cut = pending.rfind(b"\n") + 1
+            # whole lines; at a drain all of it (a call's last line without its end, flushed as it ended)
+            cut = len(pending) if synced else pending.rfind(b"\n") + 1
             if cut:
                 whole, pending = pending[:cut], pending[cut:]
                 try:
