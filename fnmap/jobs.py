@@ -257,6 +257,17 @@ class Job:
             except Exception as e:
                 self._record_failed(e)
 
+    def give_up(self, reason: str) -> None:
+        """This process gave the job up at its exit (:mod:`fnmap.lease`), an interrupt that reached its
+        caller included (a kernel's restart interrupts the running cell first): its record says so,
+        whatever was written before; its lease, marked by the caller, makes it ``abandoned``."""
+        with self._record_lock:
+            self.given_up, self.raised = reason, None
+            try:
+                records.write(self.store, records.build(self))
+            except Exception as e:
+                self._record_failed(e)
+
     def _record_failed(self, e: Exception) -> None:
         import warnings
 
@@ -270,6 +281,8 @@ class Job:
             stopped = isinstance(exc, (CancelledError, KeyboardInterrupt))  # asked to stop, not a failure
             self.raised = {"error": f"{type(exc).__name__}: {exc}"[:500],
                            "status": "cancelled" if stopped else "failed"}
+            if isinstance(exc, KeyboardInterrupt):  # the user's Ctrl-C, or a kernel's restart (lease decides at exit)
+                lease.interrupted(self)
 
     # -- results -------------------------------------------------------------
 
@@ -317,8 +330,7 @@ class Job:
                 self._wait_call(state)
                 out.extend(self.call_results(state, return_exceptions))
         except BaseException as exc:
-            self._reached_caller(exc)
-            self.cancel(stop_platform=True)
+            self.stop(exc)
             raise
         finally:
             if self.cache is not None:  # the entries of what it returns are written when it returns
@@ -376,6 +388,12 @@ class Job:
                 # Not an endless wait: a Ctrl-C the kernel hands to one of the client's other threads
                 # only sets a flag, and the main thread runs the KeyboardInterrupt when it wakes.
                 self._run.wake.wait(SIGNAL_CHECK_SECONDS)
+
+    def stop(self, reason: BaseException) -> None:
+        """Its caller stopped waiting, with ``reason`` (an exception, an interrupt, a cancelled
+        task): the job ends for it, and is abandoned as :meth:`cancel` with ``stop_platform`` does."""
+        self._reached_caller(reason)
+        self.cancel(stop_platform=True)
 
     def cancel(self, stop_platform: bool = False) -> None:
         """Stop starting this job's calls; those running end with their own results.  With
