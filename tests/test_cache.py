@@ -469,3 +469,19 @@ class Scaler:
 
 def test_a_callable_objects_state_is_in_its_key():
     assert function_digest(Scaler(2)) == function_digest(Scaler(2)) != function_digest(Scaler(3))
+
+
+def test_the_async_twins_and_the_decorator_take_the_cache_option(module_emulator, tmp_path):
+    import asyncio
+
+    storage = (tmp_path / "store").as_uri()
+    assert fnmap.map(abs, [-3, -4], cache=True, storage=storage) == [3, 4]
+
+    async def main():
+        return await fnmap.map.aio(abs, [-3, -4], cache=True, storage=storage, return_job=True)
+
+    job = asyncio.run(main())
+    assert job.results() == [3, 4] and job.summary()["attempts"] == {}
+    decorated = fnmap.function(cache=True, storage=storage)(abs)
+    job = decorated.map([-3, -4], return_job=True)
+    assert job.results() == [3, 4] and job.summary()["attempts"] == {}
