@@ -485,3 +485,32 @@ def test_the_async_twins_and_the_decorator_take_the_cache_option(module_emulator
     decorated = fnmap.function(cache=True, storage=storage)(abs)
     job = decorated.map([-3, -4], return_job=True)
     assert job.results() == [3, 4] and job.summary()["attempts"] == {}
+
+
+def test_dataclass_items_and_classes_of_main_key_the_same_in_every_run(runs):
+    runs.script('''
+        import dataclasses
+        import enum
+
+        class Unit(enum.Enum):
+            M = "m"
+            KM = "km"
+
+        @dataclasses.dataclass(frozen=True)
+        class Point:
+            x: float
+            tags: frozenset
+            unit: Unit = Unit.M
+
+            def norm(self):
+                return abs(self.x)
+
+        def work(p):
+            with open(os.environ["CALLS_FILE"], "a") as f:
+                f.write("x\\n")
+            return Point(p.x * 2, p.tags, p.unit).norm()
+        ''', items='[Point(i, frozenset({"a", f"t{i}", "b"}), Unit.KM if i % 2 else Unit.M) for i in range(5)]')
+    first = runs.run(seed=3)
+    assert len(first["computed"]) == 5
+    again = runs.run(seed=4)
+    assert again["computed"] == [] and again["results"] == first["results"]
