@@ -382,6 +382,18 @@ class Job:
         if self.raised is not None:
             self.save_ended_record()
 
+    def give_up(self, reason: str) -> None:
+        """This process gives the job up unfinished (its exit, :mod:`fnmap.lease`), for ``reason``:
+        stopped as an abandoned job is (no retries against an emulator stopping, no copies), and its
+        record written now with its calls stopped, not left for readers to rebuild (the process
+        ends first)."""
+        try:
+            self.cancel(stop_platform=True)
+        except Exception:  # exiting anyway: the lease says what happened
+            pass
+        self.given_up = reason
+        self.save_ended_record()
+
     def attempts_summary(self) -> dict:
         """Attempts per call: ``{call_id: [[attempt, sent, ended, ending, memory], ...]}`` (memory
         in MB as the attempt asked for it, None without a ``memory`` option)."""

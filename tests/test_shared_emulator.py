@@ -304,6 +304,83 @@ def test_the_calls_of_a_killed_client_are_stopped_and_free_the_workers(runtime):
     run_script()
 
 
+def test_python_python3_and_the_fnmap_command_share_one_emulator_whatever_their_settings(runtime, tmp_path):
+    """One interpreter, one emulator: started as ``python``, as ``python3``, and by a command whose
+    shebang is ``.../bin/python3`` (as pip writes the ``fnmap`` console script), each with another
+    idle time and worker count: a client's settings start no other emulator."""
+    python, _site = _venv(tmp_path)
+    command = pathlib.Path(python).parent / "fnmap"
+    command.write_text(f"#!{pathlib.Path(python).parent / 'python3'}\n{SCRIPT}")
+    command.chmod(0o755)
+    runs = [([python, "-c", SCRIPT], {"FNMAP_EMULATOR_IDLE": "120"}),
+            ([str(pathlib.Path(python).parent / "python3"), "-c", SCRIPT], {"FNMAP_EMULATOR_IDLE": "90"}),
+            ([str(command)], {"FNMAP_EMULATOR_IDLE": "60", "FNMAP_WORKERS": "3"})]
+    for argv, extra in runs:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=dict(os.environ, **extra))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[0] == "6"
+    assert len(emulators(runtime)) == 1
+
+
+def test_emulator_options_get_an_emulator_of_their_own_not_another_shared_one(runtime):
+    """Faults on purpose are one process's wish: that process gets an emulator of its own, stopped
+    with it; the shared one serves everyone else (docs/operations.md)."""
+    run_script({"FNMAP_EMULATOR_OPTIONS": "--latency-ms 1"})
+    assert emulators(runtime) == []
+    run_script()
+    run_script({"FNMAP_EMULATOR_OPTIONS": "--latency-ms 1 --seed 2"})
+    assert len(emulators(runtime)) == 1
+
+
+MANY_SHORT_CALLS = """
+import sys, time, fnmap
+
+def short(x):
+    time.sleep(0.02)
+    return x
+
+print("started", flush=True)
+fnmap.map(short, range(1000), chunksize=1, job_name=sys.argv[1])
+"""
+
+
+def _status_or_none() -> dict | None:
+    from fnmap.emulator import shared
+
+    found = shared.running()
+    return shared.status(found[0]) if found else None
+
+
+def _waiting_for_workers(pid: int) -> bool:
+    """Whether client ``pid`` has more calls in flight than its workers: some wait for one."""
+    status = _status_or_none() or {}
+    return any(s["pid"] == pid and s["in_flight"] > len(s["workers"]) > 0 for s in status.get("sessions", []))
+
+
+def test_clients_killed_mid_map_leave_no_call_in_flight_and_it_stops_when_idle(runtime):
+    """A client SIGKILLed while its calls wait for its workers: its session ends, and so does every
+    call of it, waiting or running, so the emulator counts none in flight and stops after the idle
+    time its last client asked for (an emulator forever busy with the calls of dead clients never did)."""
+    run_script()
+    (state,) = emulators(runtime)
+    for n in range(3):
+        client = subprocess.Popen([sys.executable, "-c", MANY_SHORT_CALLS, f"killed-mid-map-{n}-{os.getpid()}"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                  env=dict(os.environ, FNMAP_EMULATOR_IDLE="3"))
+        try:
+            assert client.stdout.readline().strip() == "started"
+            until(lambda client=client: _waiting_for_workers(client.pid))
+            os.kill(client.pid, signal.SIGKILL)
+        finally:
+            client.kill()
+            client.wait()
+    status = until(lambda: (s := _status_or_none()) is None or (s["in_flight"] == 0 and s), 30)
+    if status is not None:  # (it may have stopped already)
+        assert status["sessions"] == [] and status["idle_exit"] == 3, status
+    until(lambda: not alive(state["pid"]), 30)  # it stopped by itself, 3 s after its last request
+    assert emulators(runtime) == []
+
+
 # -- fresh code, live output, memory given back, an emulator that outlives what it serves ----------
 
 

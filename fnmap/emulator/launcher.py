@@ -123,7 +123,8 @@ class EmulatorLauncher:
 
 
 class EmbeddedEmulator(EmulatorLauncher):
-    """An emulator subprocess owned by this process, on a free loopback port, stopped with it."""
+    """An emulator subprocess owned by this process, on a free loopback port, stopped with it (an
+    :class:`fnmap.emulator.EmulatorHandle`)."""
 
     def __init__(self, workers: int | None, options: str = "", secret: str | None = None):
         from ..runtime.signing import local_secret
@@ -134,3 +135,19 @@ class EmbeddedEmulator(EmulatorLauncher):
         # This user's own secret when none is configured: another process of the user can then
         # check the job's stored results (``fnmap.job(ID).results()``).
         super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True)
+
+    def headers(self) -> dict[str, str]:
+        """None: every request runs on its own workers."""
+        return {}
+
+    def attach(self) -> None:
+        """Nothing: it has no sessions (it never answers that it lost one)."""
+
+    def close_in_child(self) -> None:
+        """In a forked child: close the copy of the pipe whose end tells the emulator that its
+        parent is gone (else it would outlive the parent as long as the child lives)."""
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
