@@ -381,6 +381,26 @@ def test_clients_killed_mid_map_leave_no_call_in_flight_and_it_stops_when_idle(r
     assert emulators(runtime) == []
 
 
+def test_a_session_the_emulator_ended_is_attached_again(runtime):
+    """The emulator ended this process's session (its socket closed under it): the next request is
+    answered 410, a lost session (``SessionGone``), and the process attaches again and runs the
+    calls, on the same emulator."""
+    import fnmap
+    from fnmap.backends import emulator as backend
+    from fnmap.emulator import EmulatorHandle
+
+    assert fnmap.map(abs, [-1, -2], chunksize=1) == [1, 2]
+    (handle,) = backend._embedded.values()
+    assert isinstance(handle, EmulatorHandle)
+    token = handle.headers()
+    handle.session.close()  # as the emulator sees a client whose socket closed
+    until(lambda: not any(s["pid"] == os.getpid() for s in _status()["sessions"]))
+    assert fnmap.map(abs, [-3, -4, -5], chunksize=1) == [3, 4, 5]
+    assert handle.headers() != token
+    assert [s["pid"] for s in _status()["sessions"]] == [os.getpid()]
+    assert len(emulators(runtime)) == 1
+
+
 # -- fresh code, live output, memory given back, an emulator that outlives what it serves ----------
 
 

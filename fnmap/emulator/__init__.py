@@ -15,6 +15,7 @@ def default_workers() -> int:
     return max(4, 2 * (os.cpu_count() or 2))
 
 
+@typing.runtime_checkable
 class EmulatorHandle(typing.Protocol):
     """An emulator fnmap started or found for this process, as the emulator backend uses it: the
     one shared by the user's processes (:class:`.shared.SharedEmulator`) or this process's own
