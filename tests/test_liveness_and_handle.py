@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
+from conftest import until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "fnmap"
@@ -141,3 +145,47 @@ def test_both_emulators_implement_the_declared_handle():
 def test_the_counters_see_what_they_count(probe, counter, expected):
     assert len(counter({"fnmap/probe.py": ast.parse(probe)})) == expected
     assert len(probes(ast.parse("getattr(e, 'session', None)\nhasattr(self, 'url')\n"))) == 2
+
+
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+
+
+@needs_proc
+def test_a_zombie_or_a_reused_pid_is_not_alive():
+    from fnmap.runtime import processes
+
+    me = processes.stat(os.getpid())
+    assert processes.alive(os.getpid()) and processes.alive(os.getpid(), me.start)
+    assert not processes.alive(os.getpid(), str(int(me.start) + 1))  # another process that got this pid
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        until(lambda: processes.stat(child.pid).state == "Z")  # it exited; nobody reaped it yet
+        assert not processes.alive(child.pid)
+    finally:
+        child.wait()
+    assert not processes.alive(child.pid) and processes.stat(child.pid) is None
+
+
+@needs_proc
+def test_the_judge_calls_a_running_job_whose_client_is_a_zombie_abandoned(tmp_path):
+    """No lease (the client was killed before it wrote one): the judge asks after the client its
+    start entry names, and a killed client not yet reaped is gone."""
+    import socket
+
+    from fnmap import lease
+    from fnmap.runtime import processes
+    from fnmap.storage import open_store
+
+    store = open_store(tmp_path.as_uri())
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        client = {"host": socket.gethostname(), "pid": child.pid, "start": processes.stat(child.pid).start}
+        entry = {"job_id": "j" * 32, "status": "running", "client": client}
+        assert lease.judge(store, dict(entry))["status"] == "running"
+        child.kill()
+        until(lambda: processes.stat(child.pid).state == "Z")
+        judged = lease.judge(store, dict(entry))
+        assert judged["status"] == lease.ABANDONED and f"pid {child.pid}" in judged["abandoned"], judged
+    finally:
+        child.kill()
+        child.wait()

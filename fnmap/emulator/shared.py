@@ -17,10 +17,13 @@ checks its own stderr gets a log record instead.
 
 Where and how it is found: a folder per user (``$XDG_RUNTIME_DIR/fnmap``, else
 ``~/.cache/fnmap/run``; mode 0700, refused when others can write it), with a sub-folder per
-*identity*: a hash of what the emulator itself is (the interpreter, fnmap's own code, the Linux
-namespaces it sees files and processes in, the worker count, the extra options, the idle time and
-the secret's fingerprint) — not the folder or the environment of whoever started it, which each
-client's workers take from their own client.
+*identity*: a hash of what the emulator itself is (the interpreter, whatever name started it:
+:func:`interpreter`; fnmap's own code, the Linux namespaces it sees files and processes in, and
+the secret's fingerprint) — not the folder, the environment or the settings of whoever started it.
+Each client's workers take its folder and environment from their own client, their count from its
+``workers``, and the emulator stays up as long after its last request as the client that attached
+last asked (its ``emulator_idle``).  A client with ``emulator_options`` gets an emulator of its own
+(:func:`fnmap.backends.emulator.embedded_emulator`).
 In that folder ``emulator.json`` (the URL and pid, written once it listens), ``emulator.log``
 (its output), ``sessions.sock`` (where clients attach); an exclusive ``flock`` on ``lock`` makes
 concurrent starters start one emulator.
