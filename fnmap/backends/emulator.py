@@ -2,10 +2,10 @@
 
 With ``FNMAP_EMULATOR_URL`` (or ``emulator_url=``) it uses an emulator that is
 already running.  Otherwise, by default, it attaches to the emulator shared by
-this user's processes with the same settings, or starts it
+this user's processes of the same interpreter and secret, or starts it
 (:mod:`fnmap.emulator.shared`: it stays up ``emulator_idle`` seconds after its
 last request, so the next script's first call waits for no start-up).  With
-``emulator_idle=0`` it starts one of its own in the background on a free
+``emulator_idle=0`` or ``emulator_options`` it starts one of its own in the background on a free
 loopback port (:class:`fnmap.emulator.launcher.EmulatorLauncher`), signing with
 the configured secret (``secret=`` / ``FNMAP_SECRET``) or else a fresh one,
 reuses it for every later job of this process with the same settings, and
