@@ -137,7 +137,7 @@ class EmbeddedEmulator(EmulatorLauncher):
         super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True)
 
     def headers(self) -> dict[str, str]:
-        """None: every request runs on its own workers."""
+        """No headers: every request runs on its workers, this process's own."""
         return {}
 
     def attach(self) -> None:
@@ -147,7 +147,4 @@ class EmbeddedEmulator(EmulatorLauncher):
         """In a forked child: close the copy of the pipe whose end tells the emulator that its
         parent is gone (else it would outlive the parent as long as the child lives)."""
         if self.proc.stdin is not None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
+            self.proc.stdin.close()
