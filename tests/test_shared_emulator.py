@@ -4,6 +4,7 @@ commands, an idle timeout, a killed emulator, a folder others can write."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -169,6 +170,76 @@ def test_folders_and_environments_share_one_emulator_and_each_call_sees_its_own(
         assert result.returncode == 0, result.stderr
         answers = ast.literal_eval(result.stdout.strip().splitlines()[-1])
         assert answers == [(str(folder), extra.get("MY_SETTING"), extra.get("FNMAP_OUTPUT"))] * 2
+    assert len(emulators(runtime)) == 1
+
+
+@contextlib.contextmanager
+def _forwarding_proxy():
+    """An HTTP proxy on loopback that forwards each request as it came, headers and all: its URL and
+    the paths it forwarded."""
+    import http.client
+    import http.server
+    import threading
+    from urllib.parse import urlsplit
+
+    seen: list[str] = []
+
+    class Forward(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _forward(self):
+            target = urlsplit(self.path)
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {k: v for k, v in self.headers.items() if not k.lower().startswith(("proxy-", "connection"))}
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+            try:
+                conn.request(self.command, target.path or "/", body=body, headers=headers)
+                answer = conn.getresponse()
+                data = answer.read()
+            finally:
+                conn.close()
+            seen.append(target.path)
+            self.send_response(answer.status)
+            for key, value in answer.getheaders():
+                if key.lower() not in ("content-length", "connection", "transfer-encoding"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _forward
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_calls_sent_through_a_proxy_run_on_the_clients_own_workers(runtime, tmp_path):
+    """A client whose HTTP goes through a proxy sends its calls with ``requests``, not its plain-HTTP
+    path: they carry its session token all the same, so they run on its workers, in its folder with
+    its variables (without the token they would run on the emulator's own)."""
+    import ast
+
+    run_script()  # the emulator is up, started from another folder without MY_SETTING
+    folder = tmp_path / "behind-a-proxy"
+    folder.mkdir()
+    with _forwarding_proxy() as (proxy, seen):
+        env = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
+        env.update(http_proxy=proxy, HTTP_PROXY=proxy, MY_SETTING="mine")
+        done = subprocess.run([sys.executable, "-c", WHERE], capture_output=True, text=True, timeout=120,
+                              cwd=folder, env=env)
+    assert done.returncode == 0, done.stderr
+    assert ast.literal_eval(done.stdout.strip().splitlines()[-1]) == [(str(folder), "mine", None)] * 2
+    assert seen.count("/invoke") == 2, seen  # both calls went through the proxy
     assert len(emulators(runtime)) == 1
 
 
