@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from .. import lease as leases
 from ..runtime import keys, processes
 from .history import get_json, get_json_many, index_keys
 
@@ -152,8 +153,6 @@ def _date_jobs(store, listing: _Listing, index: dict[str, str], cutoff: float) -
 def lease_live(store, listing: _Listing, job_id: str) -> bool | None:
     """Whether the job's lease is live (True), gone (False: :func:`fnmap.lease.gone` judges, as for
     every other reader), or absent or unreadable (None)."""
-    from .. import lease as leases
-
     key = keys.lease_key(job_id)
     if key not in listing.by_job.get(job_id, {}):
         return None
@@ -177,15 +176,11 @@ def _may_run(store, listing: _Listing, index: dict[str, str], job_id: str) -> bo
 def _judged(store, started: dict | None) -> str | None:
     """The status of a job's start entry once judged (:func:`fnmap.lease.judge`: ``abandoned`` if its
     client is gone), or None without one."""
-    from .. import lease as leases
-
     return None if started is None else leases.judge(store, dict(started)).get("status")
 
 
 def _shared_in_use(store, listing: _Listing, job_ids: list[str], index: dict[str, str]) -> tuple[set[str], bool]:
     """The shared objects the given jobs name, and whether one of them has no final record yet."""
-    from .. import lease as leases
-
     in_use: set[str] = set()
     running = False
     for job_id in job_ids:
