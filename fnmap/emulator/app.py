@@ -212,7 +212,7 @@ class Emulator:
                 session) -> _Accepted | tuple[int, bytes, dict]:
         """Check and admit one invocation: what it needs to run, or the answer that refuses it."""
         header, timeout, memory = _read_header(body)
-        # Authenticated before any fault is injected or any worker touched (issue 26).  This check
+        # Authenticated before any fault is injected or any worker touched.  This check
         # is the one a call gets on the emulator (workers_trust_front): the worker runs what its
         # pipe brings, and only this process writes that pipe (an anonymous pipe made for the
         # forked child; no other process, user or socket reaches it), always after this line, with

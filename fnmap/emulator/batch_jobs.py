@@ -240,7 +240,7 @@ class BatchEmulator:
         if not 1 <= int(job.retry.get("attempts", 1)) <= 10:
             raise BatchRequestError("retryStrategy.attempts must be between 1 and 10")
         refusal = self.devices.refusal(job.gpus)
-        if refusal:  # refused now: queued, it would wait for devices that never come (issue 24)
+        if refusal:  # refused now: queued, it would wait for devices that never come
             raise BatchRequestError(refusal)
         with self._lock:
             self.jobs[job.id] = job

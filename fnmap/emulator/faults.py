@@ -1,6 +1,6 @@
 """A seeded fault plan: what the emulator does wrong, and to which call.
 
-The emulator plays an unreliable platform (issue 3): it can answer 500
+The emulator plays an unreliable platform on purpose: it can answer 500
 without running a call (``fail_rate``), kill the worker process in the middle
 of a call (``kill_rate``), accept a call and never answer (``drop_rate``),
 delay the first call of a new worker (``cold_start_ms``) or every call

@@ -101,7 +101,7 @@ class WorkerProcess:
     Children are forked by a fork server (:mod:`multiprocessing`'s ``forkserver``)
     that has already imported the worker routine, so a new or replacement worker
     starts in milliseconds instead of a fresh interpreter's few hundred: a killed
-    worker then costs its call, not the job's CPU (issue 3, ``--kill-rate``).  The
+    worker then costs its call, not the job's CPU (``--kill-rate``).  The
     fork server is single-threaded, unlike the emulator, so forking it is safe.
     """
 
@@ -342,7 +342,7 @@ class WorkerPool:
         if ready_first:
             # A replacement joins the idle workers once it has started: the idle queue is LIFO,
             # so a still-booting process would otherwise make the next call wait for its start
-            # while warm workers sit idle below it (issue 3: kills must cost only the dead call).
+            # while warm workers sit idle below it (kills must cost only the dead call).
             try:
                 worker.wait_ready()
             except (WorkerDied, WorkerHung):
@@ -526,7 +526,7 @@ class WorkerPool:
         """Stop every worker: idle ones exit at the end of their pipe at once; busy ones (their calls
         are abandoned with the emulator) are killed after ``grace`` seconds, all together.  Joined one
         by one for 3 s each, four busy workers kept a stopping emulator, and the notebook kernel that
-        waited for it at exit, alive for 12 s (issue 12)."""
+        waited for it at exit, alive for 12 s."""
         with self._lock:
             self._closed = True
             workers = list(self._all)
@@ -535,7 +535,7 @@ class WorkerPool:
         # Only idle workers' pipes are closed here.  A busy worker's pipe belongs to the thread
         # waiting on its answer: closed under that thread's read, multiprocessing raised TypeError
         # ('NoneType' object cannot be interpreted as an integer) and each such call printed a
-        # 30-line traceback on the user's stderr whenever a job failed or was interrupted (issue 14).
+        # 30-line traceback on the user's stderr whenever a job failed or was interrupted.
         # Killed below, the busy worker ends its waiter's read with EOF instead.
         for worker in workers:
             if worker in idle:

@@ -1,7 +1,7 @@
 """Main of one emulator worker process: answer signed requests from the emulator over a pipe.
 
 The emulator's pool (:class:`fnmap.emulator.pool.WorkerProcess`) forks each worker from a fork
-server that has imported this module already (fast worker replacement, issue 3) and runs
+server that has imported this module already (fast worker replacement) and runs
 :func:`serve` in it: one request is one message (:data:`REQUEST_HEAD`, the signature, the body),
 the answer is one message, a 4-byte status then the worker's response.  A message is framed as
 :mod:`multiprocessing` frames it (a 4-byte length, then the bytes) but written with one

@@ -244,7 +244,7 @@ class _Waitress:
         from waitress import create_server
 
         # 1 MB arguments: big reads, kept in memory (waitress's defaults: 8 KB reads, a temp
-        # file past 512 KB, cost 5 ms per MB; issue 9).  Its one loop holds slow connections
+        # file past 512 KB, cost 5 ms per MB).  Its one loop holds slow connections
         # without a thread each; inactive ones are closed after ``idle`` seconds.
         self._server = create_server(app, host=host, port=port, threads=threads, channel_timeout=idle,
                                      cleanup_interval=max(1, int(idle / 2)),
@@ -278,7 +278,7 @@ def limit_blas_threads(env: dict, workers: int) -> None:
     """Give each worker process its share of the cores for BLAS threads, unless ``env`` sets them.
 
     Otherwise every worker's NumPy starts one BLAS thread per core: 4 workers on 2 cores ran
-    8 threads that fought over the cores, and a matmul job went slower than a plain loop (issue 9).
+    8 threads that fought over the cores, and a matmul job went slower than a plain loop.
     """
     share = str(max(1, (os.cpu_count() or 1) // workers))
     for name in BLAS_THREAD_VARS:
@@ -290,7 +290,7 @@ def _set_on_stdin_eof(event: threading.Event) -> None:
 
     Reads the file descriptor itself, not ``sys.stdin.buffer``: this daemon thread is still in
     its read when the interpreter exits (stopped by SIGTERM), and a buffered reader's lock held
-    there made the exit abort with ``Fatal Python error: _enter_buffered_busy`` (issue 14).
+    there made the exit abort with ``Fatal Python error: _enter_buffered_busy``.
     """
     try:
         while os.read(sys.stdin.fileno(), 1 << 16):
