@@ -384,10 +384,8 @@ class Job:
             self.save_ended_record()
 
     def give_up(self, reason: str) -> None:
-        """This process gives the job up unfinished (its exit, :mod:`fnmap.lease`), for ``reason``:
-        stopped as an abandoned job is (no retries against an emulator stopping, no copies), and its
-        record written now with its calls stopped, not left for readers to rebuild (the process
-        ends first)."""
+        """This process's exit gives the job up unfinished (:mod:`fnmap.lease`): abandoned, and its
+        record written now, not left for readers to rebuild (the process ends first)."""
         try:
             self.cancel(stop_platform=True)
         except Exception:  # exiting anyway: the lease says what happened

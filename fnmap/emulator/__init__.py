@@ -17,31 +17,28 @@ def default_workers() -> int:
 
 @typing.runtime_checkable
 class EmulatorHandle(typing.Protocol):
-    """An emulator fnmap started or found for this process, as the emulator backend uses it: the
-    one shared by the user's processes (:class:`.shared.SharedEmulator`) or this process's own
-    (:class:`.launcher.EmbeddedEmulator`)."""
+    """An emulator fnmap started or found, as the emulator backend uses it: the one the user's
+    processes share (:class:`.shared.SharedEmulator`) or this process's own (:class:`.launcher.EmbeddedEmulator`)."""
 
     url: str
     secret: str
-    #: This process's workers on it.
-    workers: int
+    workers: int  # this process's workers on it
     pid: int
 
     def alive(self) -> bool:
-        """Whether it still serves (False once stopped, killed or crashed: start or find another)."""
+        """False once it stopped, was killed or crashed: start or find another."""
 
     def headers(self) -> dict[str, str]:
-        """The headers every request of this process to it carries (a shared one's session token)."""
+        """What every request to it carries (a shared one's session token)."""
 
     def attach(self) -> None:
-        """Begin a new session of this process on it: it answered that it has none (a shared one)."""
+        """Begin a new session of this process on it: it answered that it has none."""
 
     def request_stop(self) -> None:
-        """Ask it to stop, without waiting (a shared one outlives this process: nothing)."""
+        """Ask it to stop, not waiting (a shared one outlives this process: nothing)."""
 
     def stop(self, timeout: float | None = None) -> int:
-        """Stop it, or this process's use of it (a shared one ends the session); an exit code."""
+        """Stop it, or (a shared one) this process's session on it; an exit code."""
 
     def close_in_child(self) -> None:
-        """In a forked child: close the copy of what ties it to the parent (the pipe whose end stops
-        a per-process emulator, the socket whose end ends a session): it stays the parent's."""
+        """In a forked child: close the copy of what ties it to the parent, whose it stays."""

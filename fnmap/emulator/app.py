@@ -394,11 +394,7 @@ def cancel(emulator: Emulator):
 
 
 #: The emulator's own routes, besides ``POST /invoke`` (and ``/``) of the shared invocation app.
-ROUTES = [
-    ("GET", "/health", health),
-    ("GET", "/calls", calls),
-    ("POST", "/cancel", cancel),
-]
+ROUTES = [("GET", "/health", health), ("GET", "/calls", calls), ("POST", "/cancel", cancel)]
 
 
 def create_emulator_app(emulator: Emulator):

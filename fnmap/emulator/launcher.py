@@ -137,14 +137,12 @@ class EmbeddedEmulator(EmulatorLauncher):
         super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True)
 
     def headers(self) -> dict[str, str]:
-        """No headers: every request runs on its workers, this process's own."""
-        return {}
+        return {}  # every request runs on its workers, this process's own
 
     def attach(self) -> None:
-        """Nothing: it has no sessions (it never answers that it lost one)."""
+        """Nothing: it has no sessions to lose."""
 
     def close_in_child(self) -> None:
-        """In a forked child: close the copy of the pipe whose end tells the emulator that its
-        parent is gone (else it would outlive the parent as long as the child lives)."""
+        """The child's copy of the pipe whose end stops the emulator: else it outlives the parent."""
         if self.proc.stdin is not None:
             self.proc.stdin.close()

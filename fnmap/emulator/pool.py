@@ -240,8 +240,7 @@ class PoolClosed(Exception):
 class _IdleStack:
     """The idle workers, the last returned given first: ``queue.LifoQueue`` without its task
     counting and its notifications when nobody waits (a lock and a list on the per-call path).
-    Once closed, a call waiting for a worker gets :class:`PoolClosed` (none will come back), and
-    a worker put back is dropped (the closing pool ends it)."""
+    Closed, it wakes every call waiting for a worker (:class:`PoolClosed`) and drops those put back."""
 
     def __init__(self):
         self._items: list = []

@@ -1,11 +1,6 @@
-"""Processes of this host: whether one still runs, when it started, its parent.
-
-The one reader of ``/proc/PID/stat`` and the one ``kill(pid, 0)`` in fnmap.  A client that started
-a job, the writer of a temporary file, a shared emulator and its clients are all judged alive by
-:func:`alive`: not gone, not a zombie (killed, not yet reaped by a parent that may never reap it:
-a container's first process often does not), and, given the start time a record kept, not another
-process that reused the pid.
-"""
+"""Processes of this host: whether one runs, when it started, its parent.  The one reader of
+``/proc/PID/stat`` and the one ``kill(pid, 0)`` of fnmap: a job's client, a temporary file's
+writer, a shared emulator and its clients are all judged by :func:`alive`."""
 
 from __future__ import annotations
 
@@ -14,8 +9,8 @@ from typing import NamedTuple
 
 
 class Stat(NamedTuple):
-    """What fnmap reads of ``/proc/PID/stat``: the state letter, the parent's pid, and the start
-    time in clock ticks since boot (a decimal string, as records keep it)."""
+    """Of ``/proc/PID/stat``: the state letter, the parent's pid, the start in clock ticks since boot
+    (a decimal string, as records keep it)."""
 
     state: str
     ppid: int
@@ -27,23 +22,21 @@ def stat(pid: int | str) -> Stat | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read()
-        # The command's name (field 2) is in parentheses and may hold spaces or ")": what follows
-        # the last ")" is field 3 on.
-        fields = text[text.rindex(b")") + 2:].split()
+        fields = text[text.rindex(b")") + 2:].split()  # after the command's name, which may hold ")"
         return Stat(fields[0].decode(), int(fields[1]), fields[19].decode())
     except (OSError, ValueError, IndexError):
         return None
 
 
 def alive(pid: int, start: str | None = None) -> bool:
-    """Whether process ``pid`` of this host runs: it exists (another user's counts), is not a
-    zombie, and, when ``start`` (:attr:`Stat.start` read while it ran) is given, started then."""
+    """Whether process ``pid`` runs: it exists (another user's counts), is not a zombie (killed, not
+    reaped by a parent that may never reap it), and started at ``start`` when given (not a reused pid)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass  # alive, another user's
+        pass
     found = stat(pid)
     if found is None:
         return True  # no /proc (macOS): kill(0) said it is there
