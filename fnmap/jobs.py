@@ -251,6 +251,17 @@ class Job:
             except Exception as e:
                 self._record_failed(e)
 
+    def give_up(self, reason: str) -> None:
+        """This process gave the job up at its exit (:mod:`fnmap.lease`), an interrupt that reached its
+        caller included (a kernel's restart interrupts the running cell first): its record says so,
+        whatever was written before; its lease, marked by the caller, makes it ``abandoned``."""
+        with self._record_lock:
+            self.given_up, self.raised = reason, None
+            try:
+                records.write(self.store, records.build(self))
+            except Exception as e:
+                self._record_failed(e)
+
     def _record_failed(self, e: Exception) -> None:
         import warnings
 
@@ -264,6 +275,8 @@ class Job:
             stopped = isinstance(exc, (CancelledError, KeyboardInterrupt))  # asked to stop, not a failure
             self.raised = {"error": f"{type(exc).__name__}: {exc}"[:500],
                            "status": "cancelled" if stopped else "failed"}
+            if isinstance(exc, KeyboardInterrupt):  # the user's Ctrl-C, or a kernel's restart (lease decides at exit)
+                lease.interrupted(self)
 
     # -- results -------------------------------------------------------------
 
@@ -382,16 +395,6 @@ class Job:
             self._run.progress.close()
         if self.raised is not None:
             self.save_ended_record()
-
-    def give_up(self, reason: str) -> None:
-        """This process's exit gives the job up unfinished (:mod:`fnmap.lease`): abandoned, and its
-        record written now, not left for readers to rebuild (the process ends first)."""
-        try:
-            self.cancel(stop_platform=True)
-        except Exception:  # exiting anyway: the lease says what happened
-            pass
-        self.given_up = reason
-        self.save_ended_record()
 
     def attempts_summary(self) -> dict:
         """Attempts per call: ``{call_id: [[attempt, sent, ended, ending, memory], ...]}`` (memory

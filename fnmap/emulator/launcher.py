@@ -134,7 +134,11 @@ class EmbeddedEmulator(EmulatorLauncher):
 
         # This user's own secret when none is configured: another process of the user can then
         # check the job's stored results (``fnmap.job(ID).results()``).
-        super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True)
+        from ..observe.output import workers_stderr
+
+        # Its workers' output reaches this process's stderr, or in a notebook the running cell, whole lines.
+        super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True,
+                         stderr=workers_stderr())
 
     def headers(self) -> dict[str, str]:
         return {}  # every request runs on its workers, this process's own
