@@ -326,6 +326,10 @@ class Chaos:
         return [s for s in (read_state(os.path.dirname(p)) for p in
                             glob.glob(os.path.join(self.runtime, "fnmap", "*", "emulator.json"))) if s]
 
+    def _emulator_pids(self) -> list[int]:
+        """Every emulator process of this run, named by a state file or not."""
+        return [pid for pid in _processes_with(self.runtime) if " -m fnmap emulator " in _command(pid)]
+
     def _due(self, kind: str, now: float) -> bool:
         if self.planned is not None:
             if self.planned.get(kind, 0) <= 0 or now < self._next[kind]:
@@ -361,11 +365,12 @@ class Chaos:
                 if pid is None:
                     self._next[kind] = now + 0.5  # none found now: look again soon
                     continue
+                up = f" (emulators up: {self._emulator_pids()})" if kind == "emulator" else ""
                 _kill(pid)
                 self.faults[kind] += 1
                 if self.planned is not None:
                     self.planned[kind] -= 1
-                self.log(f"SIGKILL {kind} pid {pid}")
+                self.log(f"SIGKILL {kind} pid {pid}{up}")
 
     def _victim(self, kind: str) -> int | None:
         emulators = self._emulators()
@@ -441,10 +446,17 @@ class Chaos:
 
         deadline = time.monotonic() + wait
         while True:
-            left = sum(status(emu).get("in_flight", 0) for emu in self._emulators())
+            answers = [status(emu) for emu in self._emulators()]
+            left = sum(answer.get("in_flight", 0) for answer in answers)
             if not left or time.monotonic() > deadline:
-                return left
+                break
             time.sleep(0.2)
+        for answer in answers:
+            if answer.get("in_flight"):
+                sessions = [(s.get("pid"), s.get("in_flight"), s.get("jobs")) for s in answer.get("sessions", ())]
+                self.log(f"emulator pid {answer['pid']}: {answer['in_flight']} calls in flight, sessions "
+                         f"(pid, in flight, jobs): {sessions}")
+        return left
 
     def stop(self) -> int:
         """Stop the run's emulators, then SIGKILL any process left that carries this run's folder in

