@@ -11,9 +11,10 @@ while faults are injected at random moments:
 
 Every run that did not complete (killed, hung, raised, stopped at its cost cap) is run again, as a
 user would: the same script, ``job_name``, function and items (a capped job with a larger
-``max_cost``), until it completes or ``max_runs`` runs were made.  The jobs are a mix: many small
-items chunked automatically, items over the 16 MiB a map stores at its start with ``chunksize=1``,
-a function that sleeps a little, and one run with ``max_cost``.
+``max_cost``), until it completes or ``max_runs`` runs were made.  The jobs are a mix (``SIZES``):
+many small items chunked automatically, items over the 16 MiB a map stores at its start with
+``chunksize=1``, a function that sleeps a little, and capped jobs: stopped midway at their
+``max_cost``, or refused before they start by the cost an earlier job of their function measured.
 
 Each job is then judged: **right** when its last run returned every item's value once, in input
 order, and its record says ``succeeded`` with the same values read back by ``fnmap.job(ID)``;
@@ -58,8 +59,8 @@ LARGE_ITEM = 400_000
 #: stops the first run midway.
 PRICED_MEMORY = 10240
 
-#: One run of one job: ``python run.py KIND NAME N OUT [MAX_COST]``.  The functions are the same
-#: code on every run, so a re-run is the same function and items as the run before.
+#: One run of one job: ``python run.py KIND NAME N OUT [MAX_COST SALT]``.  The functions are the
+#: same code on every run, so a re-run is the same function and items as the run before.
 SCRIPT = r'''
 import json, os, sys, time
 
@@ -80,8 +81,13 @@ def nap(x):
     return x + 1
 
 
+#: The priced calls' pause: 0.1 s and SALT microseconds.  A job with a SALT of its own runs a
+#: function (a pickle) that no earlier job measured, so its estimate is the least it can cost.
+PAUSE = 0.1 + (int(sys.argv[6]) if len(sys.argv) > 6 else 0) * 1e-6
+
+
 def priced(x):
-    time.sleep(0.1)
+    time.sleep(PAUSE)
     return -x
 
 
@@ -96,7 +102,7 @@ def main():
         func, items = nap, list(range(n))
     else:
         func, items = priced, list(range(n))
-        options.update(max_cost=float(sys.argv[5]), memory=PRICED_MEMORY)
+        options.update(max_cost=float(sys.argv[5]), memory=PRICED_MEMORY)  # priced, repriced
     try:
         results = fnmap.map(func, items, job_name=name, **options)
     except fnmap.CostCapReached as e:
@@ -122,9 +128,14 @@ def expected(kind: str, n: int) -> list:
     return [-x for x in range(n)]
 
 
-#: Items per job of each kind: large is over 16 MiB; small is chunked automatically.
-SIZES = {"small": 2000, "large": 150, "sleep": 120, "priced": 40}
+#: Items per job of each kind: ``small`` is chunked automatically; ``large`` is over 16 MiB;
+#: ``priced`` runs a function of its own with a cap that stops its first run midway, raised on
+#: each re-run; ``repriced`` the same, but every such job runs the same function, so after the
+#: first one the estimate measured from it refuses the first run before it starts.
+SIZES = {"small": 2000, "large": 150, "sleep": 120, "priced": 40, "repriced": 40}
 KINDS = tuple(SIZES)
+#: The kinds whose runs have a ``max_cost``.
+CAPPED_KINDS = ("priced", "repriced")
 
 
 @dataclasses.dataclass
@@ -210,8 +221,9 @@ class Chaos:
     def _start_run(self, job: Job) -> None:
         out = os.path.join(self.work, f"{job.name}.{job.runs}.json")
         args = [sys.executable, self.script, job.kind, job.name, str(job.n), out]
-        if job.kind == "priced":
-            args.append(repr(self.cap(job)))
+        if job.kind in CAPPED_KINDS:
+            salt = self.jobs.index(job) + 1 if job.kind == "priced" else 0
+            args += [repr(self.cap(job)), str(salt)]
         log = open(os.path.join(self.work, f"{job.name}.{job.runs}.log"), "wb")
         with log:
             proc = subprocess.Popen(args, cwd=self.work, env=self.env, stdin=subprocess.DEVNULL,
@@ -222,9 +234,9 @@ class Chaos:
         self.running.append(run)
 
     def cap(self, job: Job) -> float:
-        """The ``max_cost`` of the priced job's next run: half what its calls cost (above its
-        least cost, so it is not refused before it starts: it stops midway), tripled on each run
-        after, so that a later run finishes."""
+        """The ``max_cost`` of a capped job's next run: half what its calls cost (above its least
+        cost, so a function no job measured is not refused before it starts: it stops midway),
+        tripled on each run after, so that a later run finishes."""
         if self._cap_base is None:
             self._cap_base = _call_cost() * job.n / 2
         return self._cap_base * 3 ** job.runs
@@ -589,6 +601,7 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, default=2, help="clients at once (default 2)")
     p.add_argument("--max-runs", type=int, default=10, help="runs of a job before it is stuck (default 10)")
     p.add_argument("--deadline", type=float, default=180.0, help="seconds a run may take before it is hung")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"jobs to run, in turn (default {','.join(KINDS)})")
     p.add_argument("--markdown", action="store_true", help="print a table for benchmarks/RESULTS.md too")
     p.add_argument("--json", metavar="FILE", help="write the figures to FILE")
     p.add_argument("-v", "--verbose", action="store_true", help="say each fault and verdict as it happens")
@@ -597,7 +610,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="fnmap-chaos-") as work:
         chaos = Chaos(work, seed=args.seed, concurrency=args.concurrency, max_runs=args.max_runs,
                       run_deadline=args.deadline, log=log)
-        figures = chaos.run(minutes=args.minutes)
+        kinds = tuple(k for k in args.kinds.split(",") if k)
+        unknown = sorted(set(kinds) - set(KINDS))
+        if unknown:
+            p.error(f"--kinds: unknown {', '.join(unknown)}; choose from {', '.join(KINDS)}")
+        figures = chaos.run(minutes=args.minutes, kinds=kinds)
     print(report(figures))
     if args.markdown:
         print(markdown(figures))

@@ -30,7 +30,7 @@ def test_every_named_map_killed_at_random_finishes_right_when_run_again(tmp_path
                       log=said.append)
     # One job of each kind (the priced one stops at its cost cap, then finishes with a larger one);
     # more jobs of the others while faults are still to come.
-    for kind in chaos.KINDS:
+    for kind in ("small", "large", "sleep", "priced"):
         run.add_job(kind)
     figures = run.run(kinds=("small", "large", "sleep"))
     report = chaos.report(figures) + "\nwhat happened:\n" + "\n".join(said)
