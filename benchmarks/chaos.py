@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 #: The kinds of fault, in the order the figures list them.
 FAULTS = ("client@start", "client@run", "emulator", "worker")
@@ -163,16 +164,17 @@ class Run:
     proc: subprocess.Popen
     out: str
     started: float
-    kill_at: float | None = None  # a client kill planned at this monotonic time
+    #: A client kill planned: its kind, the moment the run reaches (``stage``, when ``reached()``
+    #: says so), then ``kill_delay`` seconds more, which set ``kill_at`` (a monotonic time).
     kill_kind: str = ""
-    #: A kill in the start of a job's first run waits for its name to be claimed (this file), then
-    #: ``kill_delay`` more seconds: the job exists, its calls are being stored.
-    claim_file: str | None = None
+    stage: str = ""
+    reached: Callable[[], bool] | None = None
     kill_delay: float = 0.0
-    #: A kill while calls run waits for one more call's result than the job had at the run's start
-    #: (``results_before``), then ``kill_delay`` more seconds.
-    results_before: int | None = None
+    kill_at: float | None = None
     killed: bool = False
+
+    def kill_planned(self) -> bool:
+        return self.reached is not None or self.kill_at is not None
 
 
 class Chaos:
@@ -210,6 +212,7 @@ class Chaos:
         self.leftover_processes = 0
         self._next = {"emulator": 0.0, "worker": 0.0}
         self._cap_base = None
+        self._starts = 0  # client kills in a job's first start so far (they alternate their stage)
 
     # -- jobs and runs ---------------------------------------------------------------------------
 
@@ -254,28 +257,49 @@ class Chaos:
                 return
             kind = due[0]
             self.planned[kind] -= 1
-        run.kill_kind = kind
-        claim_file = os.path.join(self.storage, "names", run.job.name + ".json")
-        if kind == "client@start" and not os.path.exists(claim_file):
-            run.claim_file, run.kill_delay = claim_file, self.random.uniform(0.0, 0.5)
-        elif kind == "client@start":  # a re-run: the name is claimed already
-            run.kill_at = run.started + self.random.uniform(0.3, START_SECONDS)
-        else:
-            run.results_before, run.kill_delay = self._results(run.job), self.random.uniform(0.0, 0.5)
+        run.kill_kind, job = kind, run.job
+        if kind == "client@run":  # once one more call has its result than when the run started
+            before = self._stored(job, "out")
+            run.stage, run.reached = "calls ran", lambda: self._stored(job, "out") > before
+            run.kill_delay = self.random.uniform(0.0, 0.5)
+        elif self._job_id(job) is not None:  # a re-run's start: the name is claimed already
+            run.stage, run.kill_at = "re-run", run.started + self.random.uniform(0.3, START_SECONDS)
+        elif self._starts % 2 == 0:  # the job was just made (it is in the index); no call is stored yet
+            self._starts += 1
+            run.stage, run.reached = "job made", lambda: self._indexed(job)
+        else:  # the first of its calls are stored, not all of them (large items: not yet sent)
+            self._starts += 1
+            run.stage, run.reached = "calls being stored", lambda: self._indexed(job) and self._stored(job, "calls")
 
-    def _results(self, job: Job) -> int:
-        """How many of the job's calls have a result in its storage (0 before its name is claimed)."""
+    def _job_id(self, job: Job) -> str | None:
+        """The id of the job its name stands for, or None before the name is claimed."""
         try:
             with open(os.path.join(self.storage, "names", job.name + ".json")) as f:
-                job_id = json.load(f)["job_id"]
-            return len(os.listdir(os.path.join(self.storage, "jobs", job_id, "out")))
+                return json.load(f)["job_id"]
         except (OSError, ValueError, KeyError):
+            return None
+
+    def _indexed(self, job: Job) -> bool:
+        """Whether the job is in its storage's index of jobs (it is, from its start on)."""
+        job_id = self._job_id(job)
+        try:
+            return job_id is not None and any(e.endswith(job_id + ".json")
+                                              for e in os.listdir(os.path.join(self.storage, "index", "jobs")))
+        except OSError:
+            return False
+
+    def _stored(self, job: Job, folder: str) -> int:
+        """How many objects the job has in its storage's ``folder`` (``out``: calls with a result;
+        ``calls``: batches of calls whose inputs are stored)."""
+        try:
+            return len(os.listdir(os.path.join(self.storage, "jobs", self._job_id(job) or "-", folder)))
+        except OSError:
             return 0
 
     def _finish(self, run: Run, now: float) -> None:
         """Judge a run that ended: done (right or wrong), or its job is to run again."""
         job, code = run.job, run.proc.returncode
-        if (run.kill_at is not None or run.claim_file or run.results_before is not None) and self.planned is not None:
+        if run.kill_planned() and self.planned is not None:
             self.planned[run.kill_kind] += 1  # it ended before its planned kill: the next run gets it
         if run.killed:
             job.killed += 1
@@ -359,15 +383,13 @@ class Chaos:
 
     def _inject(self, now: float) -> None:
         for run in self.running:
-            if run.claim_file and os.path.exists(run.claim_file):
-                run.kill_at, run.claim_file = now + run.kill_delay, None
-            if run.results_before is not None and self._results(run.job) > run.results_before:
-                run.kill_at, run.results_before = now + run.kill_delay, None
+            if run.reached is not None and run.reached():
+                run.kill_at, run.reached = now + run.kill_delay, None
             if run.kill_at is not None and now >= run.kill_at and run.proc.poll() is None:
                 _kill(run.proc.pid)
                 run.killed, run.kill_at = True, None
                 self.faults[run.kill_kind] += 1
-                self.log(f"{run.job.name} run {run.job.runs}: SIGKILL {run.kill_kind} "
+                self.log(f"{run.job.name} run {run.job.runs}: SIGKILL {run.kill_kind} ({run.stage}) "
                          f"{now - run.started:.2f} s in")
         if not any(now - r.started > START_SECONDS / 2 for r in self.running if r.proc.poll() is None):
             return  # no client has calls out yet: nothing for the emulator and its workers to lose

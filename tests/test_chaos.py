@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SI
 
 #: Faults of each kind: the first client runs are killed in their start and later, while the
 #: emulator and its workers are killed at random moments of the runs after.
-FAULTS = {"client@run": 2, "emulator": 1, "worker": 2}
+FAULTS = {"client@start": 2, "client@run": 2, "emulator": 1, "worker": 2}
 
 
 def test_every_named_map_killed_at_random_finishes_right_when_run_again(tmp_path):
