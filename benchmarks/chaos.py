@@ -519,8 +519,8 @@ class Chaos:
             "runs_capped": sum(j.capped for j in self.jobs),
             "runs_raised": sum(len(j.errors) for j in self.jobs), **verdicts,
             "in_flight_left": self.in_flight_left, "leftover_processes": self.leftover_processes,
-            "errors": sorted({e for j in self.jobs for e in j.errors}),
-            "bad": [{"job": j.name, "verdict": j.verdict, "why": j.why} for j in self.jobs if j.verdict != "right"],
+            "errors": _count(e for j in self.jobs for e in j.errors),
+            "bad": _count(f"{j.verdict} ({j.kind}): {j.why}" for j in self.jobs if j.verdict != "right"),
         }
 
 
@@ -530,6 +530,18 @@ def _call_cost() -> float:
     from fnmap.config import resolve
 
     return pricing_of(resolve(backend="emulator", memory=PRICED_MEMORY)).attempt(0.1)
+
+
+def _count(lines) -> dict:
+    """How often each kind of line occurs, most often first: the ids, numbers and paths in a line
+    made alike (``ID``, ``N``, ``PATH``), so one cause is one entry."""
+    counts: dict = {}
+    for line in lines:
+        line = re.sub(r"\b[0-9a-f]{12,}\b", "ID", line)
+        line = re.sub(r"(?<![\w/])/[^\s,;)]+", "PATH", line)
+        line = re.sub(r"\d+(\.\d+)?", "N", line)
+        counts[line] = counts.get(line, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _difference(got, want: list, what: str) -> str:
@@ -598,8 +610,8 @@ def report(figures: dict) -> str:
         f"  after the last client: {f['in_flight_left']} calls in flight on the emulator, "
         f"{f['leftover_processes']} processes left",
     ]
-    lines += [f"  raised: {e}" for e in f["errors"]]
-    lines += [f"  {b['verdict']}: {b['job']}: {b['why']}" for b in f["bad"]]
+    lines += [f"  raised {n} times: {e}" for e, n in f["errors"].items()]
+    lines += [f"  {n} jobs {b}" for b, n in f["bad"].items()]
     return "\n".join(lines)
 
 
