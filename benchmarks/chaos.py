@@ -615,17 +615,36 @@ def report(figures: dict) -> str:
     return "\n".join(lines)
 
 
-def markdown(figures: dict) -> str:
-    """The figures as a table in benchmarks/RESULTS.md's style."""
+def markdown(figures: dict, command: str = "python benchmarks/chaos.py") -> str:
+    """The figures as a section of benchmarks/RESULTS.md: a heading, the conditions, a table of the
+    figures and a table of what the runs raised and why jobs were not right, by cause."""
     f = figures
-    rows = [("seconds", f["seconds"]), ("jobs", f["jobs"])]
-    rows += [(f"faults: {k}", v) for k, v in f["faults"].items()]
+    head = [f"## {time.strftime('%Y-%m-%d')}, chaos: `{command}` (commit {_commit()})", "",
+            f"Seed {f['seed']}, {f['seconds']} s, {os.cpu_count()} cores, load average "
+            f"{os.getloadavg()[0]:.1f} at the end; jobs by kind: "
+            + ", ".join(f"{k} {v}" for k, v in f["jobs_by_kind"].items()) + ".", ""]
+    rows = [(f"faults: {k}", v) for k, v in f["faults"].items()]
     rows += [("runs", f["runs"]), ("re-runs", f["reruns"]), ("runs killed", f["runs_killed"]),
              ("runs stopped at the cost cap", f["runs_capped"]), ("runs that raised", f["runs_raised"]),
-             ("jobs right", f["right"]), ("jobs wrong", f["wrong"]), ("jobs stuck", f["stuck"]),
-             ("jobs hung", f["hung"]), ("calls in flight after the last client", f["in_flight_left"]),
+             ("jobs", f["jobs"]), ("jobs right", f["right"]), ("jobs wrong", f["wrong"]),
+             ("jobs stuck", f["stuck"]), ("jobs hung", f["hung"]),
+             ("calls in flight after the last client", f["in_flight_left"]),
              ("processes left", f["leftover_processes"])]
-    return "\n".join(["| figure | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)])
+    lines = head + ["| figure | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)]
+    causes = [("raised", e, n) for e, n in f["errors"].items()] + [("job", b, n) for b, n in f["bad"].items()]
+    if causes:
+        lines += ["", "| what | times |", "| --- | --- |"]
+        lines += [f"| {what}: {text.replace('|', '/')} | {n} |" for what, text, n in causes]
+    return "\n".join(lines)
+
+
+def _commit() -> str:
+    """The checkout's commit (short), or ``?``."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
 
 
 def main(argv=None) -> int:
@@ -651,7 +670,9 @@ def main(argv=None) -> int:
         figures = chaos.run(minutes=args.minutes, kinds=kinds)
     print(report(figures))
     if args.markdown:
-        print(markdown(figures))
+        print()
+        given = argv if argv is not None else sys.argv[1:]
+        print(markdown(figures, " ".join(["python benchmarks/chaos.py", *given])))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)
