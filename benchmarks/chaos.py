@@ -4,8 +4,10 @@ Named maps (``fnmap.map(f, items, job_name=...)``) run in real client processes 
 shared by a user's processes (the default backend: started on demand, it outlives its clients),
 while faults are injected at random moments:
 
-* ``client@start``: SIGKILL of a client process in its first second (claiming the name, storing
-  the first calls), ``client@run``: later, while its calls run;
+* ``client@start``: SIGKILL of a client process in its start: in a job's first run, at one of the
+  stages where a re-run has the most to recover (the job just made, in the storage's index, no
+  call stored; or its first calls stored and not all of them), in a re-run within its first
+  ``START_SECONDS``; ``client@run``: once one more of its calls has a result (and up to 0.5 s more);
 * ``emulator``: SIGKILL of the shared emulator (its clients start or find another);
 * ``worker``: SIGKILL of one of the emulator's worker processes (a call in it is retried).
 
@@ -21,7 +23,9 @@ order, and its record says ``succeeded`` with the same values read back by ``fnm
 **wrong** when a run completed with anything else; **hung** when a run passed its deadline
 (``run_deadline`` seconds; it is killed and run again, and the job stays ``hung``); **stuck**
 when ``max_runs`` runs never completed it.  After the last client, the emulator must count no
-call in flight (a killed client's calls stop counting) and no process of the run may be left.
+call in flight (a killed client's calls stop counting); the processes of the run still up once its
+emulators were stopped (an emulator no state file names, a worker or fork server whose emulator was
+killed) are counted, and killed.
 
 Everything lives in a work folder of its own (storage, ``XDG_RUNTIME_DIR``, ``XDG_CONFIG_HOME``),
 so the shared emulator is the run's own; it is stopped at the end.  ``tests/test_chaos.py``
@@ -48,7 +52,8 @@ from collections.abc import Callable
 
 #: The kinds of fault, in the order the figures list them.
 FAULTS = ("client@start", "client@run", "emulator", "worker")
-#: A client killed this soon after it started is killed ``client@start``.
+#: A re-run's ``client@start`` kill comes within this many seconds of its start; the emulator and
+#: its workers are killed only while some client has run for half of it (it has calls out).
 START_SECONDS = 1.0
 #: Exit code of a run stopped at its ``max_cost`` (it is run again with a larger cap).
 CAPPED = 3
