@@ -214,6 +214,9 @@ class Chaos:
         self.jobs: list[Job] = []
         self.running: list[Run] = []
         self.in_flight_left = 0
+        #: The most emulator processes of this run up at once (looked at each second): 1 when right.
+        self.emulators_at_once = 0
+        self._look_at = 0.0
         self.leftover_processes = 0
         self._next = {"emulator": 0.0, "worker": 0.0}
         self._cap_base = None
@@ -447,6 +450,9 @@ class Chaos:
                     self.emulator_every = self.worker_every = float("inf")
                 else:
                     self._inject(now)
+                if now >= self._look_at:
+                    self._look_at = now + 1.0
+                    self.emulators_at_once = max(self.emulators_at_once, len(self._emulator_pids()))
                 time.sleep(0.05)
             self.in_flight_left = self._in_flight_after()
         finally:
@@ -524,6 +530,7 @@ class Chaos:
             "runs_capped": sum(j.capped for j in self.jobs),
             "runs_raised": sum(len(j.errors) for j in self.jobs), **verdicts,
             "in_flight_left": self.in_flight_left, "leftover_processes": self.leftover_processes,
+            "emulators_at_once": self.emulators_at_once,
             "errors": _count(e for j in self.jobs for e in j.errors),
             "bad": _count(f"{j.verdict} ({j.kind}): {j.why}" for j in self.jobs if j.verdict != "right"),
         }
@@ -613,7 +620,7 @@ def report(figures: dict) -> str:
         f"{f['runs_raised']} raised, {f['runs_hung']} hung)",
         f"  jobs: {f['right']} right, {f['wrong']} wrong, {f['stuck']} stuck, {f['hung']} hung",
         f"  after the last client: {f['in_flight_left']} calls in flight on the emulator, "
-        f"{f['leftover_processes']} processes left",
+        f"{f['leftover_processes']} processes left; at most {f['emulators_at_once']} emulators up at once",
     ]
     lines += [f"  raised {n} times: {e}" for e, n in f["errors"].items()]
     lines += [f"  {n} jobs {b}" for b, n in f["bad"].items()]
@@ -634,7 +641,7 @@ def markdown(figures: dict, command: str = "python benchmarks/chaos.py") -> str:
              ("jobs", f["jobs"]), ("jobs right", f["right"]), ("jobs wrong", f["wrong"]),
              ("jobs stuck", f["stuck"]), ("jobs hung", f["hung"]),
              ("calls in flight after the last client", f["in_flight_left"]),
-             ("processes left", f["leftover_processes"])]
+             ("processes left", f["leftover_processes"]), ("most emulators up at once", f["emulators_at_once"])]
     lines = head + ["| figure | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)]
     causes = [("raised", e, n) for e, n in f["errors"].items()] + [("job", b, n) for b, n in f["bad"].items()]
     if causes:
