@@ -60,10 +60,15 @@ CAPPED = 3
 #: Bytes of each item of the ``large`` jobs: 45 of them are over the 16 MiB a map stores at its start.
 LARGE_ITEM = 400_000
 
-#: MB of the ``priced`` jobs' calls: what they cost is then mostly their duration, which the
-#: estimate before the first run does not know (it assumes the least), so a cap of half the cost
-#: stops the first run midway.
+#: MB and seconds of the ``priced`` jobs' calls: what they cost is then mostly their duration,
+#: which the estimate before the first run does not know (it assumes the least, about a quarter
+#: of it), so a cap of ``CAP_FIRST`` of their cost stops the first run early.
 PRICED_MEMORY = 10240
+PRICED_SECONDS = 0.2
+#: The first run's cap, as a share of what the job's calls cost, and its growth on each run after:
+#: the first run and the first redrive stop at their caps (the redrive's cap counts what it spends),
+#: the second redrive finishes.
+CAP_FIRST, CAP_GROWTH = 0.3, 1.5
 
 #: One run of one job: ``python run.py KIND NAME N OUT [MAX_COST SALT]``.  The functions are the
 #: same code on every run, so a re-run is the same function and items as the run before.
@@ -87,9 +92,9 @@ def nap(x):
     return x + 1
 
 
-#: The priced calls' pause: 0.1 s and SALT microseconds.  A job with a SALT of its own runs a
-#: function (a pickle) that no earlier job measured, so its estimate is the least it can cost.
-PAUSE = 0.1 + (int(sys.argv[6]) if len(sys.argv) > 6 else 0) * 1e-6
+#: The priced calls' pause: PRICED_SECONDS and SALT microseconds.  A job with a SALT of its own runs
+#: a function (a pickle) that no earlier job measured, so its estimate is the least it can cost.
+PAUSE = PRICED_SECONDS + (int(sys.argv[6]) if len(sys.argv) > 6 else 0) * 1e-6
 
 
 def priced(x):
@@ -206,7 +211,7 @@ class Chaos:
         self.script = os.path.join(work, "run.py")
         with open(self.script, "w") as f:
             f.write(SCRIPT.replace("LARGE_ITEM", str(LARGE_ITEM)).replace("CAPPED", str(CAPPED))
-                    .replace("PRICED_MEMORY", str(PRICED_MEMORY)))
+                    .replace("PRICED_MEMORY", str(PRICED_MEMORY)).replace("PRICED_SECONDS", str(PRICED_SECONDS)))
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("FNMAP_", "AWS_ENDPOINT_URL"))}
         self.env.update(FNMAP_STORAGE="file://" + self.storage, XDG_RUNTIME_DIR=self.runtime,
                         XDG_CONFIG_HOME=self.config, FNMAP_PROGRESS="false", FNMAP_EMULATOR_IDLE="120")
@@ -245,12 +250,12 @@ class Chaos:
         self.running.append(run)
 
     def cap(self, job: Job) -> float:
-        """The ``max_cost`` of a capped job's next run: half what its calls cost (above its least
-        cost, so a function no job measured is not refused before it starts: it stops midway),
-        tripled on each run after, so that a later run finishes."""
+        """The ``max_cost`` of a capped job's next run: ``CAP_FIRST`` of what its calls cost (above
+        its least cost, so a function no job measured is not refused before it starts: it stops
+        early), ``CAP_GROWTH`` times more on each run after, so that a later run finishes."""
         if self._cap_base is None:
-            self._cap_base = _call_cost() * job.n / 2
-        return self._cap_base * 3 ** job.runs
+            self._cap_base = _call_cost() * job.n * CAP_FIRST
+        return self._cap_base * CAP_GROWTH ** job.runs
 
     def _plan_client_kill(self, run: Run) -> None:
         if run.job.runs >= self.max_runs - 1:
@@ -537,11 +542,11 @@ class Chaos:
 
 
 def _call_cost() -> float:
-    """What one call of the priced job (0.1 s at ``PRICED_MEMORY``) costs as fnmap prices the emulator's calls."""
+    """What one call of the priced job (``PRICED_SECONDS`` at ``PRICED_MEMORY``) costs as fnmap prices it."""
     from fnmap.budget import pricing_of
     from fnmap.config import resolve
 
-    return pricing_of(resolve(backend="emulator", memory=PRICED_MEMORY)).attempt(0.1)
+    return pricing_of(resolve(backend="emulator", memory=PRICED_MEMORY)).attempt(PRICED_SECONDS)
 
 
 def _count(lines) -> dict:

@@ -26,7 +26,7 @@ FAULTS = {"client@start": 2, "client@run": 2, "emulator": 1, "worker": 2}
 
 def test_every_named_map_killed_at_random_finishes_right_when_run_again(tmp_path):
     said: list[str] = []
-    run = chaos.Chaos(str(tmp_path), seed=39, faults=FAULTS, max_runs=5, max_jobs=12, run_deadline=60,
+    run = chaos.Chaos(str(tmp_path), seed=39, faults=FAULTS, max_runs=6, max_jobs=12, run_deadline=60,
                       log=said.append)
     # One job of each kind (the priced one stops at its cost cap, then finishes with a larger one);
     # more jobs of the others while faults are still to come.
