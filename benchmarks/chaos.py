@@ -543,7 +543,7 @@ class Chaos:
 
 def _call_cost() -> float:
     """What one call of the priced job (``PRICED_SECONDS`` at ``PRICED_MEMORY``) costs as fnmap prices it."""
-    from fnmap.budget import pricing_of
+    from fnmap.cost.pricing import pricing_of
     from fnmap.config import resolve
 
     return pricing_of(resolve(backend="emulator", memory=PRICED_MEMORY)).attempt(PRICED_SECONDS)
