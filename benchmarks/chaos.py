@@ -543,8 +543,8 @@ class Chaos:
 
 def _call_cost() -> float:
     """What one call of the priced job (``PRICED_SECONDS`` at ``PRICED_MEMORY``) costs as fnmap prices it."""
-    from fnmap.cost.pricing import pricing_of
     from fnmap.config import resolve
+    from fnmap.cost.pricing import pricing_of
 
     return pricing_of(resolve(backend="emulator", memory=PRICED_MEMORY)).attempt(PRICED_SECONDS)
 
