@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import until
@@ -745,3 +746,128 @@ def test_a_client_in_another_mount_namespace_gets_an_emulator_that_sees_its_file
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "6"
+
+
+# -- starts that someone's SIGKILL interrupts ------------------------------------------------------
+
+
+def _emulator_processes(marker: str, parent: int | None = None) -> list[int]:
+    """The live ``fnmap emulator`` processes whose command line names ``marker`` (the runtime
+    folder, in their ``--state-file``), or every one that ``parent`` started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            continue
+        if " -m fnmap emulator " in command and fields[0] != "Z" and (
+                int(fields[1]) == parent if parent is not None else marker in command):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def _frozen_before_ready(client: subprocess.Popen, runtime) -> int:
+    """The emulator ``client`` starts, stopped (SIGSTOP) as soon as it is seen, before it is ready."""
+    deadline = time.monotonic() + 120
+    while not (started := _emulator_processes(str(runtime), parent=client.pid)):
+        assert client.poll() is None and time.monotonic() < deadline, "the client started no emulator"
+        time.sleep(0.002)
+    (pid,) = started
+    os.kill(pid, signal.SIGSTOP)
+    assert not emulators(runtime), "the emulator was ready before it could be stopped: nothing tested"
+    return pid
+
+
+def _waiting_on_a_lock(pid: int) -> bool:
+    """Whether ``pid`` waits for an ``flock`` (a ``->`` line of /proc/locks names the waiter)."""
+    with open("/proc/locks") as f:
+        return any("->" in line and line.split("->", 1)[1].split()[3] == str(pid) for line in f)
+
+
+@pytest.fixture
+def short_runtime(monkeypatch):
+    """A runtime folder with a path short enough for the sessions socket to lie in the emulator's
+    folder (pytest's folders are too deep: the socket would go to a private folder of its own)."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="fx")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", folder)
+    monkeypatch.setenv("FNMAP_EMULATOR_IDLE", "120")
+    yield pathlib.Path(folder)
+    for pid in _emulator_processes(folder):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_client_killed_while_it_starts_the_emulator_leaves_one_emulator(short_runtime):
+    """The emulator a SIGKILLed client was starting goes on starting; the next client waits for it
+    and attaches to it (the start lock, passed to the emulator, stays held until it is ready), not
+    start a second one of the same identity that no ``fnmap emulator status`` would show."""
+    first = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    orphan = _frozen_before_ready(first, short_runtime)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    second = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        until(lambda: _waiting_on_a_lock(second.pid) or _emulator_processes(str(short_runtime), second.pid)
+              or second.poll() is not None, seconds=120)
+    finally:
+        os.kill(orphan, signal.SIGCONT)
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0 and out.split()[0] == "6", err
+    assert _emulator_processes(str(short_runtime)) == [orphan]
+    assert [state["pid"] for state in emulators(short_runtime)] == [orphan]
+
+
+def test_an_emulator_killed_before_it_is_ready_is_started_again(short_runtime):
+    """A map does not fail because the shared emulator its process was starting died (another
+    process's SIGKILL, the OOM killer): its client starts another."""
+    client = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    killed = _frozen_before_ready(client, short_runtime)
+    os.kill(killed, signal.SIGKILL)
+    out, err = client.communicate(timeout=120)
+    assert client.returncode == 0 and out.split()[0] == "6", err
+    (state,) = emulators(short_runtime)
+    assert state["pid"] != killed
+
+
+def test_an_emulator_that_stops_when_idle_leaves_its_successors_socket(short_runtime):
+    """An idle emulator withdraws its state and serves on a moment; one started meanwhile binds its
+    own sessions socket at the same path.  The first one's exit must not remove it: every later
+    client would fail to attach until the second one stopped."""
+    import fcntl
+
+    run_script({"FNMAP_EMULATOR_IDLE": "1"})
+    (old,) = emulators(short_runtime)
+    until(lambda: not emulators(short_runtime))  # withdrawn (idle); it serves its grace seconds
+    lock = os.open(os.path.join(os.path.dirname(old["socket"]), "lock"), os.O_RDWR)
+    try:
+        while True:  # stopped where it holds no lock (withdrawing takes it a moment)
+            os.kill(old["pid"], signal.SIGSTOP)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                break
+            except BlockingIOError:
+                os.kill(old["pid"], signal.SIGCONT)
+                time.sleep(0.01)
+    finally:
+        os.close(lock)
+    try:
+        run_script()
+        (new,) = emulators(short_runtime)
+        assert new["socket"] == old["socket"] and new["pid"] != old["pid"]
+    finally:
+        os.kill(old["pid"], signal.SIGCONT)
+    until(lambda: old["pid"] not in _emulator_processes(str(short_runtime)))
+    assert os.path.exists(new["socket"])
+    run_script()
+    assert emulators(short_runtime) == [new]

@@ -122,7 +122,8 @@ def _serve(args, faults, limits) -> None:
               on_listening=offline.announcer(args.env_file, args.detached) if offline else None,
               scaling_rate=args.scaling_rate,
               limits=limits, max_connections=args.max_connections, allow_hosts=tuple(args.allow_host),
-              idle_exit=args.idle_exit, state_file=args.state_file, stop_on_hangup=args.stop_on_hangup)
+              idle_exit=args.idle_exit, state_file=args.state_file, stop_on_hangup=args.stop_on_hangup,
+              start_lock_fd=args.start_lock_fd)
     finally:
         if offline is not None:
             offline.stop()

@@ -14,7 +14,8 @@ DESCRIPTION = (
     "worker processes. Point clients at it with FNMAP_EMULATOR_URL and FNMAP_SECRET."
 )
 #: Options fnmap sets for an emulator it starts; ``emulator_options`` cannot.
-OWNED = {"--host", "--port", "--workers", "--watch-stdin", "--idle-exit", "--state-file", "-h", "--help"}
+OWNED = {"--host", "--port", "--workers", "--watch-stdin", "--idle-exit", "--state-file", "--start-lock-fd", "-h",
+         "--help"}
 
 
 def add_arguments(p: argparse.ArgumentParser, commands: bool = True) -> None:
@@ -40,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser, commands: bool = True) -> None:
                         "Lambda, and this emulator by default, run it to its end)")
     p.add_argument("--state-file", metavar="PATH",
                    help="write the URL and pid to PATH once listening, remove it when stopping (a shared emulator)")
+    # The start lock's descriptor, passed by the process that starts a shared emulator (.shared).
+    p.add_argument("--start-lock-fd", type=int, default=None, help=argparse.SUPPRESS)
     _add_faults(p)
 
 

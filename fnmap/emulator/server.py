@@ -27,7 +27,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
           lambda_runtime: str | None = None, on_listening=None, scaling_rate: int | None = None,
           limits: TimeLimits | None = None, max_connections: int = MAX_CONNECTIONS,
           allow_hosts: tuple[str, ...] = (), idle_exit: float | None = None, state_file: str | None = None,
-          stop_on_hangup: bool = False) -> None:
+          stop_on_hangup: bool = False, start_lock_fd: int | None = None) -> None:
     """Run the emulator in this process until told to stop; ``faults`` makes it unreliable on purpose.
 
     ``wsgi_server`` is ``"fnmap"`` (:mod:`.httpserver`) or ``"waitress"``; ``lambda_runtime`` is ``"ric"``,
@@ -39,8 +39,11 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     clients may reach it by (every other ``Host`` is refused: DNS rebinding).  ``idle_exit``: stop
     once no request came for that many seconds; ``state_file``: where to say its URL and pid once
     it listens; ``stop_on_hangup``: stop a call whose client hung up (all three for an emulator
-    shared by a user's processes, :mod:`.shared`).
+    shared by a user's processes, :mod:`.shared`, as is ``start_lock_fd``: the start lock its starter
+    passed, held until the state file is written).
     """
+    if start_lock_fd is not None:
+        shared.hold_start_lock(start_lock_fd)
     allow_hosts = tuple(allowed_name(name) for name in allow_hosts)  # a malformed one fails before anything starts
     workers = workers or default_workers()
     env = dict(os.environ)
@@ -68,6 +71,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     if state_file:
         emulator.sessions = _sessions(state_file, emulator, env, workers, url, activity, idle_exit)
         shared.write_state(state_file, url, workers, emulator.sessions.path)
+        if start_lock_fd is not None:
+            shared.release_start_lock(start_lock_fd)
     print(f"fnmap emulator listening on {url} with {workers} workers", flush=True)
     if emulator.faults.active:
         print(f"fnmap emulator: injecting faults: {' '.join(emulator.faults.options())}", flush=True)

@@ -195,6 +195,8 @@ class Sessions:
             self._listener.bind(path)
         finally:
             os.umask(old_mask)
+        info = os.stat(path)
+        self._bound = (info.st_dev, info.st_ino)
         self._listener.listen(64)
         #: Where clients attach (the state file names it).
         self.path = path
@@ -218,17 +220,31 @@ class Sessions:
         try:
             self._listener.close()
         finally:
-            try:
-                os.unlink(self.path)
-                if self._short_folder:
-                    os.rmdir(self._short_folder)
-            except OSError:
-                pass
+            self._remove_socket()
         with self._lock:
             sessions = list(self._sessions.values())
             self._sessions.clear()
         for session in sessions:
             session.close()
+
+    def _remove_socket(self) -> None:
+        """Remove the socket file if it is still the one this emulator bound.  One that withdrew its
+        state (idle) serves on a while, and another of its identity may start meanwhile and bind
+        its own at the same path (under the start lock, as this check is): removing that one would
+        leave every later client unable to attach until the other stops."""
+        from .shared import _locked
+
+        try:
+            if self._short_folder:  # a folder of this emulator's own
+                os.unlink(self.path)
+                os.rmdir(self._short_folder)
+                return
+            with _locked(self.folder):
+                info = os.stat(self.path)
+                if (info.st_dev, info.st_ino) == self._bound:
+                    os.unlink(self.path)
+        except OSError:
+            pass
 
     def _accept_loop(self) -> None:
         while not self._closed:

@@ -26,7 +26,9 @@ last asked (its ``emulator_idle``).  A client with ``emulator_options`` gets an 
 (:func:`fnmap.backends.emulator.embedded_emulator`).
 In that folder ``emulator.json`` (the URL and pid, written once it listens), ``emulator.log``
 (its output), ``sessions.sock`` (where clients attach); an exclusive ``flock`` on ``lock`` makes
-concurrent starters start one emulator.
+concurrent starters start one emulator: the starter holds it from before the start, the emulator
+it starts until it is ready (the open file is passed to it), so a starter killed meanwhile lets no
+other start a second one.  An emulator removes only the state file and socket that are its own.
 
 Trust: the emulator listens on loopback TCP as the per-process one does, and every route that
 runs code checks a signature made with the user's secret (:func:`fnmap.runtime.signing.local_secret`,
@@ -55,6 +57,8 @@ LOG_FILE = "emulator.log"
 STARTUP_TIMEOUT = 60.0
 #: Tries to attach to an emulator that stops (idle) between being found and being attached to.
 ATTACH_TRIES = 3
+#: Starts of an emulator that a signal kills before it is ready (someone else's SIGKILL, the OOM killer).
+START_TRIES = 3
 
 
 def supported() -> bool:
@@ -155,10 +159,10 @@ class SharedEmulator:
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
         self.started = False
         for attempt in range(ATTACH_TRIES):
-            with _locked(self.folder):
+            with _locked(self.folder) as lock:
                 state = read_state(self.folder)
                 if state is None or not listening(state["url"]):  # a pid reused after a SIGKILL
-                    state = self._start(idle)
+                    state = self._start(idle, lock)
                     self.started = True
             try:
                 self.session = self._new_session(state)
@@ -183,23 +187,37 @@ class SharedEmulator:
 
         return ClientSession(state["socket"], {"workers": self.workers, "idle": self._idle})
 
-    def _start(self, idle: float) -> dict:
+    def _start(self, idle: float, lock: int) -> dict:
+        """Start the emulator and wait until it listens; one killed (a signal) before it was ready is
+        started again, up to :data:`START_TRIES` times: a map must not fail for an emulator it did
+        not own the death of.  ``lock``: the start lock's file, which the emulator holds too until it
+        is ready, so that a starter killed meanwhile lets no other process start a second one."""
+        for _attempt in range(START_TRIES):
+            proc = self._spawn(idle, lock)
+            state = self._wait_until_listening(proc)
+            if state is not None:
+                return state
+        raise FnmapError(f"the fnmap emulator was killed (code {proc.returncode}) before it was ready, "
+                         f"{START_TRIES} times; its log: {os.path.join(self.folder, LOG_FILE)} (is something "
+                         "killing it, or is memory short?); FNMAP_EMULATOR_IDLE=0 gives each process its own")
+
+    def _spawn(self, idle: float, lock: int):
         import subprocess
 
         from ..runtime.signing import SECRET_ENV
 
         cmd = [sys.executable, "-m", "fnmap", "emulator", "--host", "127.0.0.1", "--port", "0",
                "--workers", str(self.workers), "--idle-exit", str(idle), "--stop-on-hangup",
-               "--state-file", os.path.join(self.folder, STATE_FILE)]
+               "--state-file", os.path.join(self.folder, STATE_FILE), "--start-lock-fd", str(lock)]
         log_fd = os.open(os.path.join(self.folder, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(log_fd, "wb") as log:  # 0600: it shows the AWS credentials the emulator made
             # Its own session and no pipe of ours: a Ctrl-C here does not reach it, and whoever
             # reads this process's output (a CI runner, subprocess.run) is not kept waiting by it.
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(lock,),
                                     env=dict(os.environ, **{SECRET_ENV: self.secret}), start_new_session=True)
-        return self._wait_until_listening(proc)
 
-    def _wait_until_listening(self, proc) -> dict:
+    def _wait_until_listening(self, proc) -> dict | None:
+        """The state ``proc`` wrote once it listens; None when a signal killed it before."""
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline:
             state = read_state(self.folder)
@@ -207,6 +225,8 @@ class SharedEmulator:
                 _reap_in_background(proc)
                 return state
             if proc.poll() is not None:
+                if proc.returncode < 0:
+                    return None
                 with open(os.path.join(self.folder, LOG_FILE), errors="replace") as f:
                     output = f.read()
                 raise FnmapError(f"the fnmap emulator exited with code {proc.returncode} before it was ready; "
@@ -297,7 +317,7 @@ def _locked(folder: str):
     _lock_fds.add(fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        yield fd
     finally:
         _lock_fds.discard(fd)
         os.close(fd)
@@ -335,6 +355,23 @@ def write_state(path: str, url: str, workers: int, socket: str) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump({"url": url, "pid": os.getpid(), "workers": workers, "started": time.time(), "socket": socket}, f)
     os.replace(tmp, path)
+
+
+def hold_start_lock(fd: int) -> None:
+    """In the emulator: keep the start lock its starter passed (``--start-lock-fd``) until
+    :func:`release_start_lock`.  The ``flock`` belongs to the open file both processes share, so
+    it stays held if the starter is killed while the emulator starts: the next starter waits for
+    this emulator to be ready and attaches to it, instead of starting a second one of the same
+    identity, invisible to ``fnmap emulator status``.  Closed in forked children; never inherited."""
+    os.set_inheritable(fd, False)
+    _lock_fds.add(fd)
+
+
+def release_start_lock(fd: int) -> None:
+    """In the emulator, once its state is written (it can be found): let other starters look."""
+    _lock_fds.discard(fd)
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def withdraw_state(path: str) -> None:
