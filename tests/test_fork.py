@@ -129,7 +129,7 @@ LOCK_HELD_SCRIPT = textwrap.dedent("""
         fnmap.map(abs, [-1])
         (emu,) = emulator._embedded.values()
         # As a thread of this process attaching to (or starting) the shared emulator at the fork.
-        with shared._locked(emu.folder):
+        with shared.locked(emu.folder):
             pool = multiprocessing.get_context("fork").Pool(2)
         print(pool.map(child_that_calls_fnmap_map, [3, 4]))
         pool.close()

@@ -211,7 +211,9 @@ def _sessions(state_file: str, emulator, env: dict, workers: int, url: str, acti
     def make_pool(client_env: dict, client: dict, session_workers: int | None) -> WorkerPool:
         return WorkerPool(session_workers or workers, env=client_env, client=client, start=False)
 
-    sessions = Sessions(os.path.dirname(state_file), make_pool, env_for, describe, emulator.lock, idle_exit)
+    folder = os.path.dirname(state_file)
+    sessions = Sessions(folder, make_pool, env_for, describe, emulator.lock, idle_exit,
+                        exclusive=lambda: shared.locked(folder))
     return sessions
 
 

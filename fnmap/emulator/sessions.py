@@ -22,6 +22,7 @@ in flight and jobs, the memory of the emulator's process tree.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -175,11 +176,14 @@ class Sessions:
     answer.  ``lock``: the emulator's, under which it counts each call in flight, the session's
     too (:meth:`Session.call_started`): one lock a call.  ``idle_exit``: seconds the emulator
     stays up after its last request, until a client attaches asking for another (:attr:`idle_exit`).
+    ``exclusive()``: a context manager under which the socket file is looked at and removed (the
+    folder's start lock, under which another emulator of the folder binds its own).
     """
 
     def __init__(self, folder: str, make_pool, env_for, describe, lock: threading.Lock,
-                 idle_exit: float | None = None):
+                 idle_exit: float | None = None, exclusive=contextlib.nullcontext):
         self.folder = folder
+        self._exclusive = exclusive
         #: Seconds the emulator stays up after its last request: what the client that attached last
         #: asked for (its ``emulator_idle``), else what it was started with.
         self.idle_exit = idle_exit
@@ -232,14 +236,12 @@ class Sessions:
         state (idle) serves on a while, and another of its identity may start meanwhile and bind
         its own at the same path (under the start lock, as this check is): removing that one would
         leave every later client unable to attach until the other stops."""
-        from .shared import _locked
-
         try:
             if self._short_folder:  # a folder of this emulator's own
                 os.unlink(self.path)
                 os.rmdir(self._short_folder)
                 return
-            with _locked(self.folder):
+            with self._exclusive():
                 info = os.stat(self.path)
                 if (info.st_dev, info.st_ino) == self._bound:
                     os.unlink(self.path)

@@ -159,7 +159,7 @@ class SharedEmulator:
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
         self.started = False
         for attempt in range(ATTACH_TRIES):
-            with _locked(self.folder) as lock:
+            with locked(self.folder) as lock:
                 state = read_state(self.folder)
                 if state is None or not listening(state["url"]):  # a pid reused after a SIGKILL
                     state = self._start(idle, lock)
@@ -305,12 +305,14 @@ def listening(url: str) -> bool:
     return True
 
 
-#: The lock files this process has open in :func:`_locked`, by any thread.
+#: The lock files this process has open in :func:`locked`, by any thread.
 _lock_fds: set[int] = set()
 
 
 @contextlib.contextmanager
-def _locked(folder: str):
+def locked(folder: str):
+    """The start lock of the shared emulator whose folder is ``folder``, held (the lock's descriptor):
+    starting one, withdrawing its state, and removing its socket happen under it."""
     import fcntl
 
     fd = os.open(os.path.join(folder, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -377,7 +379,7 @@ def release_start_lock(fd: int) -> None:
 def withdraw_state(path: str) -> None:
     """Stop being found: remove the state file if it still names this process, under the lock."""
     folder = os.path.dirname(path)
-    with _locked(folder):
+    with locked(folder):
         state = read_state(folder)
         if state is not None and state["pid"] == os.getpid():
             with contextlib.suppress(FileNotFoundError):
