@@ -86,7 +86,8 @@ class AttachedJob:
         self.wait()
         record = self.record()
         unreported = record.get("unreported", [])
-        spans = [(c["first_item"] or 0, c) for c in record["calls"]]
+        again = records.retried((c["call"], c["first_item"], c["items"]) for c in record["calls"])
+        spans = [(c["first_item"] or 0, c) for c in record["calls"] if c["call"] not in again]
         spans += [(first, {"unreported": n, "first_item": first}) for first, n in unreported]
         out = []
         for _, call in sorted(spans, key=lambda span: span[0]):

@@ -75,18 +75,20 @@ class Client:
 
     def new_job(self, config, kind: str = "map", *, function=None, stream: bool = False,
                 speculate_open: bool = False, job_id: str | None = None, created: float | None = None,
-                recorder: Recorder | None = None) -> Job:
+                recorder: Recorder | None = None, first_run: dict | None = None) -> Job:
         """A new, empty job of this deployment (``kind`` names the front-end in its record,
         ``function`` the job in ``fnmap jobs``; ``stream``: its calls are handed on as they are
         done, for ``imap``; ``speculate_open``: stragglers get copies before it is sealed;
         ``job_id``/``created``: those of a job run again, a redrive or a named job; ``recorder``:
-        what stores its calls and items for a redrive, or None).
+        what stores its calls and items for a redrive, or None; ``first_run``: the summary of the
+        job run again, whose "started by" and "from" the job keeps).
 
         Its "running" index entry is written now, before any function or input is looked up: a
         ``fnmap gc`` in another process then sees a job being built and keeps every shared object
         (one small PUT per job; it is rewritten with the counts when the job is sealed)."""
         job = Job(self.scheduler, self.store, config, kind, function=function, stream=stream,
-                  speculate_open=speculate_open, job_id=job_id, created=created, recorder=recorder)
+                  speculate_open=speculate_open, job_id=job_id, created=created, recorder=recorder,
+                  first_run=first_run)
         job.save_record(final=False)
         return job
 

@@ -260,7 +260,11 @@ def redrive_advice(record: dict) -> str:
     short = record["job_id"][:12]
     if left:
         return f"`fnmap redrive {short}` runs the {left} item(s) left"
-    return "every call has its result (or its error): nothing is left to redrive"
+    failed = record["summary"].get("failed_items")
+    if failed:
+        return (f"every call has its result or its error: `fnmap redrive {short} --failed` runs the {failed} "
+                "failed item(s) again")
+    return "every call has its result: nothing is left to redrive"
 
 
 def _memory_climbs(calls: list[dict]) -> list[str]:
@@ -456,7 +460,7 @@ def run_gc(args) -> int:
 # -- formatting ------------------------------------------------------------------
 
 #: The order call states are shown in.
-STATES = ("succeeded", "done", "failed", "cancelled", "abandoned", "running")
+STATES = ("succeeded", "done", "failed", "retried", "cancelled", "abandoned", "running")
 
 
 def states_text(summary: dict) -> str:
@@ -471,7 +475,7 @@ def states_text(summary: dict) -> str:
 def _states_line(s: dict) -> str:
     """``fnmap job``'s calls per state, every state shown, failed with its items."""
     states = s.get("states") or {"done": s["calls_done"], "failed": s["calls_failed"]}
-    shown = [name for name in STATES if name in states or name != "done"]
+    shown = [name for name in STATES if (name in states or name != "done") and (name != "retried" or states.get(name))]
     return "   ".join(f"{name} {states.get(name, 0)}" + (f" ({s['failed_items']} items)" if name == "failed" else "")
                        for name in shown)
 

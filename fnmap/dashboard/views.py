@@ -36,7 +36,7 @@ _STOPPED = ("cancelled", "superseded")
 
 def job_row(summary: dict) -> dict:
     """One line of the front page, from a job's index summary (:func:`fnmap.observe.history.list_jobs`)."""
-    client = summary.get("client") or {}
+    client = summary.get("started_by") or summary.get("client") or {}
     usd = (summary.get("cost") or {}).get("usd")
     return {
         "job_id": summary["job_id"],

@@ -44,7 +44,7 @@ from .identity import gone_reason
 from .logs import logs_text
 
 #: What fnmap.jobs reads from here; the index and logs are re-exported from their modules.
-__all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id", "started_summary",
+__all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id", "retried", "started_summary",
            "summarize", "write", "write_index"]
 
 FORMAT = 1
@@ -175,11 +175,23 @@ def _identity(job) -> dict:
         shared = {s.func_key for s in job.run.calls} | {s.items_key for s in job.run.calls if s.items_key}
     return {
         "function": job.function_name,
-        "origin": identity.origin(),
+        **_started(job),
         "client": identity.client_process(),
         "error": job.run.setup_error,
         "shared": sorted(k for k in shared if k.startswith(keys.SHARED_PREFIXES)),
     }
+
+
+def _started(job) -> dict:
+    """Who started the job and from where (``started_by``, ``origin``), kept by every redrive, and
+    each redrive's process and script (``redriven``); ``client`` is the process running it now."""
+    here = {"client": identity.client_process(), "origin": identity.origin()}
+    first = job.first_run
+    if first is None:
+        return {"origin": here["origin"], "started_by": here["client"]}
+    redriven = [*(first.get("redriven") or ()), {**here, "at": job.run_started}]
+    return {"origin": first.get("origin"), "started_by": first.get("started_by") or first.get("client"),
+            "redriven": redriven}
 
 
 def write(store, record: dict) -> None:
@@ -272,6 +284,23 @@ def started_summary(job) -> dict:
 # -- summary -------------------------------------------------------------------
 
 
+def retried(spans) -> set:
+    """The ids of the calls that a later call of their job ran again over the same items (``fnmap
+    redrive --failed``, a named map run again): those items' outcomes are the later call's, and
+    the earlier call's entry stays as it ran.  ``spans``: ``(call_id, first_item, items)`` per call."""
+    latest: dict = {}
+    earlier = set()
+    for call_id, first, n in sorted(spans, key=lambda span: span[0]):
+        if (first, n) in latest:
+            earlier.add(latest[(first, n)])
+        latest[(first, n)] = call_id
+    return earlier
+
+
+def _spans(calls: list[dict]) -> list[tuple]:
+    return [(c["call"], c["first_item"], c["items"]) for c in calls]
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile (``q`` in 0..100), as numpy's default."""
     if not values:
@@ -339,7 +368,8 @@ def summarize(record: dict) -> dict:
     """Counts, durations p50/p95/max, throughput and estimated cost of a record."""
     calls = record["calls"]
     done = [c for c in calls if c["status"] not in UNFINISHED]
-    failed = [c for c in done if c["status"] not in ("ok", "cancelled")]
+    again = retried(_spans(calls))
+    failed = [c for c in done if c["status"] not in ("ok", "cancelled") and c["call"] not in again]
     durations = [d for d in (run_seconds(c) for c in done) if d is not None]
     latencies = [c["ended"] - c["submitted"] for c in done
                  if c.get("ended") is not None and c.get("submitted") is not None]
@@ -349,13 +379,15 @@ def summarize(record: dict) -> dict:
     items_done = sum(c["items"] for c in done)
     status = _job_status(record, len(done), failed)
     peaks = [c["peak_memory_kb"] for c in done if c.get("peak_memory_kb")]
-    cancelled = sum(1 for c in done if c["status"] == "cancelled")
+    cancelled = sum(1 for c in done if c["status"] == "cancelled" and c["call"] not in again)
     summary = {
         "job_id": record["job_id"],
         "kind": record.get("kind"),
         "shared": record.get("shared") or [],
         "function": record.get("function"),
         "origin": record.get("origin"),
+        "started_by": record.get("started_by") or record.get("client"),
+        "redriven": record.get("redriven"),
         "client": record.get("client"),
         "error": record.get("error"),
         "raised": record.get("raised"),
@@ -369,10 +401,10 @@ def summarize(record: dict) -> dict:
         "calls_done": len(done),
         "calls_failed": len(failed),
         # calls per state: what `fnmap jobs`, `fnmap job` and summary() show (done = all but running)
-        "states": {"succeeded": len(done) - len(failed) - cancelled, "failed": len(failed),
-                   "cancelled": cancelled, ABANDONED: 0, "running": len(calls) - len(done)},
+        "states": {"succeeded": len(done) - len(failed) - cancelled - len(again), "failed": len(failed),
+                   "cancelled": cancelled, "retried": len(again), ABANDONED: 0, "running": len(calls) - len(done)},
         "items": items,
-        "failed_items": sum(c["failed_items"] for c in done),
+        "failed_items": sum(c["failed_items"] for c in done if c["call"] not in again),
         "retries": sum(_retries(c) for c in calls),
         "calls_retried": sum(1 for c in calls if _retries(c)),
         "cold_starts": sum(1 for c in done if c.get("cold")),
@@ -461,7 +493,7 @@ def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -
         "rebuilt": "the job wrote no record (still running, or its client stopped): rebuilt from "
         "the workers' status records; the items of calls that never reported have no result",
     }
-    for field in ("function", "origin", "client"):
+    for field in ("function", "origin", "client", "started_by", "redriven"):
         record[field] = started.get(field)
     summary = record["summary"] = summarize(record)
     # A job that wrote its start entry is running, unless its client is gone.
