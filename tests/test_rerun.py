@@ -84,18 +84,6 @@ def test_a_named_map_killed_at_each_stage_of_its_start_is_finished_by_running_it
     assert _runs(tmp_path) == list(range(n))
 
 
-def test_fnmap_job_offers_a_redrive_of_the_items_of_a_job_killed_before_it_stored_a_call(tmp_path, use_emulator):
-    use_emulator()
-    assert _run(tmp_path, "created", 30, 1, "auto").returncode == -9
-    listed = subprocess.run([sys.executable, "-m", "fnmap", "jobs", "--json"], capture_output=True, text=True,
-                            check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
-    job_id = next(j["job_id"] for j in json.loads(listed.stdout) if j["function"] == "work")
-    shown = subprocess.run([sys.executable, "-m", "fnmap", "job", job_id], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": os.getcwd()})
-    assert "abandoned" in shown.stdout and "nothing is left to redrive" not in shown.stdout, shown.stdout
-    assert f"`fnmap redrive {job_id[:12]}` runs the 30 item(s) left" in shown.stdout, shown.stdout
-
-
 #: A named map whose function fails on item 3 (``BUGGY``) or does not (the bug fixed), each run
 #: appending its item to ``RUNS``.
 FIXED = """
@@ -198,6 +186,9 @@ def test_a_redrive_keeps_who_started_the_job_and_from_where(tmp_path, use_emulat
     job = _named_job(tmp_path.name)
     started = job.summary()
     assert started["origin"].endswith("client.py")
+    shown = subprocess.run([sys.executable, "-m", "fnmap", "job", job.id], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert "abandoned" in shown.stdout and f"`fnmap redrive {job.id[:12]}` runs the 6 item(s) left" in shown.stdout
     out = subprocess.run([sys.executable, "-m", "fnmap", "redrive", job.id], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=120)
     assert out.returncode != 0 and "with the same job_name" in out.stderr, out.stderr  # it stored no call
@@ -206,3 +197,33 @@ def test_a_redrive_keeps_who_started_the_job_and_from_where(tmp_path, use_emulat
     assert after["status"] == "succeeded"
     assert after["origin"] == started["origin"] and after["started_by"] == started["client"]
     assert after["redriven"][0]["client"]["pid"] != started["client"]["pid"]
+
+
+def test_a_capped_job_redriven_twice_ends_succeeded_with_every_result(tmp_path, use_emulator):
+    """A first redrive under a small cap stops again; a second with room finishes: the job says
+    ``succeeded`` and every call's state is what happened to it, not ``cancelled`` for a call whose
+    result was committed by an earlier run."""
+    from fnmap.observe.cost import Pricing
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_cost_cap import _counted
+
+    emu = use_emulator()
+    pricing, sleep, memory, n = Pricing.of("emulator", {}), 0.2, 10240, 24
+    per_call = pricing.attempt(sleep, memory_mb=memory, gets=3)
+    with pytest.raises(fnmap.CostCapReached) as caught:
+        fnmap.map(_counted(str(tmp_path), sleep), range(n), chunksize=1, memory=memory,
+                  max_cost=pricing.job_overhead() + 6 * per_call)
+    job_id = caught.value.job_id
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "FNMAP_SPECULATION": "false", "FNMAP_SECRET": emu.secret}
+    for calls in (6, n + 6):  # room for a few more calls, then for all of them
+        cap = 2 * pricing.job_overhead() + calls * per_call
+        subprocess.run([sys.executable, "-m", "fnmap", "redrive", job_id, "--max-cost", str(cap)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    job = fnmap.job(job_id)
+    assert job.results() == [x * 2 for x in range(n)]
+    summary = job.summary()
+    assert summary["status"] == "succeeded", summary["states"]
+    assert summary["states"]["succeeded"] == n and summary["states"]["cancelled"] == 0, summary["states"]
+    shown = subprocess.run([sys.executable, "-m", "fnmap", "job", job_id], capture_output=True, text=True, env=env)
+    assert "fnmap redrive" not in shown.stdout, shown.stdout  # no advice to finish a finished job
