@@ -167,6 +167,10 @@ def _check_redrivable(store, job_id: str, summary: dict, failed: bool) -> None:
         who = (held or {}).get("holder") or summary.get("client") or {}
         raise RedriveError(f"job {job_id} is still running in {who.get('host')} pid {who.get('pid')} (its lease was "
                            "renewed in time): wait for it (fnmap.job(ID).wait()), or stop it with `fnmap cancel`")
+    kind = summary.get("kind") or "map"
+    if not KINDS[kind].recorded:
+        raise RedriveError(f"job {job_id} is an {kind!r} job, whose calls are not stored for a redrive: only maps "
+                           "(fnmap.map, starmap, imap, map_reduce) store theirs; run its work again")
     if summary["status"] == "succeeded":
         raise RedriveError(f"job {job_id} succeeded: every call has its result, nothing to redrive "
                            "(fnmap.job(ID).results() reads them)")
@@ -179,10 +183,6 @@ def _check_redrivable(store, job_id: str, summary: dict, failed: bool) -> None:
         raise RedriveError(f"job {job_id} was refused before any call ran: its estimate ${refused['usd']:.6f} was "
                            f"above max_cost=${summary['cost_cap']['max_cost']:g}, so its items were never stored; "
                            "run the map again with a larger max_cost")
-    kind = summary.get("kind") or "map"
-    if not KINDS[kind].recorded:
-        raise RedriveError(f"job {job_id} is an {kind!r} job, whose calls are not stored for a redrive: only maps "
-                           "(fnmap.map, starmap, imap, map_reduce) store theirs; run its work again")
 
 
 def _left(summary: dict) -> bool:
@@ -244,7 +244,7 @@ def _plan(store, job_id: str, secret: bytes, n_items: int, calls: dict, held: He
         raise RedriveError(f"calls {unknown[:10]} of job {job_id} have no stored inputs (the storage refused "
                            "them when they were sent): the job cannot be redriven; run the map again")
     ordered = [calls[i] for i in range(len(calls))]
-    gaps = _uncovered(ordered, n_items)
+    gaps = records.uncovered([(c.first_index, c.n_items) for c in ordered], n_items)
     if not gaps:
         return ordered, []
     if held is not None:
@@ -263,18 +263,6 @@ def _plan(store, job_id: str, secret: bytes, n_items: int, calls: dict, held: He
             f"{ITEMS_STORE_LIMIT >> 20} MiB; run the map again with the same job_name (it holds the items and "
             "finishes this job), or without one to run them all anew") from None
     return ordered, [(mode, first, items[first:first + n]) for first, n in gaps]
-
-
-def _uncovered(ordered: list, n_items: int) -> list:
-    """``[(first, n), ...]``: the item ranges of ``0..n_items`` in none of the calls ``ordered``."""
-    gaps, at = [], 0
-    for call in sorted(ordered, key=lambda c: c.first_index):
-        if call.first_index > at:
-            gaps.append((at, call.first_index - at))
-        at = max(at, call.first_index + call.n_items)
-    if n_items > at:
-        gaps.append((at, n_items - at))
-    return gaps
 
 
 def _submit(client, job, plan: tuple, retry: list, config, func_key: str | None):

@@ -258,9 +258,10 @@ def redrive_advice(record: dict) -> str:
     """What ``fnmap redrive`` would do for a job that stopped: run the items left, or nothing."""
     left = items_left(record)
     short = record["job_id"][:12]
-    if left:
-        return f"`fnmap redrive {short}` runs the {left} item(s) left"
     failed = record["summary"].get("failed_items")
+    if left:
+        return f"`fnmap redrive {short}` runs the {left} item(s) left" + (
+            f" (with --failed, and the {failed} failed item(s) again)" if failed else "")
     if failed:
         return (f"every call has its result or its error: `fnmap redrive {short} --failed` runs the {failed} "
                 "failed item(s) again")
@@ -313,6 +314,8 @@ def format_summary(record: dict) -> str:
     if s["status"] == "abandoned":
         lines.append("note     the client that started this job is gone before it finished: "
                      + (s.get("abandoned") or "killed or crashed") + f"; {redrive_advice(record)}")
+    if s["status"] == "failed" and s.get("failed_items"):
+        lines.append(f"note     {redrive_advice(record)}")
     if s.get("items_unreported"):
         lines.append(f"no result {s['items_unreported']} items: their calls never ran or never reported "
                      "(fnmap.job(ID).results() has an exception in their place)")

@@ -45,7 +45,7 @@ from .logs import logs_text
 
 #: What fnmap.jobs reads from here; the index and logs are re-exported from their modules.
 __all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id", "retried", "started_summary",
-           "summarize", "write", "write_index"]
+           "summarize", "uncovered", "write", "write_index"]
 
 FORMAT = 1
 #: Call statuses that mean the call has not finished.
@@ -539,11 +539,17 @@ def _rebuilt_call(call_id: int, reports: list[dict]) -> dict:
 def _unreported(calls: list[dict], n_items: int) -> list[list[int]]:
     """``[[first_item, items], ...]``: the item ranges of ``0..n_items`` that no call in ``calls``
     reported (each status record names its call's ``first_item``)."""
+    return [list(gap) for gap in uncovered([(c["first_item"], c["items"]) for c in calls], n_items)]
+
+
+def uncovered(spans, n_items: int) -> list[tuple[int, int]]:
+    """``[(first_item, items), ...]``: the item ranges of ``0..n_items`` in none of ``spans``
+    (``(first_item, items)`` per call): items no call reported, or in no stored call for a redrive."""
     gaps, at = [], 0
-    for c in sorted(calls, key=lambda c: c["first_item"]):
-        if c["first_item"] > at:
-            gaps.append([at, c["first_item"] - at])
-        at = max(at, c["first_item"] + c["items"])
+    for first, n in sorted(spans):
+        if first > at:
+            gaps.append((at, first - at))
+        at = max(at, first + n)
     if n_items > at:
-        gaps.append([at, n_items - at])
+        gaps.append((at, n_items - at))
     return gaps
