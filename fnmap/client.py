@@ -134,12 +134,15 @@ class Client:
         return state
 
     def add_stored_call(self, job: Job, call_id: int, first_index: int, n_items: int, func_key: str,
-                        items_key: str | None, payload: bytes, future: Future | None = None) -> CallRun:
+                        items_key: str | None, payload: bytes, future: Future | None = None,
+                        first_attempt: int = 1) -> CallRun:
         """Add to ``job`` a call whose input is pickled already (inline ``payload``, or stored at
-        ``items_key``), under its own id: a redrive sends a stopped job's calls again."""
+        ``items_key``), under its own id: a redrive sends a stopped job's calls again, numbering
+        their attempts from ``first_attempt`` (after those of the runs before)."""
         if call_id != len(job.run.calls):
             raise ValueError(f"call {call_id} of job {job.id} added as call {len(job.run.calls)}: add them in order")
         state = CallRun(call_id, first_index, n_items, func_key, payload, items_key, future or Future(), False)
+        state.first_attempt = state.next_attempt = first_attempt
         self.scheduler.add(job, state)
         return state
 

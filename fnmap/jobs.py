@@ -410,7 +410,7 @@ class Job:
         run = self._run
         with self._lock:
             calls = len(run.calls)
-            retried = sum(1 for s in run.calls if any(a.number > 1 and not a.copy for a in s.attempts))
+            retried = sum(1 for s in run.calls if any(a.number > s.first_attempt and not a.copy for a in s.attempts))
             speculative = sum(1 for s in run.calls if s.speculated)
             attempts: dict[str, int] = {}  # ending -> attempts (ok, crashed, server, throttled, ...)
             for s in run.calls:

@@ -157,7 +157,23 @@ def redrive(store, job_id: str, config=None, *, failed: bool = False, held: Held
     except BaseException as e:
         client.setup_failed(job, e)
         raise
-    return _submit(client, job, plan, retry, config, func_key)
+    return _submit(client, job, plan, retry, config, func_key, _attempts_seen(store, job_id, record))
+
+
+def _attempts_seen(store, job_id: str, record: dict) -> dict[int, int]:
+    """Call id -> the highest attempt number any earlier run of the job used (the record's
+    attempts, the workers' status records): a redrive numbers its attempts after them, so neither a
+    status record nor a stop the platform remembers (an attempt stopped before it arrived) of an
+    earlier attempt applies to a new one."""
+    seen: dict[int, int] = {}
+    for call in record["calls"]:
+        numbers = [a["attempt"] for a in call["attempts"] if a.get("attempt")]
+        if numbers:
+            seen[call["call"]] = max(numbers)
+    for key in store.list(keys.status_prefix(job_id)):
+        call_id, attempt = keys.call_attempt_of(key)
+        seen[call_id] = max(seen.get(call_id, 0), attempt)
+    return seen
 
 
 def _check_redrivable(store, job_id: str, summary: dict, failed: bool) -> None:
@@ -265,12 +281,12 @@ def _plan(store, job_id: str, secret: bytes, n_items: int, calls: dict, held: He
     return ordered, [(mode, first, items[first:first + n]) for first, n in gaps]
 
 
-def _submit(client, job, plan: tuple, retry: list, config, func_key: str | None):
-    """Add the stored calls under their own ids, then new calls for the items in none and for those
-    to run again (``retry``), and send them all."""
+def _submit(client, job, plan: tuple, retry: list, config, func_key: str | None, seen: dict):
+    """Add the stored calls under their own ids (their attempts numbered after ``seen``), then new
+    calls for the items in none and for those to run again (``retry``), and send them all."""
     ordered, rest = plan
     states = [client.add_stored_call(job, call_id, first, n_items, stored_key, items_key, payload,
-                                     ResultSlot())
+                                     ResultSlot(), first_attempt=seen.get(call_id, 0) + 1)
               for call_id, first, n_items, stored_key, items_key, payload in ordered]
     func_key = func_key or (ordered[0].func_key if ordered else None)
     for mode, first, items in rest:

@@ -223,7 +223,7 @@ def test_a_capped_job_redriven_twice_ends_succeeded_with_every_result(tmp_path, 
     job = fnmap.job(job_id)
     assert job.results() == [x * 2 for x in range(n)]
     summary = job.summary()
-    assert summary["status"] == "succeeded", summary["states"]
+    assert summary["status"] == "succeeded", json.dumps([c for c in job.record()["calls"] if c["status"] != "ok"])
     assert summary["states"]["succeeded"] == n and summary["states"]["cancelled"] == 0, summary["states"]
     shown = subprocess.run([sys.executable, "-m", "fnmap", "job", job_id], capture_output=True, text=True, env=env)
     assert "fnmap redrive" not in shown.stdout, shown.stdout  # no advice to finish a finished job

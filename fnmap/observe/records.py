@@ -455,8 +455,9 @@ def load(store, job_id: str) -> dict:
             by_call.setdefault(stats["call_id"], []).append(stats)
         for call in record["calls"]:
             found = by_call.get(call["call"])
-            if found:
-                _apply_stats(call, max(found, key=lambda s: s["attempt"]))
+            if found:  # the attempt that ran it, not a later one answered with its committed result
+                ran = [s for s in found if not s.get("already_final")] or found
+                _apply_stats(call, max(ran, key=lambda s: s["attempt"]))
         record["summary"] = summarize(record)
     return lease.judge(store, record)  # abandoned if its client is gone
 
