@@ -148,7 +148,9 @@ class AttachedJob:
     def redrive(self, **options):
         """Run the calls of this job that have no committed result, from this process (the job's
         client may be gone, on any machine); the running :class:`fnmap.jobs.Job`, whose ``results()``
-        are every item's.  Options as for ``fnmap.map`` (this job's storage and secret by default)."""
+        are every item's.  ``failed=True`` also runs again the calls whose items failed (under new
+        call ids; the failures stay in the record).  Options as for ``fnmap.map`` (this job's
+        storage and secret by default)."""
         from .redrive import redrive
 
         options.setdefault("storage", self.store.url)

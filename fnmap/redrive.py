@@ -140,7 +140,7 @@ def redrive(store, job_id: str, config=None, *, failed: bool = False, held: Held
                            f"pass storage={store.url!r}")
     record = records.load(store, job_id)  # judged: abandoned at once if its client is gone
     summary = record["summary"]
-    _check_redrivable(store, job_id, summary, failed)
+    _check_redrivable(store, job_id, record, failed)
     kind = summary.get("kind") or "map"
     stored = _stored_calls(store, job_id, client.secret)
     n_items = len(held.items) if held is not None else summary.get("items") or 0
@@ -176,8 +176,9 @@ def _attempts_seen(store, job_id: str, record: dict) -> dict[int, int]:
     return seen
 
 
-def _check_redrivable(store, job_id: str, summary: dict, failed: bool) -> None:
+def _check_redrivable(store, job_id: str, record: dict, failed: bool) -> None:
     """Raise :class:`RedriveError` saying why the job cannot be redriven now, if it cannot."""
+    summary = record["summary"]
     if lease.client_runs(summary):
         held = lease.read(store, job_id)
         who = (held or {}).get("holder") or summary.get("client") or {}
@@ -190,7 +191,7 @@ def _check_redrivable(store, job_id: str, summary: dict, failed: bool) -> None:
     if summary["status"] == "succeeded":
         raise RedriveError(f"job {job_id} succeeded: every call has its result, nothing to redrive "
                            "(fnmap.job(ID).results() reads them)")
-    if summary["status"] == "failed" and not failed and not _left(summary):
+    if summary["status"] == "failed" and not failed and not records.items_left(record):
         raise RedriveError(f"job {job_id} failed and every call has its result (or its error): nothing is left "
                            f"to redrive; `fnmap redrive {job_id[:12]} --failed` runs the calls whose items failed "
                            "again (fnmap.job(ID).redrive(failed=True))")
@@ -199,13 +200,6 @@ def _check_redrivable(store, job_id: str, summary: dict, failed: bool) -> None:
         raise RedriveError(f"job {job_id} was refused before any call ran: its estimate ${refused['usd']:.6f} was "
                            f"above max_cost=${summary['cost_cap']['max_cost']:g}, so its items were never stored; "
                            "run the map again with a larger max_cost")
-
-
-def _left(summary: dict) -> bool:
-    """Whether some of the job's calls or items have no outcome (not run, cancelled, never reported)."""
-    states = summary.get("states") or {}
-    return bool(states.get("cancelled") or states.get("running") or states.get(lease.ABANDONED)
-                or summary.get("items_unreported") or summary["calls_done"] < summary["calls"])
 
 
 def _stored_calls(store, job_id: str, secret: bytes) -> dict:

@@ -217,14 +217,16 @@ def test_a_capped_job_redriven_twice_ends_succeeded_with_every_result(tmp_path, 
     job_id = caught.value.job_id
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "FNMAP_SPECULATION": "false", "FNMAP_SECRET": emu.secret}
     job = fnmap.job(job_id)
-    for calls in (6, n + 6):  # room for a few more calls, then for all of them
+    for calls in (2, n + 6):  # room for a few more calls, then for all of them
         before = {c["call"]: max([a["attempt"] for a in c["attempts"]], default=0) for c in job.record()["calls"]}
         cap = 2 * pricing.job_overhead() + calls * per_call
-        subprocess.run([sys.executable, "-m", "fnmap", "redrive", job_id, "--max-cost", str(cap)],
-                       capture_output=True, text=True, env=env, timeout=300)
+        done = subprocess.run([sys.executable, "-m", "fnmap", "redrive", job_id, "--max-cost", str(cap)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert "redriving job" in done.stderr, done.stderr
         # Each attempt of a call has a number of its own: a stop the emulator remembers for an attempt
         # of the run before (stopped before it arrived) does not stop the redrive's.
         assert all(a["attempt"] > before[c["call"]] for c in job.record()["calls"] for a in c["attempts"])
+        assert job.status == ("capped" if calls == 2 else "succeeded"), job.summary()["states"]
     assert job.results() == [x * 2 for x in range(n)]
     summary = job.summary()
     assert summary["status"] == "succeeded", json.dumps([c for c in job.record()["calls"] if c["status"] != "ok"])

@@ -247,15 +247,10 @@ def run_cancel(args) -> int:
     return 0
 
 
-def items_left(record: dict) -> int:
-    """Items of a job that have no result a redrive would not run again: those of calls that never
-    ran, were stopped or never reported (a failed item's error is its committed result)."""
-    stopped = sum(c["items"] for c in record["calls"] if c["status"] in ("cancelled", "pending", "running"))
-    return stopped + (record["summary"].get("items_unreported") or 0)
-
-
 def redrive_advice(record: dict) -> str:
     """What ``fnmap redrive`` would do for a job that stopped: run the items left, or nothing."""
+    from ..observe.records import items_left
+
     left = items_left(record)
     short = record["job_id"][:12]
     failed = record["summary"].get("failed_items")

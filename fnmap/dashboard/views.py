@@ -17,7 +17,7 @@ import time
 
 from ..cli.jobs import cap_text
 from ..observe.cost import describe
-from ..observe.records import UNFINISHED
+from ..observe.records import UNFINISHED, items_left
 
 #: Most bars one timeline carries to the browser.
 MAX_BARS = 20_000
@@ -83,18 +83,14 @@ def commands(record: dict) -> list[dict]:
            {"command": f"fnmap logs {short}", "does": "every call's captured output"}]
     if status == "running":
         out.append({"command": f"fnmap cancel {short}", "does": "ask the client running it to stop"})
-    elif _items_left(record) and status == "capped":  # without a cap of its own a redrive has none
+    elif items_left(record) and status == "capped":  # without a cap of its own a redrive has none
         out.append({"command": f"fnmap redrive {short} --max-cost USD",
                     "does": "run the calls the cost cap stopped, under a new cap (what the redrive spends)"})
-    elif _items_left(record):
+    elif items_left(record):
         out.append({"command": f"fnmap redrive {short}", "does": "run the calls that have no result"})
+    elif status == "failed" and record["summary"].get("failed_items"):
+        out.append({"command": f"fnmap redrive {short} --failed", "does": "run the calls whose items failed again"})
     return out
-
-
-def _items_left(record: dict) -> int:
-    """Items a redrive would run: those of calls stopped, never run or never reported."""
-    stopped = sum(c["items"] for c in record["calls"] if c["status"] in ("cancelled", *UNFINISHED))
-    return stopped + (record["summary"].get("items_unreported") or 0)
 
 
 def _notes(record: dict) -> list[str]:

@@ -44,8 +44,8 @@ from .identity import gone_reason
 from .logs import logs_text
 
 #: What fnmap.jobs reads from here; the index and logs are re-exported from their modules.
-__all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id", "retried", "started_summary",
-           "summarize", "uncovered", "write", "write_index"]
+__all__ = ["ABANDONED", "JobNotFound", "build", "items_left", "load", "logs_text", "resolve_id", "retried",
+           "started_summary", "summarize", "uncovered", "write", "write_index"]
 
 FORMAT = 1
 #: Call statuses that mean the call has not finished.
@@ -295,6 +295,16 @@ def retried(spans) -> set:
             earlier.add(latest[(first, n)])
         latest[(first, n)] = call_id
     return earlier
+
+
+def items_left(record: dict) -> int:
+    """Items with no outcome, which a redrive runs: those of calls with no committed result (stopped,
+    never run, lost to a platform fault) and those no call reported.  A failed item's error is its
+    call's committed result: ``redrive --failed`` runs it again."""
+    again = retried(_spans(record["calls"]))
+    no_result = sum(c["items"] for c in record["calls"]
+                    if c["status"] not in ("ok", "error") and c["call"] not in again)
+    return no_result + (record["summary"].get("items_unreported") or 0)
 
 
 def _spans(calls: list[dict]) -> list[tuple]:
