@@ -15,14 +15,12 @@ from concurrent.futures import CancelledError
 from .errors import CallLost, CostCapReached, KeyNotFound, PlatformError
 from .jobs import remote_exception
 from .lease import ABANDONED
-from .observe import history, records
+from .observe import history, records, report
 from .observe.logs import logs_text
+from .observe.report import FINAL
 from .runtime import cancel, compression, keys, signing
 from .runtime import outcome as _outcome
 from .runtime.serialization import loads
-
-#: Statuses after which nothing about a job changes any more.
-FINAL = ("succeeded", "failed", "cancelled", "capped", "incomplete", ABANDONED)
 
 
 def job(job_id: str, **options) -> AttachedJob:
@@ -86,7 +84,7 @@ class AttachedJob:
         self.wait()
         record = self.record()
         unreported = record.get("unreported", [])
-        again = records.retried((c["call"], c["first_item"], c["items"]) for c in record["calls"])
+        again = report.retried_calls(record["calls"])
         spans = [(c["first_item"] or 0, c) for c in record["calls"] if c["call"] not in again]
         spans += [(first, {"unreported": n, "first_item": first}) for first, n in unreported]
         out = []

@@ -26,8 +26,9 @@ from .errors import (
     WorkerCrashed,
 )
 from .errors import TimeoutError as CallTimeout
-from .observe import records
+from .observe import records, report
 from .observe.output import show_call_output
+from .observe.report import usd
 from .run import ANSWERED, CallRun, JobRun
 from .runtime import keys
 from .runtime import outcome as _outcome
@@ -214,7 +215,7 @@ class Job:
                    + (" (fnmap is stopping them)." if stoppable
                       else " (this platform cannot stop a call that started)."))
         return CostCapReached(
-            f"job {self.id} stopped at its cost cap max_cost=${budget.cap:g}: ${spent:.6f} spent at list "
+            f"job {self.id} stopped at its cost cap max_cost=${budget.cap:g}: {usd(spent)} spent at list "
             f"prices ({budget.pricing.describe()}) by {done} call(s) done; {len(not_run)} call(s) "
             f"({items} item(s)) not run.{out} Finish it with `fnmap redrive {self.id} --max-cost USD` "
             "(the new cap counts what the redrive spends).",
@@ -253,6 +254,17 @@ class Job:
             except Exception as e:
                 self._record_failed(e)
 
+    def give_up(self, reason: str) -> None:
+        """This process gave the job up at its exit (:mod:`fnmap.lease`), an interrupt that reached its
+        caller included (a kernel's restart interrupts the running cell first): its record says so,
+        whatever was written before; its lease, marked by the caller, makes it ``abandoned``."""
+        with self._record_lock:
+            self.given_up, self.raised = reason, None
+            try:
+                records.write(self.store, records.build(self))
+            except Exception as e:
+                self._record_failed(e)
+
     def _record_failed(self, e: Exception) -> None:
         import warnings
 
@@ -266,6 +278,8 @@ class Job:
             stopped = isinstance(exc, (CancelledError, KeyboardInterrupt))  # asked to stop, not a failure
             self.raised = {"error": f"{type(exc).__name__}: {exc}"[:500],
                            "status": "cancelled" if stopped else "failed"}
+            if isinstance(exc, KeyboardInterrupt):  # the user's Ctrl-C, or a kernel's restart (lease decides at exit)
+                lease.interrupted(self)
 
     # -- results -------------------------------------------------------------
 
@@ -330,7 +344,7 @@ class Job:
             return self._run.calls
         with self._lock:
             calls = list(self._run.calls)
-        again = records.retried((s.call_id, s.first_index, s.n_items) for s in calls)
+        again = report.retried((s.call_id, s.first_index, s.n_items) for s in calls)
         return sorted((s for s in calls if s.call_id not in again), key=lambda s: s.first_index)
 
     def call_results(self, state: CallRun, return_exceptions: bool) -> list:
@@ -468,10 +482,11 @@ class Job:
 
 
 def new_budget(config):
-    """The :class:`fnmap.budget.Budget` of a job run with ``max_cost``, or None."""
+    """The :class:`fnmap.cost.budget.Budget` of a job run with ``max_cost``, or None."""
     if config.max_cost is None:
         return None
-    from .budget import Budget, pricing_of
+    from .cost.budget import Budget
+    from .cost.pricing import pricing_of
 
     pricing = pricing_of(config)
     return Budget(config.max_cost, pricing, spent=pricing.job_overhead())

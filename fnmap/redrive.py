@@ -20,7 +20,7 @@ elsewhere (the stopped client's attempt) and this redrive's, the first to commit
 Items in no stored call get new calls: from the items a map run again holds (a named map,
 :class:`Held`), else from the items the job stored.  ``failed=True`` also runs again, each under a
 new call id over the same items, the calls whose items failed: their entries in the record stay
-as they ran, and the later call's outcomes stand for those items (:func:`fnmap.observe.records.retried`).
+as they ran, and the later call's outcomes stand for those items (:func:`fnmap.observe.report.retried`).
 Jobs of ``fnmap.Executor`` and the Dask shim store nothing and cannot be redriven.
 """
 
@@ -38,8 +38,9 @@ from .config import resolve
 from .errors import FnmapError
 from .jobs import ResultSlot
 from .kinds import KINDS
-from .observe import records
+from .observe import records, report
 from .observe.progress import make_progress
+from .observe.report import usd
 from .policy import chunks
 from .runtime import keys, signing
 from .runtime.serialization import loads, parts_size
@@ -191,13 +192,13 @@ def _check_redrivable(store, job_id: str, record: dict, failed: bool) -> None:
     if summary["status"] == "succeeded":
         raise RedriveError(f"job {job_id} succeeded: every call has its result, nothing to redrive "
                            "(fnmap.job(ID).results() reads them)")
-    if summary["status"] == "failed" and not failed and not records.items_left(record):
+    if summary["status"] == "failed" and not failed and not report.items_left(record):
         raise RedriveError(f"job {job_id} failed and every call has its result (or its error): nothing is left "
                            f"to redrive; `fnmap redrive {job_id[:12]} --failed` runs the calls whose items failed "
                            "again (fnmap.job(ID).redrive(failed=True))")
     if (summary.get("cost_cap") or {}).get("refused"):
         refused = summary["cost_cap"]["refused"]
-        raise RedriveError(f"job {job_id} was refused before any call ran: its estimate ${refused['usd']:.6f} was "
+        raise RedriveError(f"job {job_id} was refused before any call ran: its estimate {usd(refused['usd'])} was "
                            f"above max_cost=${summary['cost_cap']['max_cost']:g}, so its items were never stored; "
                            "run the map again with a larger max_cost")
 
@@ -213,7 +214,7 @@ def _stored_calls(store, job_id: str, secret: bytes) -> dict:
 def _failed_calls(record: dict, stored: dict) -> list:
     """The stored calls whose items failed (an error committed as their result) and that no later
     call ran again: what ``failed=True`` runs again, each under a new call id."""
-    again = records.retried((c["call"], c["first_item"], c["items"]) for c in record["calls"])
+    again = report.retried_calls(record["calls"])
     return [stored[c["call"]] for c in record["calls"]
             if c["call"] in stored and c["call"] not in again
             and (c["status"] == "error" or (c["status"] == "ok" and c.get("failed_items")))]

@@ -22,9 +22,14 @@ RENDER_SECONDS = 0.1
 def in_kernel() -> bool:
     """True inside a Jupyter kernel (not merely in a process that imported ipykernel, as any
     jupyter_client that looks up kernel specs does)."""
+    return kernel_shell() is not None
+
+
+def kernel_shell():
+    """The IPython shell of the Jupyter kernel this process is, or None."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
-    return getattr(shell, "kernel", None) is not None
+    return shell if getattr(shell, "kernel", None) is not None else None
 
 
 def _interactive() -> bool:
@@ -58,7 +63,7 @@ class Progress:
         self._lock = YieldingLock()
         #: Items done since the bar was last drawn, and when that was: the bar is drawn at most
         #: every RENDER_SECONDS, since tqdm's bookkeeping on every call more than doubled the
-        #: client's CPU per call (issue 9).
+        #: client's CPU per call.
         self._unshown = 0
         self._shown_at = 0.0
         self._closed = False

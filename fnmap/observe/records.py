@@ -35,35 +35,24 @@ import math
 import time
 
 from .. import lease
+from ..cost.pricing import job_cost
 from ..errors import FnmapError
 from ..lease import ABANDONED
 from ..runtime import keys
-from . import cost, identity
+from . import identity, report
 from .history import JobNotFound, get_json_many, resolve_id, started_entry, write_index
 from .identity import gone_reason
 from .logs import logs_text
+from .report import UNFINISHED
 
 #: What fnmap.jobs reads from here; the index and logs are re-exported from their modules.
-__all__ = ["ABANDONED", "JobNotFound", "build", "items_left", "load", "logs_text", "resolve_id", "retried",
+__all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id",
            "started_summary", "summarize", "uncovered", "write", "write_index"]
 
 FORMAT = 1
-#: Call statuses that mean the call has not finished.
-UNFINISHED = ("pending", "running")
 #: Worker stats copied from the counted attempt into the call's entry.
-_STATS_FIELDS = (
-    "worker",
-    "cold",
-    "init_seconds",
-    "started",
-    "loaded",
-    "finished",
-    "written",
-    "bytes_in",
-    "bytes_out",
-    "peak_memory_kb",
-    "log_tail",
-)
+_STATS_FIELDS = ("worker", "cold", "init_seconds", "started", "loaded", "finished", "written", "bytes_in",
+                 "bytes_out", "peak_memory_kb", "log_tail")
 
 
 # -- writing -------------------------------------------------------------------
@@ -213,7 +202,7 @@ def compact_calls(calls: list[dict]) -> list[dict]:
     """Call entries as stored: empty fields left out, times to the millisecond, each attempt as
     ``[attempt, sent, ended, outcome]`` (and the memory, when set), ``submitted`` and ``ended``
     left to be derived from the attempts.  A 100,000-call record was 48 MB at about 500 bytes a
-    call (issue 24); automatic chunking makes far fewer calls, and each now takes about half."""
+    call; automatic chunking makes far fewer calls, and each now takes about half."""
     out = []
     for call in calls:
         entry = {k: _ms(v) if k in _TIME_FIELDS else v for k, v in call.items()
@@ -284,33 +273,6 @@ def started_summary(job) -> dict:
 # -- summary -------------------------------------------------------------------
 
 
-def retried(spans) -> set:
-    """The ids of the calls that a later call of their job ran again over the same items (``fnmap
-    redrive --failed``, a named map run again): those items' outcomes are the later call's, and
-    the earlier call's entry stays as it ran.  ``spans``: ``(call_id, first_item, items)`` per call."""
-    latest: dict = {}
-    earlier = set()
-    for call_id, first, n in sorted(spans, key=lambda span: span[0]):
-        if (first, n) in latest:
-            earlier.add(latest[(first, n)])
-        latest[(first, n)] = call_id
-    return earlier
-
-
-def items_left(record: dict) -> int:
-    """Items with no outcome, which a redrive runs: those of calls with no committed result (stopped,
-    never run, lost to a platform fault) and those no call reported.  A failed item's error is its
-    call's committed result: ``redrive --failed`` runs it again."""
-    again = retried(_spans(record["calls"]))
-    no_result = sum(c["items"] for c in record["calls"]
-                    if c["status"] not in ("ok", "error") and c["call"] not in again)
-    return no_result + (record["summary"].get("items_unreported") or 0)
-
-
-def _spans(calls: list[dict]) -> list[tuple]:
-    return [(c["call"], c["first_item"], c["items"]) for c in calls]
-
-
 def percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile (``q`` in 0..100), as numpy's default."""
     if not values:
@@ -378,7 +340,7 @@ def summarize(record: dict) -> dict:
     """Counts, durations p50/p95/max, throughput and estimated cost of a record."""
     calls = record["calls"]
     done = [c for c in calls if c["status"] not in UNFINISHED]
-    again = retried(_spans(calls))
+    again = report.retried_calls(calls)
     failed = [c for c in done if c["status"] not in ("ok", "cancelled") and c["call"] not in again]
     durations = [d for d in (run_seconds(c) for c in done) if d is not None]
     latencies = [c["ended"] - c["submitted"] for c in done
@@ -428,7 +390,7 @@ def summarize(record: dict) -> dict:
         "bytes_in": sum(c.get("bytes_in") or 0 for c in done),
         "bytes_out": sum(c.get("bytes_out") or 0 for c in done),
         "peak_memory_mb": max(peaks) / 1024 if peaks else None,
-        "cost": cost.estimate(record),
+        "cost": job_cost(record),
         "cost_cap": record.get("cost_cap"),
         "seconds_per_item": _seconds_per_item(done),
     }
@@ -453,11 +415,7 @@ def load(store, job_id: str) -> dict:
         if not status_keys and started is None:
             raise JobNotFound(f"job {job_id} has no record and no status records in {store.url}")
         return lease.judge(store, _rebuild(store, job_id, status_keys, started))  # abandoned if its client is gone
-    missing = {
-        c["call"]
-        for c in record["calls"]
-        if c["status"] not in UNFINISHED and c.get("started") is None
-    }
+    missing = {c["call"] for c in record["calls"] if c["status"] not in UNFINISHED and c.get("started") is None}
     wanted = [k for k in status_keys if keys.call_attempt_of(k)[0] in missing]
     if wanted:
         by_call = {}
@@ -470,6 +428,11 @@ def load(store, job_id: str) -> dict:
                 _apply_stats(call, max(ran, key=lambda s: s["attempt"]))
         record["summary"] = summarize(record)
     return lease.judge(store, record)  # abandoned if its client is gone
+
+
+def call_reports(store, job_id: str, call: int) -> list[dict]:
+    """The status records of one call of a job (one per attempt that reported), by attempt."""
+    return sorted(get_json_many(store, store.list(keys.call_status_prefix(job_id, call))), key=lambda s: s["attempt"])
 
 
 def _apply_stats(call: dict, stats: dict) -> None:

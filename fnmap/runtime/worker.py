@@ -29,6 +29,7 @@ from ..storage import is_unreachable, open_store
 from . import compression, forks, keys, setup, signing
 from .capture import captured as _captured
 from .items import Deadline, Expired, run_items
+from .local_modules import ModuleFiles
 from .outcome import count, count_failed, dump_all, each, failure, from_exception, retry_outcome, succeeded
 from .peakmem import PeakMemory
 from .serialization import load_stream, loads, runtime_mismatch
@@ -52,6 +53,45 @@ def _new_functions_lock() -> None:
 
 _calls_served = 0
 _peak_memory = PeakMemory()
+
+#: The user's module files this process imported (:class:`ModuleFiles`): looked at when a call of
+#: another job arrives, or one after the process served none for this many seconds (an Executor's
+#: next call, a named job run again); not between the calls of a job it is kept busy with, which
+#: all run the code of the job's first.
+MODULE_LOOK_IDLE_SECONDS = 1.0
+_module_files: ModuleFiles | None = None
+#: The job of the last call this process served, and when that call ended (``time.monotonic``).
+_last_call: tuple[str, float] = ("", 0.0)
+#: Whether a changed module is imported afresh (a process serving calls alone), not only its
+#: functions loaded again (the client's own process, whose modules are the user's to reload).
+_reimport = False
+
+
+def reimport_changed_modules() -> None:
+    """Called by a process that serves calls alone and for long (the emulator's workers) before its
+    first call: when a module of the user's files it imported has changed since (an edit, a
+    ``reload`` in the client), the next job's calls import the user's modules afresh, as a new
+    worker would.  Elsewhere (the ``local`` backend) only the functions are loaded again."""
+    global _module_files, _reimport
+    _module_files, _reimport = ModuleFiles(baseline=True), True
+
+
+def _look_at_module_files(job_id: str) -> None:
+    """Forget the loaded functions, and with :data:`_reimport` the user's modules, if a module file
+    the calls imported changed since (see :class:`ModuleFiles`)."""
+    global _module_files
+    last_job, ended = _last_call
+    if job_id == last_job and time.monotonic() - ended < MODULE_LOOK_IDLE_SECONDS:
+        return
+    with _functions_lock:
+        if _module_files is None:
+            _module_files = ModuleFiles(baseline=False)
+        if _module_files.changed():
+            _functions.clear()
+            if _reimport:
+                _module_files.forget()
+
+
 #: Seconds this process spent starting before it could serve its first call, where the platform
 #: bills that (AWS Lambda's INIT phase, billed since 2025-08-01): reported with the first call's
 #: stats as ``init_seconds`` and priced into its cost.  None where it is not billed.
@@ -124,11 +164,13 @@ def handle(body: bytes, signature: str | None, secret: bytes | None,
 
 def run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[CallResponse, bytes]:
     """Run one call and commit its outcomes; return the response header and inline payload."""
+    global _last_call
     _peak_memory.call_started()
     try:
         return _run(req, payload, secret)
     finally:
         _peak_memory.call_ended()
+        _last_call = (req.job_id, time.monotonic())
 
 
 def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[CallResponse, bytes]:
@@ -155,7 +197,7 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
             func, error = _set_up(func, req)  # the initializer, once per worker process
         outcomes = run_items(func, items, mode, req.timeout, req.first_index) \
             if error is None else [from_exception(error)] * max(1, len(items or ()))
-    # Large results compressed (issue 7); sealed with the secret, so the reader checks before unpickling.
+    # Large results compressed; sealed with the secret, so the reader checks before unpickling.
     data = signing.seal(secret, result_key, compression.pack(dump_all(outcomes)))
     observed = (req, started, time.time(), cold, len(payload), loaded_at, logs, outcomes)
     if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline
@@ -285,6 +327,7 @@ def _is_storage_error(e: BaseException) -> bool:
 
 
 def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
+    _look_at_module_files(req.job_id)
     func = _functions.get(req.func_key)
     if func is None:
         with _functions_lock:  # threads (the local backend) share one load: one namespace, one setup
@@ -435,7 +478,7 @@ def _add_output(stats: dict, req: CallRequest, logs: io.StringIO | None) -> bool
 
 
 def _observed(loaded_at: float, logs: io.StringIO | None, outcomes) -> dict:
-    """Stats for job records (issue 8): when loading ended, and the output tail of a failing call."""
+    """Stats for job records: when loading ended, and the output tail of a failing call."""
     extra: dict = {"loaded": loaded_at}
     if logs is not None and logs.tell() and count_failed(outcomes):
         extra["log_tail"] = logs.getvalue()[-LOG_TAIL_CHARS:]
