@@ -203,7 +203,7 @@ def test_a_capped_job_redriven_twice_ends_succeeded_with_every_result(tmp_path, 
     """A first redrive under a small cap stops again; a second with room finishes: the job says
     ``succeeded`` and every call's state is what happened to it, not ``cancelled`` for a call whose
     result was committed by an earlier run."""
-    from fnmap.observe.cost import Pricing
+    from fnmap.cost.pricing import Pricing
 
     sys.path.insert(0, os.path.dirname(__file__))
     from test_cost_cap import _counted
