@@ -27,6 +27,7 @@ from .runtime import cancel, forks, keys
 from .runtime.serialization import parts_size, pickle_function
 from .runtime.setup import with_initializer
 from .scheduler import Scheduler
+from .scopes import adopt
 from .storage import open_store
 
 #: Seconds between two looks for a ``fnmap cancel`` request of a running job.
@@ -89,6 +90,7 @@ class Client:
         job = Job(self.scheduler, self.store, config, kind, function=function, stream=stream,
                   speculate_open=speculate_open, job_id=job_id, created=created, recorder=recorder,
                   first_run=first_run)
+        adopt(job)  # an awaited call's jobs: cancelling the task that awaits it stops them (fnmap.scopes)
         job.save_record(final=False)
         return job
 
