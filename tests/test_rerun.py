@@ -14,9 +14,9 @@ import pytest
 import fnmap
 
 #: A named map over ``N`` items of ``SIZE`` bytes (item i's bytes are all i), that SIGKILLs itself at
-#: the stage ``KILL`` names: ``created`` (the job exists, no call is stored yet), ``mid-store`` (three
-#: calls stored and sent and done, the rest never stored), or ``none`` (it runs to its end and prints
-#: its results as JSON).  Each run of ``work`` appends its item to the file ``RUNS``.
+#: the stage ``KILL`` names: ``created`` (the job exists, no call is stored yet), ``mid-store`` (the
+#: first calls, three at most, stored and sent and done, the rest never stored), or ``none`` (it runs
+#: to its end and prints its results as JSON).  Each run of ``work`` appends its item to the file ``RUNS``.
 CLIENT = """
 import json, os, signal, sys, time
 import fnmap, fnmap.client
@@ -35,8 +35,8 @@ submit = fnmap.client.Client.submit
 def killing_submit(self, job, states, sent=[]):
     if KILL == "mid-store" and not sent:  # the first batch only (a feed's next batch: killed at once)
         sent.append(job)
-        submit(self, job, states[:3])
-        while fnmap.job(job.id).summary()["calls_done"] < 3:
+        submit(self, job, states[:3])  # a first batch of large inputs may hold fewer: those stored so far
+        while fnmap.job(job.id).summary()["calls_done"] < len(states[:3]):
             time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -75,7 +75,8 @@ def test_a_named_map_killed_at_each_stage_of_its_start_is_finished_by_running_it
     use_emulator()
     killed = _run(tmp_path, kill, n, size, chunk)
     assert killed.returncode == -9, killed.stderr
-    assert _runs(tmp_path) == ([0, 1, 2] if kill == "mid-store" else [])
+    ran = _runs(tmp_path)
+    assert ran == list(range(len(ran))) and len(ran) <= (3 if kill == "mid-store" else 0), ran
     again = _run(tmp_path, "none", n, size, chunk)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout.splitlines()[-1]) == [[i * 10, size] for i in range(n)]
