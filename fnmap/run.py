@@ -60,7 +60,7 @@ class CallRun:
 
     __slots__ = (
         "call_id", "first_index", "n_items", "func_key", "payload", "items_key", "future",
-        "unwrap", "attempts", "next_attempt", "sent_at", "in_flight", "done", "speculated",
+        "unwrap", "attempts", "first_attempt", "next_attempt", "sent_at", "in_flight", "done", "speculated",
         "stats", "awaiting", "charged", "claimed", "result", "memory_step", "cancelled", "crash_exits",
         "cached",
     )
@@ -76,6 +76,9 @@ class CallRun:
         self.unwrap = unwrap
         #: One :class:`Attempt` per send, in order.
         self.attempts: list[Attempt] = []
+        #: The number of its first attempt in this run: 1, or after the attempts of an earlier run of
+        #: its job (a redrive), so that no two attempts of a call ever share a number.
+        self.first_attempt = 1
         self.next_attempt = 1
         self.sent_at = 0.0
         self.in_flight = 0
