@@ -167,8 +167,8 @@ class Client:
         their attempts from ``first_attempt`` (after those of the runs before)."""
         if call_id != len(job.run.calls):
             raise ValueError(f"call {call_id} of job {job.id} added as call {len(job.run.calls)}: add them in order")
-        state = CallRun(call_id, first_index, n_items, func_key, payload, items_key, future or Future(), False)
-        state.first_attempt = state.next_attempt = first_attempt
+        state = CallRun(call_id, first_index, n_items, func_key, payload, items_key, future or Future(), False,
+                        first_attempt)
         self.scheduler.add(job, state)
         return state
 

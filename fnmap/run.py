@@ -65,7 +65,7 @@ class CallRun:
         "cached",
     )
 
-    def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap):
+    def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap, first_attempt=1):
         self.call_id = call_id
         self.first_index = first_index
         self.n_items = n_items
@@ -78,8 +78,8 @@ class CallRun:
         self.attempts: list[Attempt] = []
         #: The number of its first attempt in this run: 1, or after the attempts of an earlier run of
         #: its job (a redrive), so that no two attempts of a call ever share a number.
-        self.first_attempt = 1
-        self.next_attempt = 1
+        self.first_attempt = first_attempt
+        self.next_attempt = first_attempt
         self.sent_at = 0.0
         self.in_flight = 0
         self.done = False
