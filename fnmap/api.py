@@ -265,7 +265,8 @@ def _start_named(func: Callable, items: Iterable, config, name: str, mode: str =
     claim = named.claim(client, config, name, func, items, mode)
     if claim.job is not None:
         return claim.job
-    return _start(client, config, func, "map", lambda _job_id: items, mode, job_id=claim.job_id)
+    return _start(client, config, func, "map", lambda _job_id: items, mode, job_id=claim.job_id,
+                  first_run=claim.first_run)
 
 
 def _start(
@@ -278,13 +279,16 @@ def _start(
     label: str | None = None,
     stream: bool = False,
     job_id: str | None = None,
+    first_run: dict | None = None,
 ):
-    """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix).
+    """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix);
+    ``job_id`` and ``first_run``: a named job's (:meth:`fnmap.client.Client.new_job`).
 
     With ``chunksize`` set, every chunk is made and pickled here; unset (automatic), the first
     calls are made here and a :class:`fnmap.feed.ChunkFeed` makes the rest as calls end."""
     recorder = StorageRecorder(client.store, client.secret) if KINDS[kind].recorded else None
-    job = client.new_job(config, kind, function=func, stream=stream, job_id=job_id, recorder=recorder)
+    job = client.new_job(config, kind, function=func, stream=stream, job_id=job_id, recorder=recorder,
+                         first_run=first_run)
     index = 0
     states = []
     stores: list = []  # large inputs being stored meanwhile, by the client's input threads

@@ -7,7 +7,8 @@ code, closure and globals, the same after a kernel restart) and the SHA-256 of i
 A map under a name that exists, with the same items, finishes that job rather than running anew:
 its results if it succeeded, the job itself if a live client still runs it, else a redrive
 (:mod:`fnmap.redrive`) of the calls with no result and, under new call ids, of those whose items
-failed, with the function and items this run holds for whatever storage lacks.  The function may
+failed, with the function and items this run holds for whatever storage lacks; a job its cost
+estimate refused at its start (nothing ran, nothing stored) is started again under its id.  The function may
 differ only to run again the items of a job that failed (a bug fixed); the name then accepts it
 too.  Other items, or another function for a job with no failed items, are refused, saying which
 differs.  :func:`claim` says which of these holds; the caller (:mod:`fnmap.api`) starts the map
@@ -28,7 +29,7 @@ from .attach import AttachedJob
 from .chunk_pickle import dump_chunk
 from .errors import ConfigError
 from .observe.records import JobNotFound
-from .redrive import Held, redrive
+from .redrive import Held, clear_last_run, redrive, refused_at_start
 from .runtime import keys
 from .runtime.serialization import pickle_function
 from .runtime.setup import with_initializer
@@ -48,8 +49,11 @@ class Claim:
     job_id: str
     #: That job as it stands (its results if it succeeded or a live client runs it, else its
     #: redrive), or None: the map is to be started under ``job_id`` (the name was claimed now, or
-    #: the process that claimed it stopped before the job started).
+    #: the process that claimed it stopped before the job started, or its estimate refused it).
     job: Any = None
+    #: The summary of the job's earlier run when the map starts again under ``job_id`` (refused at
+    #: its start by its cost estimate): who started it, and from where, stay the job's.
+    first_run: dict | None = None
 
 
 def check_name(name) -> None:
@@ -83,6 +87,9 @@ def claim(client, config, name: str, func, items: list, mode: str = "one") -> Cl
     job = _as_it_stands(client, config, named["job_id"], Held(func, mode, items), changed=bool(differs))
     if job is False:
         raise _taken(name, named, differs)
+    if isinstance(job, dict):  # refused at its start: this map starts it, its estimate checked against this max_cost
+        clear_last_run(client.store, named["job_id"])
+        return Claim(named["job_id"], first_run=job)
     if differs:  # a function run again over the job's failed items: the name accepts it from now on
         named["functions"] = [*named.get("functions", []), identity["function"]]
         with client.storage_errors(f"update the job name {name!r}"):
@@ -143,8 +150,9 @@ def _taken(name: str, named: dict, differs: list) -> JobNameTaken:
 def _as_it_stands(client, config, job_id: str, held: Held, changed: bool):
     """The named job as it stands: its results if it succeeded or a live client runs it, else a
     redrive of what has no result and of its failed items (with ``held``'s function and items);
-    None if the process that claimed the name stopped before the job started; False if
-    ``changed`` (another function) and the job has no failed items to run again."""
+    None if the process that claimed the name stopped before the job started; its summary if its
+    cost estimate refused it at its start (nothing ran, nothing was stored: the map is started
+    again); False if ``changed`` (another function) and the job has no failed items to run again."""
     try:
         attached = AttachedJob(client.store, job_id, secret=client.secret.decode())
     except JobNotFound:
@@ -156,4 +164,6 @@ def _as_it_stands(client, config, job_id: str, held: Held, changed: bool):
         return False if changed else attached
     if changed and not summary.get("failed_items"):
         return False
+    if refused_at_start(summary):
+        return summary
     return redrive(client.store, job_id, config=config, failed=True, held=held)

@@ -147,8 +147,7 @@ def redrive(store, job_id: str, config=None, *, failed: bool = False, held: Held
     n_items = len(held.items) if held is not None else summary.get("items") or 0
     plan = _plan(store, job_id, client.secret, n_items, stored, held)
     retry = _retry_inputs(store, job_id, client.secret, _failed_calls(record, stored), held) if failed else []
-    # A stale cancel request would stop this run at once; the stale final record would stand while it runs.
-    store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
+    clear_last_run(store, job_id)
     function = held.func if held is not None else types.SimpleNamespace(__qualname__=summary.get("function")
                                                                         or "redrive")  # its name in `fnmap jobs`
     job = client.new_job(config, kind, function=function, job_id=job_id, created=summary["created"],
@@ -159,6 +158,17 @@ def redrive(store, job_id: str, config=None, *, failed: bool = False, held: Held
         client.setup_failed(job, e)
         raise
     return _submit(client, job, plan, retry, config, func_key, _attempts_seen(store, job_id, record))
+
+
+def clear_last_run(store, job_id: str) -> None:
+    """Before a job runs again under its own id: a stale cancel request would stop the run at once,
+    and the last run's final record would stand while it runs."""
+    store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
+
+
+def refused_at_start(summary: dict) -> bool:
+    """Whether the job was refused at its start by its cost estimate: nothing ran, nothing was stored."""
+    return bool((summary.get("cost_cap") or {}).get("refused"))
 
 
 def _attempts_seen(store, job_id: str, record: dict) -> dict[int, int]:
@@ -196,7 +206,7 @@ def _check_redrivable(store, job_id: str, record: dict, failed: bool) -> None:
         raise RedriveError(f"job {job_id} failed and every call has its result (or its error): nothing is left "
                            f"to redrive; `fnmap redrive {job_id[:12]} --failed` runs the calls whose items failed "
                            "again (fnmap.job(ID).redrive(failed=True))")
-    if (summary.get("cost_cap") or {}).get("refused"):
+    if refused_at_start(summary):
         refused = summary["cost_cap"]["refused"]
         raise RedriveError(f"job {job_id} was refused before any call ran: its estimate {usd(refused['usd'])} was "
                            f"above max_cost=${summary['cost_cap']['max_cost']:g}, so its items were never stored; "

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import until
 
 import fnmap
 
@@ -234,3 +235,72 @@ def test_a_capped_job_redriven_twice_ends_succeeded_with_every_result(tmp_path, 
     assert summary["states"]["succeeded"] == n and summary["states"]["cancelled"] == 0, summary["states"]
     shown = subprocess.run([sys.executable, "-m", "fnmap", "job", job_id], capture_output=True, text=True, env=env)
     assert "fnmap redrive" not in shown.stdout, shown.stdout  # no advice to finish a finished job
+
+
+PRICED = """
+import os, sys, time, fnmap
+
+RUNS, NAME, CAP = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+def slow(x):
+    fd = os.open(RUNS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, f"{x}\\n".encode())
+    os.close(fd)
+    time.sleep(0.05)
+    while os.path.exists(RUNS + ".hold"):  # the test looks at the job while its calls run
+        time.sleep(0.01)
+    return x * 3
+
+if NAME == "-":  # a map of it measured: the maps after it are estimated before they start
+    fnmap.map(slow, range(12), chunksize=1, memory=10240)
+else:
+    print(fnmap.map(slow, range(12), job_name=NAME, chunksize=1, memory=10240, max_cost=CAP))
+"""
+
+
+def _priced(tmp_path, name: str, cap: float, wait: bool = True):
+    script = tmp_path / "priced.py"
+    script.write_text(PRICED)
+    client = subprocess.Popen([sys.executable, str(script), str(tmp_path / "runs.txt"), name, repr(cap)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+    if not wait:
+        return client
+    out, err = client.communicate(timeout=300)
+    return subprocess.CompletedProcess(client.args, client.returncode, out, err)
+
+
+def test_a_named_map_its_estimate_refused_runs_under_its_name_with_a_larger_max_cost(tmp_path, use_emulator):
+    """Refused at its start (nothing ran, nothing stored), the named map run again with a larger
+    ``max_cost`` is started again under the job's id, its estimate checked against the new cap: not
+    refused for ever as a job with nothing to redrive.  The same small cap is refused again."""
+    from fnmap.cost.pricing import Pricing
+
+    use_emulator()
+    pricing = Pricing.of("emulator", {})
+    per_call = pricing.attempt(0.05, memory_mb=10240, gets=3)
+    small, large = pricing.job_overhead() + 3 * per_call, 3 * pricing.job_overhead() + 2000 * per_call
+    assert _priced(tmp_path, "-", 0).returncode == 0
+    for _ in range(2):
+        refused = _priced(tmp_path, tmp_path.name, small)
+        assert "CostCapReached" in refused.stderr and "refused before any call ran" in refused.stderr, refused.stderr
+    assert _runs(tmp_path) == list(range(12))  # the measured map's items only
+    job = _named_job(tmp_path.name)
+    started = job.summary()
+    hold = tmp_path / "runs.txt.hold"
+    hold.touch()
+    client = _priced(tmp_path, tmp_path.name, large, wait=False)
+    try:
+        until(lambda: len(_runs(tmp_path)) > 12 or client.poll() is not None, seconds=120)
+        assert job.status == "running"  # not the refused run's final record, left standing
+    finally:
+        hold.unlink()
+    out, err = client.communicate(timeout=300)
+    assert client.returncode == 0, err
+    assert out.strip() == str([x * 3 for x in range(12)])
+    assert _runs(tmp_path) == sorted([*range(12)] * 2)  # each item once more
+    after = job.summary()
+    assert after["status"] == "succeeded" and job.results() == [x * 3 for x in range(12)]
+    # Who started it first, kept by each run (the second refused one's summary says so already).
+    assert after["started_by"] == started["started_by"] != started["client"]
+    assert after["origin"] == started["origin"] and after["client"]["pid"] != started["client"]["pid"]
