@@ -12,17 +12,15 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import named, policy
+from . import policy
 from .client import get_client
 from .config import resolve
-from .cost.forecast import check_cap
-from .cost.shared import SharedCap
 from .errors import ConfigError, RemoteTraceback
 from .feed import ChunkFeed
 from .jobs import ResultSlot
 from .kinds import KINDS
 from .observe.progress import make_progress
-from .redrive import StorageRecorder
+from .recorder import StorageRecorder
 from .runtime import keys
 from .runtime.wire import MODE_ARGS, MODE_ONE
 
@@ -233,6 +231,8 @@ def start_map(func: Callable, items: Iterable, config, mode: str = MODE_ONE):
 
 def _start_named(func: Callable, items: Iterable, config, name: str, mode: str = MODE_ONE):
     """The job named ``name`` (:mod:`fnmap.named`): started now, re-attached, or redriven; refused if it differs."""
+    from . import named  # with its re-attach and redrive machinery: loaded by a named job only
+
     named.check_name(name)
     client = get_client(config)
     items = items if isinstance(items, list) else list(items)
@@ -266,6 +266,8 @@ def _start(
     try:
         func_key = client.upload_function(func, job)  # a function that does not pickle: recorded too
         if config.max_cost is not None:  # refused before any call runs if even its least is above the cap
+            from .cost.forecast import check_cap  # the price tables: loaded by a capped job only
+
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
             make_items = lambda _job_id, items=items: items  # noqa: E731
@@ -359,6 +361,7 @@ def map_reduce(
     >>> fnmap.map_reduce(lambda x: x * x, range(4), sum)
     14
     """
+    from .cost.shared import SharedCap
     from .runtime.reduce import MapStage, ReduceStage
 
     config = resolve(**options)

@@ -317,8 +317,11 @@ class WorkerPool:
             if self._started:
                 return
             self._started = True
-        for _ in range(self.size):
-            self._add()
+        # The first call waits for one worker, not for all: the others start meanwhile and join the
+        # idle workers as each is ready (pushed now, the last started would be the first handed out).
+        self._add()
+        for _ in range(self.size - 1):
+            threading.Thread(target=self._add, args=(True,), name="fnmap-worker-start", daemon=True).start()
 
     def _add(self, ready_first: bool = False) -> None:
         # Started under the lock: close() waits for a start in progress and then stops the new
