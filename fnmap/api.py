@@ -266,12 +266,7 @@ def _start(
     try:
         func_key = client.upload_function(func, job)  # a function that does not pickle: recorded too
         if config.max_cost is not None:  # refused before any call runs if even its least is above the cap
-            from .cost.forecast import check_cap  # the price tables: loaded by a capped job only
-
-            items = make_items(job.id)
-            items = items if isinstance(items, list) else list(items)
-            make_items = lambda _job_id, items=items: items  # noqa: E731
-            check_cap(job, func_key, len(items))
+            make_items = _capped_items(job, func_key, make_items)
         if config.chunksize is None:
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
@@ -304,6 +299,17 @@ def _start(
     else:
         client.submit(job, states)
     return job
+
+
+def _capped_items(job, func_key: str, make_items: Callable[[str], Iterable]) -> Callable[[str], list]:
+    """Make a capped job's items now and refuse the job if even their least cost is above its cap
+    (:func:`fnmap.cost.forecast.check_cap`, with the price tables: loaded by a capped job only)."""
+    from .cost.forecast import check_cap
+
+    items = make_items(job.id)
+    items = items if isinstance(items, list) else list(items)
+    check_cap(job, func_key, len(items))
+    return lambda _job_id: items
 
 
 def _submit_as_stored(client, job, states: list, pending: list, stores: list) -> None:
