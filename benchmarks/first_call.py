@@ -8,8 +8,8 @@ time of a fresh interpreter from its start to its exit, over ``python -c pass`` 
 * ``pool``: ``import multiprocessing`` and ``multiprocessing.Pool(2).map(abs, [-1])``;
 * ``fnmap``: ``import fnmap`` and ``fnmap.map(abs, [-1])`` on the shared emulator (up already),
   with this checkout's fnmap (its folder first on ``PYTHONPATH``);
-* ``fnmap-before``: the same with another checkout's fnmap (``--before /path/to/checkout``), so
-  that a change is measured against its base in one run, on the same loaded machine.
+* ``fnmap@NAME``: the same with another checkout's fnmap (``--before /path/to/NAME``, repeatable),
+  so that a change is measured against its base in one run, on the same loaded machine.
 
 Each system's figure is the median over ``--whole-runs`` processes (order rotated run by run);
 its cost is that minus ``pass``'s, and the ratio is that cost over ``pool``'s.
@@ -65,13 +65,14 @@ WHOLE = {
 }
 
 
-def whole_process(env: dict, runs: int, before: str | None) -> None:
+def whole_process(env: dict, runs: int, before: list[str]) -> None:
     """Print the whole-process table (see the module's docstring)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     systems = {"pass": (WHOLE["pass"], env), "pool": (WHOLE["pool"], env),
                "fnmap": (WHOLE["fnmap"], dict(env, PYTHONPATH=here))}
-    if before:
-        systems["fnmap-before"] = (WHOLE["fnmap"], dict(env, PYTHONPATH=os.path.abspath(before)))
+    for checkout in before:
+        checkout = os.path.abspath(checkout)
+        systems[f"fnmap@{os.path.basename(checkout)}"] = (WHOLE["fnmap"], dict(env, PYTHONPATH=checkout))
     names = list(systems)
     for name in names:  # bytecode written, each checkout's shared emulator started
         _wall(*systems[name])
@@ -82,10 +83,11 @@ def whole_process(env: dict, runs: int, before: str | None) -> None:
     median = {name: statistics.median(walls[name]) for name in names}
     cost = {name: median[name] - median["pass"] for name in names}
     print(f"whole process, median of {runs} fresh processes each; load average {os.getloadavg()[0]:.2f}")
-    print(f"{'system':14} {'wall s':>8} {'over pass s':>12} {'x pool':>8}")
+    width = max(14, *map(len, names))
+    print(f"{'system':{width}} {'wall s':>8} {'over pass s':>12} {'x pool':>8}")
     for name in names:
         ratio = f"{cost[name] / cost['pool']:8.2f}" if name != "pass" else f"{'':8}"
-        print(f"{name:14} {median[name]:8.3f} {cost[name]:12.3f} {ratio}")
+        print(f"{name:{width}} {median[name]:8.3f} {cost[name]:12.3f} {ratio}")
 
 
 def _wall(code: str, env: dict) -> float:
@@ -114,7 +116,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=7, help="first-call runs per system (default 7; 0: none)")
     p.add_argument("--whole-runs", type=int, default=21, help="whole-process runs per system (default 21; 0: none)")
-    p.add_argument("--before", metavar="CHECKOUT", help="a checkout of fnmap to measure too, as fnmap-before")
+    p.add_argument("--before", metavar="CHECKOUT", action="append", default=[],
+                   help="a checkout of fnmap to measure too, as fnmap@NAME (repeatable)")
     p.add_argument("--keep-env", action="store_true", help="keep PYTHONDONTWRITEBYTECODE if it is set")
     args = p.parse_args(argv)
     env = dict(os.environ)

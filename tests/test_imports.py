@@ -113,9 +113,11 @@ def test_the_check_finds_a_circle_behind_an_import_inside_a_function():
 
 #: Modules a plain ``fnmap.map`` has no use for: each loads where its feature is used (a job name, a
 #: redrive or re-attach, a cost cap, a ``map_reduce``'s shared cap, a plot, an Executor, the
-#: dashboard, the command line).  Every fresh script and command paid for them at its first map.
+#: dashboard, the command line, an awaited twin's ``asyncio``).  Every fresh script and command
+#: paid for them at its first map.
 NOT_FOR_A_PLAIN_MAP = ("fnmap.named", "fnmap.redrive", "fnmap.attach", "fnmap.cost.forecast", "fnmap.cost.shared",
-                       "fnmap.cost.budget", "fnmap.observe.plot", "fnmap.executor", "fnmap.dashboard", "fnmap.cli")
+                       "fnmap.cost.budget", "fnmap.observe.plot", "fnmap.executor", "fnmap.dashboard", "fnmap.cli",
+                       "asyncio")
 
 PLAIN_MAP = """
 import sys, fnmap
