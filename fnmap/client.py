@@ -143,9 +143,8 @@ class Client:
         from .runtime.outcome import dump_all
 
         cache = job.cache
-        state = CallRun(len(job.run.calls), first_index, n_items, func_key, b"", None, future or Future(), unwrap)
-        state.cached = cache.origins(first_index, n_items)
-        state.result = outcome.all_ok(cache.take(first_index, n_items))
+        state = CallRun.answered(len(job.run.calls), first_index, n_items, func_key, future or Future(), unwrap,
+                                 cache.origins(first_index, n_items), outcome.all_ok(cache.take(first_index, n_items)))
         key = keys.result_key(job.id, state.call_id)
         with self.storage_errors("store the result of a call the cache answered"):
             self.store.put_if_absent(key, signing.seal(self.secret, key, compression.pack(dump_all(state.result))))

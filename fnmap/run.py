@@ -101,6 +101,14 @@ class CallRun:
         #: ``[[first item, count, job id], ...]`` (:meth:`fnmap.cache.plan.JobCache.origins`); else None.
         self.cached: list | None = None
 
+    @classmethod
+    def answered(cls, call_id, first_index, n_items, func_key, future, unwrap, origins: list, result) -> CallRun:
+        """A call the result cache answered: never sent, its ``result`` known and its items'
+        ``origins`` (:attr:`cached`) set from the start; the scheduler decides it when it is submitted."""
+        state = cls(call_id, first_index, n_items, func_key, b"", None, future, unwrap)
+        state.cached, state.result = origins, result
+        return state
+
     def describe(self) -> str:
         last = self.first_index + self.n_items - 1
         items = f"item {self.first_index}" if self.n_items == 1 else f"items {self.first_index}..{last}"

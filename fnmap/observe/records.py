@@ -41,7 +41,6 @@ from ..lease import ABANDONED
 from ..runtime import keys
 from . import identity
 from .history import JobNotFound, get_json_many, resolve_id, started_entry, write_index
-from .identity import gone_reason
 from .logs import logs_text
 from .report import UNFINISHED
 
@@ -404,7 +403,7 @@ def load(store, job_id: str) -> dict:
         started = started_entry(store, job_id)
         if not status_keys and started is None:
             raise JobNotFound(f"job {job_id} has no record and no status records in {store.url}")
-        return lease.judge(store, _rebuild(store, job_id, status_keys, started))  # abandoned if its client is gone
+        return _rebuild(store, job_id, status_keys, started)  # judged: abandoned if its client is gone
     missing = {c["call"] for c in record["calls"] if c["status"] not in UNFINISHED and c.get("started") is None}
     wanted = [k for k in status_keys if keys.call_attempt_of(k)[0] in missing]
     if wanted:
@@ -460,10 +459,8 @@ def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -
         record[field] = started.get(field)
     summary = record["summary"] = summarize(record)
     # A job that wrote its start entry is running, unless its client is gone.
-    gone = gone_reason(started.get("client"))
-    summary["status"] = (ABANDONED if gone else "running") if started else "unknown"
-    if gone:
-        summary["abandoned"] = gone
+    summary["status"] = "running" if started else "unknown"
+    lease.judge(store, record)
     summary["items"] = max(summary["items"], started.get("items") or 0)
     record["unreported"] = gaps = _unreported(calls, summary["items"])
     summary["items_unreported"] = sum(n for _, n in gaps)
