@@ -31,6 +31,8 @@ from ..runtime.signing import SECRET_ENV, new_secret
 from .sigv4 import ACCESS_KEY_ENV, SECRET_KEY_ENV, new_credentials
 
 BUCKET = "fnmap-offline"
+#: S3's limit on one PutObject (5 GiB): the bodies the offline S3 takes, as moto's own server took any.
+S3_PUT_LIMIT = 5 << 30
 REGION = "us-east-1"
 
 
@@ -120,7 +122,7 @@ class MotoServer:
 
         self._dispatcher = DomainDispatcherApplication(create_backend_app)
         self._s3 = create_backend_app("s3")
-        self._server = WSGIServer(self._app, host, 0)
+        self._server = WSGIServer(self._app, host, 0, max_body=S3_PUT_LIMIT)
         self.url = f"http://{self._server.host}:{self._server.port}"
         threading.Thread(target=self._server.serve_forever, name="fnmap-offline-s3", daemon=True).start()
 
