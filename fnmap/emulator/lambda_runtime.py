@@ -101,8 +101,9 @@ class LambdaRuntime:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         #: Invocations waiting for an environment, by function: each function's waiters on a condition
-        #: of their own (of the one lock), woken one at a time as an environment frees up.  Waking
-        #: every waiter on every release cost more CPU than the invocations with 64 calls in flight.
+        #: of their own (of the one lock), the longest-waiting of each woken as an environment frees
+        #: up.  Waking every waiter on every release cost more CPU than the invocations with 64 calls
+        #: in flight.
         self._waiting: dict[str, threading.Condition] = {}
         self._waiters: collections.Counter = collections.Counter()
         self._default_code: str | None = None
@@ -230,7 +231,7 @@ class LambdaRuntime:
             if env.alive and not self._closed and self.functions.get(env.function.name) is env.function:
                 if env.waiting:  # else it becomes idle when its runtime asks for the next event
                     self._idle.append(env)
-                    self._wake(env.function.name)
+                    self._wake()
             else:
                 self._retire(env)
                 self._wake()
@@ -240,7 +241,7 @@ class LambdaRuntime:
         with self._cond:
             if not env.busy and not env.retired and env.alive and env not in self._idle:
                 self._idle.append(env)
-                self._wake(env.function.name)
+                self._wake()
 
     def _exited(self, env: Environment) -> None:
         """The process of ``env`` ended; one no Invoke holds is stopped here (a held one on release)."""
@@ -262,16 +263,13 @@ class LambdaRuntime:
         finally:
             self._waiters[name] -= 1
 
-    def _wake(self, name: str | None = None) -> None:
-        """Wake the invocation of ``name`` waiting longest: an environment of it is idle.  With none of
-        ``name`` waiting, or ``name`` None (room for a new environment), the longest-waiting invocation
-        of each function: one may start an environment, or stop the idle one to make room.  Each woken
-        invocation looks again and waits again when it finds nothing (the caller holds the lock)."""
-        if name is not None and self._waiters[name] > 0:
-            self._waiting[name].notify(1)
-            return
-        for other, cond in self._waiting.items():
-            if self._waiters[other] > 0:
+    def _wake(self) -> None:
+        """Wake the longest-waiting invocation of each function (the caller holds the lock): an
+        environment is idle, or there is room for a new one.  One per function, not all of them: the
+        one of the freed environment's function takes it; one of another may stop it to make room,
+        as any waiting invocation may.  Each woken one looks again and waits again if it found nothing."""
+        for name, cond in self._waiting.items():
+            if self._waiters[name] > 0:
                 cond.notify(1)
 
     def _wake_all(self) -> None:
