@@ -45,7 +45,6 @@ from __future__ import annotations
 import time
 
 from . import policy
-from .cost.budget import WAIT
 from .dispatch import ACCEPTED, COALESCE_MAX_SECONDS, COALESCE_SECONDS, Dispatch, Outcomes
 from .errors import FaultKind, PlatformFault
 from .locks import YieldingLock
@@ -190,12 +189,12 @@ class Scheduler:
                 run.budget.in_flight = len(running)
             capped = run.budget is not None and run.budget.reached
             if run.abandoned and run.budget is not None:  # retries waiting for room: none will come
-                unstarted += [s for s in run.budget.release_all() if s.next_attempt > 1 and not s.done
+                unstarted += [s for s in run.budget.release_all() if s.next_attempt > s.first_attempt and not s.done
                               and not s.in_flight]
         for state in unstarted:
             if capped:
                 self._decide(job, state, 0, _cap_fault(), final=True)
-            elif state.next_attempt > 1:  # a retry that waited under the cap: the job was abandoned
+            elif state.next_attempt > state.first_attempt:  # a retry that waited under the cap: the job was abandoned
                 self._decide(job, state, state.next_attempt - 1, PlatformFault(
                     "cancelled", "the job was abandoned before this call could be retried"), final=True)
             else:
@@ -262,7 +261,7 @@ class Scheduler:
         if state.done:
             return _SKIP, 0
         run = job.run
-        first = state.next_attempt == 1
+        first = state.next_attempt == state.first_attempt
         if first:
             if state.claimed:
                 return _SKIP, 0
@@ -275,6 +274,8 @@ class Scheduler:
             return (_ABANDONED if state.in_flight == 0 else _SKIP), 0
         reserved = None
         if run.budget is not None:
+            from .cost.budget import WAIT  # loaded with the budget of a capped job (max_cost)
+
             steps = job.config.memory_steps
             reserved = run.budget.admit(steps[state.memory_step] if steps else None)
             if reserved == WAIT:  # the first wave is out: sent again when its first attempt is priced
