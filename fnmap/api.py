@@ -278,8 +278,7 @@ def _start(
     mode: str = MODE_ONE,
     label: str | None = None,
     stream: bool = False,
-    job_id: str | None = None,
-    first_run: dict | None = None,
+    job_id: str | None = None, first_run: dict | None = None,
 ):
     """Start a job over ``make_items(job_id)`` (items may name keys under the job's prefix);
     ``job_id`` and ``first_run``: a named job's (:meth:`fnmap.client.Client.new_job`).
