@@ -313,7 +313,7 @@ def _check_cap(job, func_key: str, n_items: int) -> None:
         f"job {job.id} refused before any call ran: max_cost=${job.config.max_cost:g} is below its estimate "
         f"${found['usd']:.6f} ({found['made_from']}). Raise max_cost, or run fewer items; "
         "fnmap.estimate(func, items, **options) gives the estimate without running anything.",
-        job_id=job.id, cap=job.config.max_cost, spent=job.run.budget.spent, calls_not_run=found["calls"],
+        id=job.id, cap=job.config.max_cost, spent=job.run.budget.spent, calls_not_run=found["calls"],
         estimate=found)
 
 

@@ -241,7 +241,7 @@ class SharedCap:
             raise CostCapReached(
                 f"{self.what} stopped at its cost cap max_cost=${self.cap:g}: its jobs "
                 f"({', '.join(job.id for job in self.jobs)}) spent ${spent:.6f} at list prices before the next "
-                "could start", job_id=self.jobs[-1].id if self.jobs else None, cap=self.cap, spent=spent)
+                "could start", id=self.jobs[-1].id if self.jobs else None, cap=self.cap, spent=spent)
         return self.cap - spent
 
     def reached(self, error: CostCapReached) -> CostCapReached:
@@ -252,7 +252,7 @@ class SharedCap:
         return CostCapReached(
             f"{self.what} stopped at its cost cap max_cost=${self.cap:g}: its jobs "
             f"({', '.join(job.id for job in self.jobs)}) spent ${spent:.6f} at list prices; the last: {error}",
-            job_id=error.job_id, cap=self.cap, spent=spent, calls_done=error.calls_done,
+            id=error.id, cap=self.cap, spent=spent, calls_done=error.calls_done,
             calls_not_run=error.calls_not_run, estimate=error.estimate)
 
 

@@ -32,9 +32,9 @@ from typing import NamedTuple
 from . import lease
 from .client import get_client
 from .config import resolve
-from .errors import FnmapError
+from .errors import RedriveError
 from .jobs import ResultSlot
-from .kinds import KINDS
+from .kinds import KINDS, not_recorded
 from .observe import records
 from .observe.progress import make_progress
 from .policy import chunks
@@ -45,10 +45,6 @@ from .runtime.serialization import loads, parts_size
 #: items would be stored twice (their calls store them too) and copied once more in memory.  A
 #: redrive of such a map runs the calls it stored; items in no call yet are refused, saying so.
 ITEMS_STORE_LIMIT = 16 << 20
-
-
-class RedriveError(FnmapError, RuntimeError):
-    """A job cannot be redriven: it still runs elsewhere, or it stored no inputs."""
 
 
 class CallRecord(NamedTuple):
@@ -79,6 +75,10 @@ class StorageRecorder:
             return
         key = keys.job_items_key(job.id)
         self.store.put(key, signing.seal(self.secret, key, b"".join(parts)))
+
+    def redrive(self, job, **options):
+        """Run the calls of ``job`` that have no committed result (:func:`redrive`); the running job."""
+        return redrive(job.store, job.id, **options)
 
     def record_calls(self, job, states: list) -> None:
         """Store what these calls of ``job`` run, before they are sent (one PUT); a failure is
@@ -140,8 +140,7 @@ def redrive(store, job_id: str, config=None, **options):
                            "run the map again with a larger max_cost")
     kind = summary.get("kind") or "map"
     if not KINDS[kind].recorded:
-        raise RedriveError(f"job {job_id} is an {kind!r} job, whose calls are not stored for a redrive: only maps "
-                           "(fnmap.map, starmap, imap, map_reduce) store theirs; run its work again")
+        raise RedriveError(not_recorded(job_id, kind))
     ordered, rest = _plan(store, job_id, client.secret, summary.get("items") or 0)
     # A stale cancel request would stop this run at once; the stale final record would stand while it runs.
     store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
