@@ -10,6 +10,20 @@ from __future__ import annotations
 
 import builtins
 import enum
+import os
+import sys
+
+#: The folder of fnmap's own modules: frames under it are fnmap's, not the user's.
+_FNMAP_ROOT = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the function calling this one name the
+    user's line: the first frame outside fnmap, whichever of fnmap's own functions led there."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_FNMAP_ROOT):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class FnmapError(Exception):
