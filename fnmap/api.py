@@ -80,7 +80,7 @@ def map(
     traceback as its cause and the item's index in a note; with
     ``return_exceptions=True`` exception objects take the failed items' places.
     With ``return_job=True`` the :class:`fnmap.jobs.Job` is returned instead; its
-    ``results()`` gives the list.
+    ``results()`` gives the list (it answers what ``fnmap.job(ID)`` does: :class:`fnmap.jobs.JobHandle`).
 
     ``job_name``: a name for the job in its storage (``"nightly-2026-12-04"``).  Run again with
     the same name, function and items, the map re-attaches to that job and runs only the calls
