@@ -85,7 +85,7 @@ def _instrument(backend_name: str, registered: dict, profilers: list | None) -> 
                     marks["invoke_cpu_s"] += spent
         return wrapper
 
-    for name in ("invoke", "invoke_many"):
+    for name in ("invoke", "invoke_all"):
         if name in vars(cls) or name == "invoke":
             setattr(cls, name, timed(getattr(cls, name)))
 

@@ -53,7 +53,7 @@ def __getattr__(name: str):
 
         return Executor
     if name == "estimate":
-        from .budget import estimate
+        from .cost.forecast import estimate
 
         return estimate
     if name == "job":

@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import named, policy
-from .budget import SharedCap, check_cap
 from .client import get_client
 from .config import resolve
-from .errors import ConfigError, CostCapReached, RemoteTraceback
+from .cost.forecast import check_cap
+from .cost.shared import SharedCap
+from .errors import ConfigError, RemoteTraceback
 from .feed import ChunkFeed
 from .jobs import ResultSlot
 from .kinds import KINDS
@@ -268,7 +269,7 @@ def _start(
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
             make_items = lambda _job_id, items=items: items  # noqa: E731
-            _check_cap(job, func_key, len(items))
+            check_cap(job, func_key, len(items))
         if config.chunksize is None:
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
@@ -301,20 +302,6 @@ def _start(
     else:
         client.submit(job, states)
     return job
-
-
-def _check_cap(job, func_key: str, n_items: int) -> None:
-    """Refuse a job with ``max_cost`` whose estimate (its least cost, or what an earlier run of the
-    same function measured) is above the cap, before any call is made: raises CostCapReached."""
-    found = check_cap(job, func_key, n_items)
-    if found is None:
-        return
-    raise CostCapReached(
-        f"job {job.id} refused before any call ran: max_cost=${job.config.max_cost:g} is below its estimate "
-        f"${found['usd']:.6f} ({found['made_from']}). Raise max_cost, or run fewer items; "
-        "fnmap.estimate(func, items, **options) gives the estimate without running anything.",
-        id=job.id, cap=job.config.max_cost, spent=job.run.budget.spent, calls_not_run=found["calls"],
-        estimate=found)
 
 
 def _submit_as_stored(client, job, states: list, pending: list, stores: list) -> None:
@@ -378,23 +365,18 @@ def map_reduce(
     items = _reduce_inputs(items, reduce_func, reduce_fanin, reduce_by_key, obj_chunk_size, obj_chunk_number)
     client = get_client(config)
     name = getattr(map_func, "__name__", "map")
-    cap = SharedCap(config.max_cost, "map_reduce")  # one max_cost over the map and every reduce level
-    map_job = _start(
-        client,
-        config,
-        MapStage(map_func, client.store.url),
-        "map",
-        lambda job_id: [(keys.blob_key(job_id, f"map/{i}"), item) for i, item in enumerate(items)],
-        label=f"fnmap {name}",
-    )
-    cap.jobs.append(map_job)
-    groups = _groups(items, map_job.results(), reduce_by_key)
-    stage = ReduceStage(reduce_func, client.store.url)
-    reduce_config = config.replace(chunksize=1)
-    try:
-        results, last_job = _reduce_tree(client, reduce_config, stage, groups, reduce_fanin, cap)
-    except CostCapReached as e:
-        raise cap.reached(e) from e
+    with SharedCap(config.max_cost, "map_reduce") as cap:  # one max_cost over the map and every reduce level
+        map_job = cap.start(config, lambda config: _start(
+            client,
+            config,
+            MapStage(map_func, client.store.url),
+            "map",
+            lambda job_id: [(keys.blob_key(job_id, f"map/{i}"), item) for i, item in enumerate(items)],
+            label=f"fnmap {name}",
+        ))
+        groups = _groups(items, map_job.results(), reduce_by_key)
+        stage = ReduceStage(reduce_func, client.store.url)
+        results, last_job = _reduce_tree(client, config.replace(chunksize=1), stage, groups, reduce_fanin, cap)
     if return_job:
         return last_job
     return results if reduce_by_key else results[None]
@@ -432,7 +414,7 @@ def _reduce_inputs(items, reduce_func, reduce_fanin, reduce_by_key: bool, obj_ch
 
 def _reduce_tree(client, config, stage, groups: dict, fanin: int | None, cap):
     """Reduce each group's values level by level; one job per level for all groups together
-    (``cap``: the :class:`fnmap.budget.SharedCap` of the ``map_reduce``, what each level may spend)."""
+    (``cap``: the :class:`fnmap.cost.shared.SharedCap` of the ``map_reduce``, what each level may spend)."""
     from .runtime.reduce import Stored, plan_level
 
     done: dict = {}
@@ -443,18 +425,17 @@ def _reduce_tree(client, config, stage, groups: dict, fanin: int | None, cap):
         for group, inputs in pending.items():
             level = plan_level(len(inputs), fanin)
             nodes.extend((group, len(level) == 1, [inputs[i] for i in r]) for r in level)
-        job = _start(
+        job = cap.start(config, lambda config, nodes=nodes: _start(
             client,
-            cap.config(config),
+            config,
             stage,
             "reduce",
-            lambda job_id, nodes=nodes: [
+            lambda job_id: [
                 (None if final else keys.blob_key(job_id, f"reduce/{n}"), inputs)
                 for n, (_group, final, inputs) in enumerate(nodes)
             ],
             label=f"fnmap {getattr(stage.reduce_func, '__name__', 'reduce')}",
-        )
-        cap.jobs.append(job)
+        ))
         values = job.results()
         # This level's inputs are consumed: free the stored ones now, not at the end.
         consumed = [v.key for _g, _f, inputs in nodes for v in inputs if isinstance(v, Stored)]

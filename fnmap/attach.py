@@ -16,12 +16,10 @@ from .errors import CallLost, CostCapReached, KeyNotFound, PlatformError
 from .jobs import Job, JobHandle, remote_exception
 from .lease import ABANDONED
 from .observe import history, records
+from .observe.report import FINAL
 from .runtime import cancel, compression, keys, signing
 from .runtime import outcome as _outcome
 from .runtime.serialization import loads
-
-#: Statuses after which nothing about a job changes any more.
-FINAL = ("succeeded", "failed", "cancelled", "capped", "incomplete", ABANDONED)
 
 
 def job(job_id: str, **options) -> AttachedJob:

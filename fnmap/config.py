@@ -161,7 +161,7 @@ JOB_OPTIONS = (
     Option("inline_limit", 256 << 10, "Arguments and results larger than this (bytes) travel through storage, "
            "not in request bodies.", kind="int", check=check_int, fix="a size in bytes"),
     Option("max_cost", None, "The most this job may cost, in US dollars at list prices (see "
-           ":mod:`fnmap.observe.prices`): no call is sent once what ran plus what is still out would "
+           ":mod:`fnmap.cost.prices`): no call is sent once what ran plus what is still out would "
            "pass it, and the map raises fnmap.CostCapReached; None: no cap.", kind="float",
            check=_check_max_cost),
     Option("lease", 60.0, "Seconds a running job's lease lasts (renewed every sixth of it): a job whose client "
@@ -305,7 +305,7 @@ def _normalize(values: dict, sources: dict) -> None:
         values["memory"] = tuple(values["memory"])
     gpu = values.get("gpu")
     if "backend" not in values and isinstance(gpu, int) and not isinstance(gpu, bool) and gpu > 0:
-        # GPU calls run as container jobs unless a backend is named (issue 6).
+        # GPU calls run as container jobs unless a backend is named.
         values["backend"], sources["backend"] = "batch", f"{_GPU_SOURCE}{gpu}: GPU calls run as container jobs"
 
 

@@ -65,35 +65,33 @@ class FnmapExecutor(DagExecutor):
         """Run every operation of ``dag`` in topological order; ``kwargs`` (Cubed's
         ``compute_arrays_in_parallel`` and the like) are accepted and not needed: fnmap already
         runs all the tasks of an operation at once."""
-        import fnmap
-        from fnmap.budget import SharedCap
         from fnmap.config import resolve
+        from fnmap.cost.shared import SharedCap
 
         options = {**DEFAULTS, **self.kwargs}
         _check_memory(spec, options.get("memory"))
         self.jobs = {}
-        # One job per operation, one max_cost for the whole computation (issue 36).
-        cap = SharedCap(resolve(**options).max_cost, "the Cubed computation")
-        for name, node in visit_nodes(dag):
-            handle_operation_start_callbacks(callbacks, name)
-            pipeline = node["pipeline"]
-            with fnmap.Executor(**cap.options(options)) as executor:
-                self.jobs[name] = executor.job
-                cap.jobs.append(executor.job)
-                futures = [executor.submit(run_task, item, func=pipeline.function, config=pipeline.config,
-                                           name=name, compute_id=compute_id) for item in pipeline.mappable]
-                executor.shutdown(wait=False)  # all its tasks are in: stragglers may now get copies
-                try:
-                    for future in as_completed(futures):
-                        result, stats = future.result()
-                        handle_callbacks(callbacks, result, {**stats, "name": name})
-                except fnmap.CostCapReached as e:
-                    executor.shutdown(wait=False, cancel_futures=True)
-                    raise cap.reached(e) from e
-                except BaseException:
-                    executor.shutdown(wait=False, cancel_futures=True)
-                    raise
-            handle_operation_end_callbacks(callbacks, name)
+        # One job per operation, one max_cost for the whole computation.
+        with SharedCap(resolve(**options).max_cost, "the Cubed computation") as cap:
+            for name, node in visit_nodes(dag):
+                self._run_operation(cap, options, name, node["pipeline"], callbacks, compute_id)
+
+    def _run_operation(self, cap, options: dict, name: str, pipeline, callbacks, compute_id) -> None:
+        """One operation of the plan: one fnmap job (its executor from ``cap``) of all its tasks."""
+        handle_operation_start_callbacks(callbacks, name)
+        with cap.executor(options) as executor:
+            self.jobs[name] = executor.job
+            futures = [executor.submit(run_task, item, func=pipeline.function, config=pipeline.config,
+                                       name=name, compute_id=compute_id) for item in pipeline.mappable]
+            executor.shutdown(wait=False)  # all its tasks are in: stragglers may now get copies
+            try:
+                for future in as_completed(futures):
+                    result, stats = future.result()
+                    handle_callbacks(callbacks, result, {**stats, "name": name})
+            except BaseException:  # a cost cap reached too: `cap` tells it against the whole cap
+                executor.shutdown(wait=False, cancel_futures=True)
+                raise
+        handle_operation_end_callbacks(callbacks, name)
 
 
 def _check_memory(spec, memory_mb) -> None:

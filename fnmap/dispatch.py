@@ -18,7 +18,7 @@ import traceback
 from dataclasses import dataclass
 
 from . import policy
-from .backends.base import Answer, Invocation
+from .backends.base import ACCEPTED, Answer, Invocation
 from .errors import FaultKind, PlatformFault
 from .runtime import compression, keys, signing
 from .runtime.serialization import loads, runtime_info
@@ -30,10 +30,8 @@ _RUNTIME = runtime_info()
 #: backend batches calls, and the longest the first of them waits.
 COALESCE_SECONDS = 0.25
 COALESCE_MAX_SECONDS = 2.0
-#: The event of an attempt the platform accepted to run asynchronously.
-ACCEPTED = "accepted"
 #: Calls of a job whose recent calls ran at most this long (seconds, in the worker) are sent
-#: several to a request where the backend takes that (``batch_limit``), and together they keep a
+#: several to a request where the backend takes that (``group_limit``), and together they keep a
 #: worker busy for about ``BATCH_SECONDS`` at most.  Calls with a timeout or a memory limit, and the
 #: first ``BATCH_AFTER_CALLS`` calls of a job (nothing is known of them yet), go one a request.
 BATCH_CALL_SECONDS = 0.02
@@ -84,11 +82,11 @@ class Dispatch:
         """Send these calls of ``job``: one by one, or together where the backend batches calls
         (then calls submitted one at a time wait ``COALESCE_SECONDS`` for company, so 1,000
         ``Executor.submit`` calls in a loop become one array job, not 1,000)."""
-        if not self.backend.batches_calls:
+        if not self.backend.fans_out:
             for state in states:
                 self._queue(self._send, job, state)
         elif job.run.sealed or len(states) > 1:
-            self._queue(self._send_many, job, list(states))
+            self._queue(self._send_all, job, list(states))
         else:
             self._coalesce(job, states)
 
@@ -130,7 +128,7 @@ class Dispatch:
         """One attempt of one call: begin it, deliver it, decide on its answer."""
         company = self._company(job)
         if company:
-            self._send_together(job, [state, *company])
+            self._send_grouped(job, [state, *company])
             return
         attempt = self._begin(job, state)
         if attempt is None:
@@ -160,7 +158,7 @@ class Dispatch:
         """Calls of ``job`` waiting in the queue that may go in one request with the one being sent:
         the job's calls are short, the backend takes several a request, and enough are queued that
         every dispatch thread has some (else none: the calls spread over the workers one by one)."""
-        limit = self.backend.batch_limit
+        limit = self.backend.group_limit
         if limit < 2 or job.config.timeout is not None or job.config.memory:
             return []
         recent = job.run.durations[-8:]
@@ -191,13 +189,13 @@ class Dispatch:
                 ready.append((state, attempt, invocation))
         return ready
 
-    def _send_together(self, job, states: list) -> None:
-        """Short calls in one request (``backend.invoke_batch``); each answer is decided as in ``_send``."""
-        self._send_group(job, states, self.backend.invoke_batch)
+    def _send_grouped(self, job, states: list) -> None:
+        """Short calls in one request (``backend.invoke_group``); each answer is decided as in ``_send``."""
+        self._send_group(job, states, self.backend.invoke_group)
 
-    def _send_many(self, job, states: list) -> None:
+    def _send_all(self, job, states: list) -> None:
         """One platform request for many calls (an array job); each answer is decided as in ``_send``."""
-        self._send_group(job, states, self.backend.invoke_many)
+        self._send_group(job, states, self.backend.invoke_all)
 
     def _send_group(self, job, states: list, deliver) -> None:
         """Begin ``states``, hand their invocations to ``deliver`` at once, decide each answer: an
@@ -252,7 +250,7 @@ class Dispatch:
         if states is None:
             self._after(wait, self._flush_pending, job, None)
         elif states:
-            self._queue(self._send_many, job, states)
+            self._queue(self._send_all, job, states)
 
     def _invocation(self, job, state, attempt: int) -> Invocation | None:
         """The signed request of one attempt (None once the call needs it no more)."""

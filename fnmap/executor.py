@@ -149,7 +149,7 @@ class Executor(futures.Executor):
         if wait:
             futures.wait([s.future for s in self._job.run.calls])
             _open_jobs.discard(self._job)
-            show_call_output(self._job)  # remote print() output of its calls (output="after", issue 14)
+            show_call_output(self._job)  # remote print() output of its calls (output="after")
 
 
 def _check_map_options(chunksize, buffersize) -> None:

@@ -128,13 +128,16 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
         self.fnmap_options = fnmap_options
         self.ref_nbytes = ref_nbytes
         self.executor = None
-        #: The fnmap job of every ``Parallel`` run on this backend (summary, record, cost).
-        self.jobs: list = []
         #: ``max_cost`` is one cap for every run on this backend (a ``parallel_config`` block: a
-        #: successive-halving search is several runs), made when the first starts (issue 36).
+        #: successive-halving search is several runs), made when the first starts.
         self._cap = None
         self._refs: dict[int, tuple[Any, StoredArgument]] = {}
         self._store = None
+
+    @property
+    def jobs(self) -> list:
+        """The fnmap job of every ``Parallel`` run on this backend (summary, record, cost)."""
+        return self._cap.jobs if self._cap is not None else []
 
     def effective_n_jobs(self, n_jobs):
         if n_jobs == 0:
@@ -165,17 +168,13 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def start_call(self):
         """A ``Parallel`` run begins: a new executor (one fnmap job) for its tasks."""
-        import fnmap
-
-        from .budget import SharedCap
         from .config import resolve
+        from .cost.shared import SharedCap
 
         self.stop_call()
         if self._cap is None:
             self._cap = SharedCap(resolve(**self.fnmap_options).max_cost, "the joblib backend's Parallel runs")
-            self._cap.jobs = self.jobs
-        self.executor = fnmap.Executor(**self._cap.options(self.fnmap_options))
-        self.jobs.append(self.executor.job)
+        self.executor = self._cap.executor(self.fnmap_options)
         self._refs = {}
 
     def submit(self, func, callback=None):
@@ -196,15 +195,10 @@ class FnmapBackend(AutoBatchingMixin, ParallelBackendBase):
         return ThreadingBackend(nesting_level=(self.nesting_level or 0) + 1), None
 
     def retrieve_result_callback(self, future):
-        from .errors import CostCapReached
-
-        try:
+        if self._cap is None:
             return future.result()
-        except CostCapReached as e:  # told against the backend's cap, not what its last run was left
-            told = e if self._cap is None else self._cap.reached(e)
-            if told is e:
-                raise
-            raise told from e
+        with self._cap:  # a cost cap reached is told against the backend's cap, not what its last run was left
+            return future.result()
 
     def _by_reference(self, value):
         if _nbytes(value) < self.ref_nbytes:

@@ -30,6 +30,7 @@ from .errors import TimeoutError as CallTimeout
 from .kinds import not_recorded
 from .observe import records
 from .observe.output import show_call_output
+from .observe.report import usd
 from .run import ANSWERED, CallRun, JobRun
 from .runtime import keys
 from .runtime import outcome as _outcome
@@ -273,7 +274,7 @@ class Job(JobHandle):
                    + (" (fnmap is stopping them)." if stoppable
                       else " (this platform cannot stop a call that started)."))
         return CostCapReached(
-            f"job {self.id} stopped at its cost cap max_cost=${budget.cap:g}: ${spent:.6f} spent at list "
+            f"job {self.id} stopped at its cost cap max_cost=${budget.cap:g}: {usd(spent)} spent at list "
             f"prices ({budget.pricing.describe()}) by {done} call(s) done; {len(not_run)} call(s) "
             f"({items} item(s)) not run.{out} Finish it with `fnmap redrive {self.id} --max-cost USD` "
             "(the new cap counts what the redrive spends).",
@@ -498,10 +499,11 @@ class Job(JobHandle):
 
 
 def new_budget(config):
-    """The :class:`fnmap.budget.Budget` of a job run with ``max_cost``, or None."""
+    """The :class:`fnmap.cost.budget.Budget` of a job run with ``max_cost``, or None."""
     if config.max_cost is None:
         return None
-    from .budget import Budget, pricing_of
+    from .cost.budget import Budget
+    from .cost.pricing import pricing_of
 
     pricing = pricing_of(config)
     return Budget(config.max_cost, pricing, spent=pricing.job_overhead())

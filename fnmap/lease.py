@@ -37,12 +37,11 @@ import weakref
 
 from .kinds import KINDS
 from .observe.identity import client_process, gone_reason
+from .observe.report import JUDGED as _JUDGED
 from .runtime import forks, keys
 
 #: How many renewals fit in one lease: a lease survives a few slow or failed renewals.
 RENEWALS_PER_LEASE = 6
-#: Statuses a lease can turn into ``abandoned``: a job that succeeded did all its work regardless.
-_JUDGED = ("running", "unknown", "incomplete", "cancelled", "capped", "failed", "abandoned")
 #: Status of a job whose client stopped before it finished: it gave the job up at its exit, its
 #: process is gone, or its lease expired (:func:`gone`).
 ABANDONED = "abandoned"

@@ -4,7 +4,7 @@
 released, and that waiter still has to get the GIL before it can run.  Two
 threads that take the same lock on every call then end up trading the GIL on
 every acquire (a lock convoy): the client's dispatch threads spent two to three
-times the CPU per call on it (``benchmarks/client_scale.py``, issue 9).
+times the CPU per call on it (``benchmarks/client_scale.py``).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from .jobs import ResultSlot
 from .kinds import KINDS, not_recorded
 from .observe import records
 from .observe.progress import make_progress
+from .observe.report import usd
 from .policy import chunks
 from .runtime import keys, signing
 from .runtime.serialization import loads, parts_size
@@ -135,7 +136,7 @@ def redrive(store, job_id: str, config=None, **options):
                            "(fnmap.job(ID).results() reads them)")
     if (summary.get("cost_cap") or {}).get("refused"):
         refused = summary["cost_cap"]["refused"]
-        raise RedriveError(f"job {job_id} was refused before any call ran: its estimate ${refused['usd']:.6f} was "
+        raise RedriveError(f"job {job_id} was refused before any call ran: its estimate {usd(refused['usd'])} was "
                            f"above max_cost=${summary['cost_cap']['max_cost']:g}, so its items were never stored; "
                            "run the map again with a larger max_cost")
     kind = summary.get("kind") or "map"

@@ -190,5 +190,5 @@ class JobRun:
         self.all_done = threading.Event()
         #: Set when every call is done or a call failed: what ``results`` waits on (fail fast).
         self.wake = threading.Event()
-        #: The job's :class:`fnmap.budget.Budget` when it runs with ``max_cost``, else None.
+        #: The job's :class:`fnmap.cost.budget.Budget` when it runs with ``max_cost``, else None.
         self.budget = None

@@ -45,7 +45,7 @@ from __future__ import annotations
 import time
 
 from . import policy
-from .budget import WAIT
+from .cost.budget import WAIT
 from .dispatch import ACCEPTED, COALESCE_MAX_SECONDS, COALESCE_SECONDS, Dispatch, Outcomes
 from .errors import FaultKind, PlatformFault
 from .locks import YieldingLock
@@ -57,8 +57,10 @@ from .runtime.call_error import call_error
 __all__ = ["ACCEPTED", "COALESCE_MAX_SECONDS", "COALESCE_SECONDS", "FETCH_THREADS", "LOST_GRACE_SECONDS",
            "POLL_SECONDS", "Outcomes", "Scheduler"]
 
-# What ``_claim`` found: send this attempt, send the call's first, or nothing (and why).
-_SEND, _FIRST, _SKIP, _CANCELLED, _ABANDONED, _CAPPED = range(6)
+# What ``_claim`` found: send this attempt, send the call's first, or nothing (and why).  The cost
+# cap refused the attempt: ``_CAPPED_FAILS`` none of the call is out (it fails with the cap),
+# ``_CAPPED_OUT`` an attempt of it is out (that one decides the call).
+_SEND, _FIRST, _SKIP, _CANCELLED, _ABANDONED, _CAPPED_FAILS, _CAPPED_OUT = range(7)
 
 
 def _cap_fault() -> PlatformFault:
@@ -89,7 +91,7 @@ class Scheduler:
     @staticmethod
     def new_run(speculate_open: bool = False, stream: bool = False, budget=None) -> JobRun:
         """The run state of a new job (``stream``: it hands each call on as it is done, for ``imap``;
-        ``budget``: its :class:`fnmap.budget.Budget` when it runs with ``max_cost``)."""
+        ``budget``: its :class:`fnmap.cost.budget.Budget` when it runs with ``max_cost``)."""
         run = JobRun(speculate_open=speculate_open, stream=stream)
         run.budget = budget
         return run
@@ -220,8 +222,8 @@ class Scheduler:
             self._decide(job, state, state.next_attempt - 1, fault, final=True)
         elif found == _CANCELLED:
             self._cancel_unstarted(job, state)
-        elif found == _CAPPED:
-            if attempt:  # no attempt of it is out: it fails with the cap (else the one out decides)
+        elif found in (_CAPPED_FAILS, _CAPPED_OUT):
+            if found == _CAPPED_FAILS:
                 self._decide(job, state, 0, _cap_fault(), final=True)
             self._reach_cap(job)
         return None
@@ -248,7 +250,7 @@ class Scheduler:
                 return _SKIP, 0
             state.claimed = True
             if run.budget is not None and run.budget.reached:
-                return _CAPPED, 1
+                return _CAPPED_FAILS, 0
             if run.cancelled:  # cancelled before any thread took it
                 return _CANCELLED, 0
         elif run.abandoned:
@@ -263,7 +265,7 @@ class Scheduler:
                 run.budget.wait(state)
                 return _SKIP, 0
             if reserved is None:  # the cap: this call fails with it unless an attempt of it is out
-                return _CAPPED, int(state.in_flight == 0)
+                return (_CAPPED_FAILS if state.in_flight == 0 else _CAPPED_OUT), 0
         attempt = self._new_attempt(job, state)
         state.attempts[-1].reserved = reserved
         return (_FIRST if first else _SEND), attempt
@@ -470,7 +472,7 @@ class Scheduler:
                 self.monitor.after(0.0, self._resend, job, released)
 
     def _resend(self, job, states: list) -> None:
-        """Send calls that waited for the first wave of a capped job (:data:`fnmap.budget.FIRST_WAVE`),
+        """Send calls that waited for the first wave of a capped job (:data:`fnmap.cost.budget.FIRST_WAVE`),
         together where the backend batches calls (one array job, not one per call)."""
         states = [state for state in states if not state.done]
         if states:

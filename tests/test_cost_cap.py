@@ -1,7 +1,7 @@
 """The cost cap (issue 36): ``max_cost`` stops a map before it spends more, refuses one whose
 estimate is above it, and ``fnmap.estimate`` says what a map will cost; against a real emulator.
 
-Caps are computed from the pricing (:class:`fnmap.observe.cost.Pricing`), never written as dollar
+Caps are computed from the pricing (:class:`fnmap.cost.pricing.Pricing`), never written as dollar
 figures, so a price update does not break them."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from test_emulator_aws import offline_aws  # noqa: F401 (a fixture)
 
 import fnmap
-from fnmap.budget import Budget
-from fnmap.observe.cost import Pricing
+from fnmap.cost.budget import Budget
+from fnmap.cost.pricing import Pricing
 
 LAMBDA = Pricing.of("emulator", {})
 SLEEP = 0.1
@@ -136,7 +136,7 @@ def test_estimate_of_a_repeated_function_is_within_a_fifth_of_what_it_cost(modul
 
 
 def test_the_budget_admits_while_spent_plus_out_plus_one_more_fit():
-    from fnmap.budget import FIRST_WAVE, WAIT
+    from fnmap.cost.budget import FIRST_WAVE, WAIT
 
     least = LAMBDA.minimum()
     budget = Budget(10.5 * least, LAMBDA)
@@ -216,7 +216,7 @@ def test_until_a_call_has_ended_a_capped_map_sends_only_a_first_wave(tmp_path):
     """Nothing is known of what a call costs before one ends: a capped map whose function never ran
     here sends FIRST_WAVE calls, then the rest once one is priced (a cap checked against the minimum
     alone let a backend's whole concurrency pass it)."""
-    from fnmap.budget import FIRST_WAVE
+    from fnmap.cost.budget import FIRST_WAVE
 
     assert fnmap.map(_stamped(str(tmp_path)), range(12), backend="local", chunksize=1, workers=12,
                      max_cost=1.0) == list(range(12))

@@ -2,7 +2,7 @@
 ``fnmap redrive ID --max-cost USD`` finishing one, and the dashboard's job page; over maps run on
 a real emulator with their storage in a temporary folder.
 
-Caps are computed from the pricing (:class:`fnmap.observe.cost.Pricing`), never written as dollar
+Caps are computed from the pricing (:class:`fnmap.cost.pricing.Pricing`), never written as dollar
 figures, so a price update does not break them."""
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import pytest
 from test_cost_cap import _counted, _ran
 
 import fnmap
-from fnmap.cli.jobs import usd
+from fnmap.cost.pricing import Pricing, usd
 from fnmap.dashboard import views
-from fnmap.observe.cost import Pricing
 
 LAMBDA = Pricing.of("emulator", {})
 SLEEP = 0.2

@@ -1,7 +1,7 @@
 """The cost cap (``max_cost``, issue 36) through every front end and on the offline platforms.
 
 Each test counts the calls that really ran in a side file (each call appends a line) and takes
-its cap from :class:`fnmap.observe.cost.Pricing`, never a dollar figure: a price update moves
+its cap from :class:`fnmap.cost.pricing.Pricing`, never a dollar figure: a price update moves
 the cap with the prices.  Front ends run on the embedded emulator (priced as AWS Lambda); the
 platforms are the ``aws`` backend against the emulator's Lambda API and the ``batch`` backend
 against its Batch API (``use_backend``), each call priced at its minimum of instance time there.
@@ -22,8 +22,8 @@ import pytest
 import fnmap
 import fnmap.dask
 import fnmap.joblib  # noqa: F401 - registers the "fnmap" backend
+from fnmap.cost.pricing import Pricing
 from fnmap.cubed import FnmapExecutor
-from fnmap.observe.cost import Pricing
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -125,6 +125,26 @@ def test_the_joblib_runs_of_one_parallel_config_share_its_cap(tmp_path):
     assert 0 < ran(side) < N * 2 // 3
 
 
+def _slow_sum(path, values):
+    """A reduce call of a second: what costs the money of a map_reduce below."""
+    return counted(path, sum(values), 1.0)
+
+
+def test_a_map_reduce_has_one_cap_for_its_map_and_every_reduce_level(tmp_path):
+    """The map and each reduce level are jobs of their own: the cap is the map_reduce's.  The map
+    (16 short calls) fits it; the first level's 8 one-second calls do not: that level stops with
+    what the map left, and the error says the whole cap."""
+    side = tmp_path / "ran"
+    pricing = Pricing.of("emulator", {})
+    cap = 2 * pricing.job_overhead() + 16 * pricing.attempt(0.2) + pricing.attempt(1.5)
+    with pytest.raises(fnmap.CostCapReached) as caught:
+        fnmap.map_reduce(functools.partial(counted, side), range(16), functools.partial(_slow_sum, side),
+                         reduce_fanin=2, max_cost=cap, workers=2)
+    assert caught.value.cap == pytest.approx(cap)  # told against the whole cap, not what the level was left
+    assert str(caught.value).startswith("map_reduce stopped at its cost cap"), caught.value
+    assert 16 <= ran(side) < 16 + 8
+
+
 def test_a_dask_graph_stops_at_its_cap(tmp_path):
     side = tmp_path / "ran"
     seconds = 0.25  # above the shim's target call duration: one task per call once measured
@@ -218,7 +238,7 @@ def test_calls_that_waited_for_the_first_wave_go_to_batch_as_one_array_job(use_b
     import boto3
     from conftest import aws_credentials_of
 
-    from fnmap.budget import FIRST_WAVE
+    from fnmap.cost.budget import FIRST_WAVE
 
     side = tmp_path / "ran"
     name = use_backend("batch")

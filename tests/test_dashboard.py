@@ -18,6 +18,7 @@ from dashboard_jobs import failed_job, running_map, running_with_a_failure, serv
 from prometheus_client.parser import text_string_to_metric_families
 
 import fnmap
+from fnmap.cost.pricing import usd
 from fnmap.dashboard import auth, views
 from fnmap.dashboard.listing import JobList
 from fnmap.errors import ConfigError
@@ -127,7 +128,7 @@ def test_a_failed_job_page_has_its_traceback_and_output(dashboard, job_id):
     assert any(c["command"].startswith("fnmap logs ") for c in page["commands"])
     output = _authed(dashboard, f"/api/jobs/{job_id[:10]}/calls/3").json()
     assert any("item 3 says hello" in a["text"] for a in output["attempts"])
-    assert "ValueError" in output["traceback"]
+    assert output["reported"] == [1] and output["failed_items"] == 1  # its status record, not the job's record
     summary = _authed(dashboard, f"/api/jobs/{job_id[:8]}/summary").json()["summary"]
     assert summary["job_id"] == job_id and summary["states"] == page["summary"]["states"]
     missing = _authed(dashboard, "/api/jobs/0123456789abcdef")
@@ -169,6 +170,13 @@ def test_the_list_sees_new_jobs_and_running_ones_change(storage, tmp_path):
     ended = _wait_for(lambda: [r for r in listing.rows() if r["job_id"] == running[0]["job_id"]
                                and r["status"] == "succeeded"], "the job's end")
     assert ended[0]["states"]["succeeded"] == 1
+    assert ended[0]["usd_text"] == usd(ended[0]["usd"])  # the money is sent as text, formatted once
+    # An ended job's entry is kept, not read again: rewritten in storage, the list still shows what it read.
+    summary = next(s for s in listing.summaries() if s["job_id"] == ended[0]["job_id"])
+    records.write_index(store, {**summary, "function": "rewritten"})
+    assert [r["function"] for r in listing.rows() if r["job_id"] == summary["job_id"]] == [summary["function"]]
+    fresh = JobList(store, recheck=0)  # one that keeps nothing reads the rewritten entry
+    assert [r["function"] for r in fresh.rows() if r["job_id"] == summary["job_id"]] == ["rewritten"]
 
 
 def _wait_for(probe, what: str, timeout: float = 30.0):
@@ -209,20 +217,42 @@ def test_attempt_kinds():
     assert kind(call, {"attempt": 1, "ended": 2.0, "outcome": "ok"}, later=False) == "ok"
 
 
-def test_a_big_timeline_keeps_every_failure_and_samples_the_rest(monkeypatch):
-    monkeypatch.setattr(views, "MAX_BARS", 100)
+def _calls(n: int, failed_every: int, retried_every: int) -> list[dict]:
+    """``n`` calls of one ok attempt, but every ``failed_every``-th failed and every
+    ``retried_every``-th ok after a crash (0: none)."""
     calls = []
-    for i in range(1000):
+    for i in range(n):
         attempts = [{"attempt": 1, "sent": 1.0 + i, "ended": 2.0 + i, "outcome": "ok"}]
-        if i % 100 == 7:
+        if failed_every and i % failed_every == 3:
+            attempts[0]["outcome"] = "error"
+        elif retried_every and i % retried_every == 7:
             attempts.insert(0, {"attempt": 1, "sent": 1.0 + i, "ended": 1.5 + i, "outcome": "crashed"})
             attempts[1]["attempt"] = 2
         calls.append({"call": i, "attempts": attempts})
+    return calls
+
+
+def _drawn(calls: list[dict], kind: str) -> list[int]:
     drawn = views.timeline({"created": 0.0, "calls": calls, "summary": {}}, now=5000.0)
-    assert drawn["total"] == 1010 and len(drawn["bars"]) <= 100
-    retried = [bar for bar in drawn["bars"] if drawn["kinds"][bar[3]] == "retried"]
-    assert [bar[0] for bar in retried] == [i for i in range(1000) if i % 100 == 7]
+    return [bar[0] for bar in drawn["bars"] if drawn["kinds"][bar[3]] == kind]
+
+
+def test_a_big_timeline_keeps_every_failure_and_samples_the_rest(monkeypatch):
+    """Past MAX_BARS the successes are sampled, and past half of it the other notable bars too
+    (a retried call has two: the crash and the ok after it), never a failure."""
+    monkeypatch.setattr(views, "MAX_BARS", 100)
+    calls = _calls(1000, failed_every=100, retried_every=10)  # 10 failed, 100 retried calls
+    drawn = views.timeline({"created": 0.0, "calls": calls, "summary": {}}, now=5000.0)
+    assert drawn["total"] == 1100 and len(drawn["bars"]) <= 100
+    assert _drawn(calls, "failed") == [i for i in range(1000) if i % 100 == 3]
+    assert 0 < len(_drawn(calls, "retried")) < 100
     assert drawn["last_call"] == 999
+
+
+def test_a_timeline_of_more_failures_than_its_bars_keeps_every_failure(monkeypatch):
+    monkeypatch.setattr(views, "MAX_BARS", 100)
+    calls = _calls(1000, failed_every=4, retried_every=0)  # 250 failed calls
+    assert _drawn(calls, "failed") == [i for i in range(1000) if i % 4 == 3]
 
 
 def test_the_command_prints_the_url_and_serves(storage, job_id, tmp_path):
@@ -264,12 +294,10 @@ def test_a_running_job_page_offers_cancel_and_spans_every_call(dashboard, storag
 
 def test_a_running_jobs_failed_call_shows_its_error_and_traceback(dashboard, storage, tmp_path):
     """While a job runs (call 2 waits), its page lists call 1's failure with its error and remote
-    traceback, and the call's output answer has the traceback: not ``error: ?`` and ``null``."""
+    traceback (where the call's output answer sends the reader): not ``error: ?`` and ``null``."""
     with running_with_a_failure(storage, str(tmp_path / "release")) as job:
         page = _authed(dashboard, f"/api/jobs/{job.id}").json()
-        output = _authed(dashboard, f"/api/jobs/{job.id}/calls/1").json()
     assert page["summary"]["status"] == "running"
     (failed,) = page["failures"]["calls"]
     assert (failed["call"], failed["error"]) == (1, "KeyError: 'no such thing as 1'")
     assert "raise KeyError" in failed["traceback"]
-    assert output["status"] == "error" and "raise KeyError" in output["traceback"]

@@ -153,7 +153,7 @@ def test_a_child_forked_while_the_shared_emulators_lock_is_held(tmp_path):
 WORKER_LOCK_SCRIPT = textwrap.dedent("""
     import multiprocessing, threading
     import fnmap
-    from fnmap.observe import prices
+    from fnmap.cost import prices
     from fnmap.runtime import capture, setup, worker
 
     def ready():

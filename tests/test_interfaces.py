@@ -98,7 +98,7 @@ def test_the_core_never_tests_a_backend_by_name(path):
 
 
 @pytest.mark.parametrize("probe, what", [
-    ('limit = getattr(self.backend, "batch_limit", 0)', "getattr"),
+    ('limit = getattr(self.backend, "group_limit", 0)', "getattr"),
     ("if hasattr(client.backend, 'spawn'): pass", "hasattr"),
     ("n = self._client.backend.fanout_slice", "fanout_slice"),
     ("backend.invoke_everything(calls)", "invoke_everything"),
@@ -111,8 +111,8 @@ def test_the_rules_see_probes_undeclared_members_and_names(probe, what):
 
 
 def test_the_rules_leave_declared_members_and_the_backend_option_alone():
-    probe = ("self.backend.invoke(inv)\nlimit = self.backend.batch_limit\nname = config.backend\n"
-             "cfg.backend.upper()\nif client.backend.batches_calls: pass\n")
+    probe = ("self.backend.invoke(inv)\nlimit = self.backend.group_limit\nname = config.backend\n"
+             "cfg.backend.upper()\nif client.backend.fans_out: pass\n")
     assert backend_uses(probe) == [] and backend_names_tested(probe) == []
 
 

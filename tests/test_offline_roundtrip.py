@@ -132,10 +132,12 @@ def test_an_emulator_restarted_in_the_shell_of_a_stopped_one_points_its_lambda_e
     first = rehearsal.started[0]
     stop(first)
     rehearsal.shell["FNMAP_S3_ENDPOINT_URL"] = first["AWS_ENDPOINT_URL_S3"]  # any stale endpoint setting
+    rehearsal.shell["AWS_SESSION_TOKEN"] = "a-token-of-other-credentials"  # a stale session token
     rehearsal.start()
     second = rehearsal.started[1]
     assert second["AWS_ENDPOINT_URL_LAMBDA"] != first["AWS_ENDPOINT_URL_LAMBDA"]
-    del rehearsal.shell["FNMAP_S3_ENDPOINT_URL"]  # the client's own setting is the user's to fix
+    del rehearsal.shell["FNMAP_S3_ENDPOINT_URL"]  # the client's own settings are the user's to fix
+    del rehearsal.shell["AWS_SESSION_TOKEN"]  # the emulator dropped it too: its keys have no token
     ran = rehearsal.python("""
         import json, os
         import fnmap
@@ -143,7 +145,9 @@ def test_an_emulator_restarted_in_the_shell_of_a_stopped_one_points_its_lambda_e
         names = ["AWS_ENDPOINT_URL_LAMBDA", "AWS_ENDPOINT_URL_BATCH", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL",
                  "FNMAP_S3_ENDPOINT_URL"]
         seen = fnmap.map(lambda _: {k: os.environ.get(k) for k in names}, [0])[0]
-        print(json.dumps({"seen": seen, "results": fnmap.map(abs, range(-30, 0), lambda_invocation="Event")}))
+        token = fnmap.map(lambda _: os.environ.get("AWS_SESSION_TOKEN"), [0], backend="batch")[0]
+        print(json.dumps({"seen": seen, "results": fnmap.map(abs, range(-30, 0), lambda_invocation="Event"),
+                          "batch_token": token}))
     """)
     assert ran.returncode == 0, ran.stderr
     answer = json.loads(ran.stdout.strip().splitlines()[-1])
@@ -151,6 +155,7 @@ def test_an_emulator_restarted_in_the_shell_of_a_stopped_one_points_its_lambda_e
     assert answer["seen"] == {"AWS_ENDPOINT_URL_LAMBDA": emulator, "AWS_ENDPOINT_URL_BATCH": emulator,
                               "AWS_ENDPOINT_URL_S3": s3, "AWS_ENDPOINT_URL": s3, "FNMAP_S3_ENDPOINT_URL": s3}
     assert answer["results"] == list(range(30, 0, -1))
+    assert answer["batch_token"] is None  # a Batch job runs with the emulator's environment, the stale token gone
 
 
 def _layer_zip(module: str) -> bytes:
@@ -220,5 +225,10 @@ def test_batch_deploy_offline_makes_nothing_and_says_the_emulator_needs_no_deplo
                             f"{rehearsal.shell['AWS_ENDPOINT_URL_BATCH']} serves no compute environments"), error
     assert "built-in job definition fnmap" in error and "FNMAP_BACKEND=batch" in error, error
     assert len(error.splitlines()) == 1 and done.stdout == "", done.stdout
+    destroy = fnmap_cli("deploy", "batch", "destroy", env=rehearsal.shell, cwd=rehearsal.work)
+    assert destroy.returncode == 1 and destroy.stdout == "", destroy.stdout + destroy.stderr
+    assert destroy.stderr.strip().startswith("fnmap deploy: error: fnmap deploy batch destroy: the Batch endpoint "
+                                             f"{rehearsal.shell['AWS_ENDPOINT_URL_BATCH']} serves no compute"), \
+        destroy.stderr
     assert rehearsal.client("iam").list_roles()["Roles"] == []
     assert [b["Name"] for b in rehearsal.client("s3").list_buckets()["Buckets"]] == ["fnmap-offline"]

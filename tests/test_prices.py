@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from fnmap.cost import prices
 from fnmap.errors import ConfigError
-from fnmap.observe import prices
 
 #: What the fake Price List API sells: (service, region) -> [(usagetype, USD per unit of the first tier)].
 FETCHED = {
@@ -123,7 +123,7 @@ def in_fresh_process(code: str, env) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-ASK = ("import json; from fnmap.observe.prices import *\n"
+ASK = ("import json; from fnmap.cost.prices import *\n"
        "l, s, w = lambda_price('{r}'), s3_price('{r}'), s3_price('us-west-2')\n"
        "print(json.dumps(dict(lam=[l.gb_second_x86, l.gb_second_arm, l.request], s3=[s.put, s.get, s.region],\n"
        "  west=[w.put, w.region], c5=instance_price('c5.large', '{r}'), basis=prices_basis())))")
@@ -249,7 +249,7 @@ def test_update_without_credentials_says_so_in_one_line(tmp_path, pricing_server
 def test_a_map_and_its_prices_never_ask_the_price_list_api(tmp_path, pricing_server):
     server, requests = pricing_server
     env = aws_env(tmp_path, server)
-    code = ("import json, fnmap\nfrom fnmap.observe.prices import *\n"
+    code = ("import json, fnmap\nfrom fnmap.cost.prices import *\n"
             "assert fnmap.map(abs, [1, -2], backend='local') == [1, 2]\n"
             "print(json.dumps([lambda_price('us-east-1').request, s3_price('eu-west-1').put,\n"
             "                  instance_price('c5.large'), prices_basis()['source']]))")

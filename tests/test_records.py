@@ -10,7 +10,8 @@ import time
 import pytest
 
 import fnmap
-from fnmap.observe import cost, gc, history, records
+from fnmap.cost import pricing as cost
+from fnmap.observe import gc, history, records
 from fnmap.observe.progress import Progress
 from fnmap.runtime import keys
 from fnmap.storage import open_store
@@ -288,7 +289,7 @@ def test_no_bar_without_a_terminal_unless_asked():
 def test_cost_model():
     """One attempt's list price: duration (1 ms at least) x memory, a request, its S3 requests;
     Batch: instance time with a one-minute minimum."""
-    from fnmap.observe.prices import lambda_price, s3_price
+    from fnmap.cost.prices import lambda_price, s3_price
 
     lam, s3 = lambda_price("us-east-1"), s3_price("us-east-1")
     pricing = cost.Pricing.of("emulator", {})
@@ -303,11 +304,11 @@ def test_cost_model():
     with pytest.raises(cost.UnknownPrice, match="us-east-1"):
         cost.Pricing.of("aws", {"region": "mars-north-1"})
     batch = cost.Pricing.of("batch", {"instance_type": "g4dn.xlarge"})
-    from fnmap.observe.prices import instance_price
+    from fnmap.cost.prices import instance_price
 
     assert batch.parts(10.0)["instance_seconds"] == 60 and batch.parts(120.0)["instance_seconds"] == 120
     assert batch.parts(120.0)["compute"] == pytest.approx(120 / 3600 * instance_price("g4dn.xlarge"))
-    assert cost.estimate({"backend": "aws", "options": {"region": "mars-north-1"}, "calls": []})["usd"] is None
+    assert cost.job_cost({"backend": "aws", "options": {"region": "mars-north-1"}, "calls": []})["usd"] is None
 
 
 def test_parse_age():

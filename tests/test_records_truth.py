@@ -369,6 +369,7 @@ def test_the_plot_of_a_running_job_says_it_is_running(tmp_path):
                 path = job.plot(str(tmp_path / "running.svg"))
             svg = open(path).read()
             assert "RUNNING: 2 OF 4 CALLS DONE (a snapshot)" in svg
+            assert "in flight" in svg  # the legend of the bars of calls 2 and 3, still out
         gate.touch()
         assert job.results() == [0, 1, 2, 3]
         with matplotlib.rc_context({"svg.fonttype": "none"}):

@@ -247,7 +247,7 @@ def test_the_on_poll_hook_given_to_the_scheduler_looks_at_each_running_job(tmp_p
 def test_a_capped_job_whose_cap_is_reached_while_a_retry_waits_for_room_ends(sched):
     """A retry that waits for room under ``max_cost`` is decided when the cap is reached by another
     call (its job would otherwise never end: no attempt is left out to release it)."""
-    from fnmap.observe.cost import Pricing
+    from fnmap.cost.pricing import Pricing
 
     pricing = Pricing.of("local", {})
     least, second = pricing.minimum(), pricing.attempt(1.0)  # ok() reports a call of one second

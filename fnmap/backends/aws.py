@@ -19,7 +19,7 @@ scheduler lowers the calls in flight and backs off (not charged as a retry).
 at another endpoint (the emulator) with no fnmap setting.
 
 Fan-out from inside the platform (opt-in, :attr:`AwsBackend.fanout_threshold`): a job of at
-least that many calls, handed over at once (``invoke_many``), is sent as a few *spawner*
+least that many calls, handed over at once (``invoke_all``), is sent as a few *spawner*
 invocations (``RequestResponse``), each carrying up to ``fanout_slice`` already-signed call
 events, which the function invokes itself as ``Event`` calls (``handlers/aws_lambda.py``), so
 the client sends a few requests, not one per call.  Every call counts as accepted; a call a
@@ -56,7 +56,7 @@ from .lambda_memory import function_for, steps_problem
 
 INVOCATION_TYPES = ("auto", "Event", "RequestResponse")
 _CONNECT_TIMEOUT = 10
-#: Seconds a call ``invoke_many`` could not deliver is held before ``poll_failures`` reports it.
+#: Seconds a call ``invoke_all`` could not deliver is held before ``poll_failures`` reports it.
 _REPORT_AFTER = 1.0
 #: Lambda runs a call for at most 15 minutes; a synchronous answer may take that long.
 _READ_TIMEOUT = 15 * 60 + 60
@@ -69,7 +69,7 @@ class AwsBackend(BaseBackend):
     #: Each call is a Lambda invocation (a request, maybe a cold start) and objects in S3.
     call_seconds = 1.5
     #: Jobs of at least this many calls fan out through spawner invocations (None: never).  Set, it
-    #: makes the scheduler hand every job's calls over together (``batches_calls``).
+    #: makes the scheduler hand every job's calls over together (``fans_out``).
     fanout_threshold: int | None = None
     #: Call events per spawner (bounded too by the synchronous payload limit).
     fanout_slice = 1000
@@ -116,7 +116,7 @@ class AwsBackend(BaseBackend):
         self._steps_checked: dict[tuple, str | None] = {}
         # The ``lambda_fanout`` option (FNMAP_LAMBDA_FANOUT) overrides the class's default.
         self.fanout_threshold = config.lambda_fanout or self.fanout_threshold
-        self.batches_calls = self.fanout_threshold is not None
+        self.fans_out = self.fanout_threshold is not None
         self._failures: list[tuple[float, FailedCall]] = []
         self._senders = None
         #: Event calls go out through spawners by default (:mod:`.lambda_fanout`); lambda_fanout=0: never.
@@ -177,7 +177,7 @@ class AwsBackend(BaseBackend):
                     self._sync_in_flight -= 1
         return answer
 
-    def invoke_many(self, invocations: list[Invocation]) -> list[Answer]:
+    def invoke_all(self, invocations: list[Invocation]) -> list[Answer]:
         """Calls handed over together: through spawners from ``fanout_threshold`` on, else one by one
         in parallel.  A call that could not be delivered is answered ACCEPTED and its fault reported
         by :meth:`poll_failures` (the scheduler then retries it), so one throttled call does not fail
@@ -264,7 +264,7 @@ class AwsBackend(BaseBackend):
             self._failures.append((time.monotonic(), FailedCall(req.job_id, req.call_id, req.attempt, fault)))
 
     def poll_failures(self) -> list[FailedCall]:
-        """Calls ``invoke_many`` answered ACCEPTED but could not deliver, once the scheduler has
+        """Calls ``invoke_all`` answered ACCEPTED but could not deliver, once the scheduler has
         recorded them as accepted (:data:`_REPORT_AFTER` seconds on; it drops a failure of a call it
         does not await yet)."""
         ripe = time.monotonic() - _REPORT_AFTER

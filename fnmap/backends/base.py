@@ -6,7 +6,7 @@ response body when the platform answers synchronously, or :data:`ACCEPTED` when 
 call was accepted asynchronously and its result will appear in storage.  Platform
 failures are raised as :class:`fnmap.errors.PlatformFault` (a :class:`fnmap.errors.FaultKind`
 says which).  :class:`Backend` lists every member the client and its scheduler use: what a
-platform can do is a declared attribute (``batches_calls``, ``batch_limit``...), never probed for
+platform can do is a declared attribute (``fans_out``, ``group_limit``...), never probed for
 or inferred from the backend's name; :class:`BaseBackend` gives the defaults.
 """
 
@@ -46,7 +46,8 @@ class Answer:
         return self.body is None
 
 
-#: The answer of an asynchronous invocation (Lambda ``Event``, a Batch array child).
+#: The answer of an asynchronous invocation (Lambda ``Event``, a Batch array child), and the event
+#: the scheduler decides such an attempt on.
 ACCEPTED = Answer(None)
 
 
@@ -70,8 +71,8 @@ class Backend(Protocol):
     lost_after: float | None
     call_seconds: float
     secret: bytes | None
-    batches_calls: bool
-    batch_limit: int
+    fans_out: bool
+    group_limit: int
     watches_calls: bool
     workers_on_this_terminal: bool
     platform_concurrency: int | None
@@ -80,9 +81,9 @@ class Backend(Protocol):
 
     def invoke(self, invocation: Invocation) -> Answer: ...
 
-    def invoke_many(self, invocations: list[Invocation]) -> list[Answer]: ...
+    def invoke_all(self, invocations: list[Invocation]) -> list[Answer]: ...
 
-    def invoke_batch(self, invocations: list[Invocation]) -> list[Answer | PlatformFault] | None: ...
+    def invoke_group(self, invocations: list[Invocation]) -> list[Answer | PlatformFault] | None: ...
 
     def poll_failures(self) -> list[FailedCall]: ...
 
@@ -111,10 +112,10 @@ class BaseBackend:
     #: The secret to sign with when the backend knows it (an auto-started emulator made it);
     #: otherwise the client uses the ``secret`` option / ``FNMAP_SECRET``.
     secret: bytes | None = None
-    #: True when ``invoke_many`` delivers all of a job's calls in one platform request (an array job).
-    batches_calls = False
-    #: The most calls ``invoke_batch`` takes in one platform request (0 or 1: one call a request).
-    batch_limit = 0
+    #: True when ``invoke_all`` delivers all of a job's calls in one platform request (an array job).
+    fans_out = False
+    #: The most calls ``invoke_group`` takes in one platform request (0 or 1: one call a request).
+    group_limit = 0
     #: True when ``poll_failures`` reports every accepted call that fails on the platform; the client
     #: then never declares such calls lost on a timer (a container job may queue for a long time).
     watches_calls = False
@@ -132,15 +133,15 @@ class BaseBackend:
         platform may hold an accepted call before the client declares it lost."""
         return max(window(), self.lost_after or 0)
 
-    def invoke_many(self, invocations: list[Invocation]) -> list[Answer]:
+    def invoke_all(self, invocations: list[Invocation]) -> list[Answer]:
         """Deliver several calls; one answer per invocation, as ``invoke`` gives.
 
         Raises :class:`PlatformFault` when the platform refused them all.
         """
         return [self.invoke(invocation) for invocation in invocations]
 
-    def invoke_batch(self, invocations: list[Invocation]) -> list[Answer | PlatformFault] | None:
-        """Deliver several short calls in one platform request (``batch_limit`` at most): for each
+    def invoke_group(self, invocations: list[Invocation]) -> list[Answer | PlatformFault] | None:
+        """Deliver several short calls in one platform request (``group_limit`` at most): for each
         invocation its answer, or the fault that ended it alone; raises :class:`PlatformFault` for
         a fault that ended them all (the connection).  None: the platform takes no groups (by
         default; the client then sends each alone, under its throttle)."""

@@ -1,6 +1,6 @@
 """``batch``: GPU container jobs, one AWS Batch array job per fnmap job.
 
-``invoke_many`` writes each call's signed request to storage under a fresh
+``invoke_all`` writes each call's signed request to storage under a fresh
 request prefix, then submits one array job (array size = number of calls;
 above AWS Batch's 10,000 children the calls are split into balanced array
 jobs) whose children run ``python -m handlers.container STORE PREFIX`` and
@@ -156,7 +156,7 @@ class BatchBackend(BaseBackend):
     #: Each call is a container that is scheduled and started (tens of seconds).
     call_seconds = 60.0
     max_workers = 8
-    batches_calls = True
+    fans_out = True
     watches_calls = True
     #: Seconds between two looks at job status (AWS Batch's API allows a few requests per second).
     status_interval = 5.0
@@ -189,9 +189,9 @@ class BatchBackend(BaseBackend):
     # -- submitting ------------------------------------------------------------
 
     def invoke(self, invocation: Invocation) -> Answer:
-        return self.invoke_many([invocation])[0]
+        return self.invoke_all([invocation])[0]
 
-    def invoke_many(self, invocations: list[Invocation]) -> list[Answer]:
+    def invoke_all(self, invocations: list[Invocation]) -> list[Answer]:
         by_job: dict[tuple, list[Invocation]] = {}
         for invocation in invocations:
             by_job.setdefault((invocation.request.job_id, invocation.memory), []).append(invocation)

@@ -128,23 +128,23 @@ class EmulatorBackend(HttpBackend):
         return r
 
     @property
-    def batch_limit(self) -> int:
+    def group_limit(self) -> int:
         """Short calls go to the emulator together, this many at most a request (``fnmap.dispatch``
-        decides when): a request and a worker message each, not one per call (issue 25).  0 once the
+        decides when): a request and a worker message each, not one per call.  0 once the
         emulator said it takes one call a request."""
         return 0 if self._cannot_batch else min(32, MAX_CALLS)
 
-    def invoke_batch(self, invocations: list) -> list | None:
+    def invoke_group(self, invocations: list) -> list | None:
         """``POST /invoke-many``: the calls in one request, each signed as alone; each call's answer
         or fault, as :meth:`invoke` would have given or raised (see :mod:`fnmap.runtime.batch_frames`)."""
         while True:
             generation = self._generation
             try:
-                return self._invoke_batch(invocations)
+                return self._invoke_group(invocations)
             except PlatformFault as fault:
                 self._after(fault, generation, invocations[0].request.job_id)
 
-    def _invoke_batch(self, invocations: list) -> list | None:
+    def _invoke_group(self, invocations: list) -> list | None:
         target = self._plain_target()
         if target is None or self._cannot_batch:
             return None  # the client sends each alone

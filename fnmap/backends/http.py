@@ -7,7 +7,7 @@ keep-alive connection.  Plain ``http://`` targets that no proxy applies to (the
 emulator, in-cluster functions) are posted with :mod:`.rawhttp` directly: a
 ``requests.Session`` spent about 1 ms of client CPU per call on a noop job
 (netrc lookups, adapters, pool bookkeeping), more than the call itself, and
-``http.client`` half of what remained (issue 9).
+``http.client`` half of what remained.
 Everything else (``https://``, proxies) goes through ``requests``.
 """
 

@@ -6,7 +6,7 @@ deployment (endpoint, region, function) and process, and cached.
   (GetAccountSettings), never more than the account's.  Automatic chunking sizes its first wave
   of one-item calls to it (:class:`fnmap.feed.ChunkFeed`), not to the client's dispatch threads:
   64 one-item calls on a platform that runs 2 at once wait in its queue before anything bigger
-  was measured (issue 24).
+  was measured.
 * **Lost events** (:func:`event_bounds`): with the function's event invoke config at
   ``MaximumRetryAttempts`` 0 (what ``fnmap deploy aws`` sets), Lambda runs an ``Event`` call at
   most once, and only within ``MaximumEventAgeInSeconds`` of its acceptance, else drops it; so a

@@ -6,7 +6,7 @@ buffer, and a flusher thread sends the buffer every :data:`FLUSH_SECONDS` (at on
 ``fanout_slice`` calls or nears the synchronous payload limit) as one *spawner* invocation
 (``RequestResponse``), which the function answers by invoking each call as an ``Event`` of itself
 (``handlers/aws_lambda.py``).  The client then signs and sends one request per flush, not one per
-call: its cost per call is encoding the call's event (issue 25: 4.5x the emulator backend's
+call: its cost per call is encoding the call's event (4.5x the emulator backend's
 client CPU per call without this, about 0.4x with it).  A flush of fewer than
 :data:`MIN_SPAWN` calls sends them directly (a spawner would cost an invocation more than it saves).
 

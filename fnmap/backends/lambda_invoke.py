@@ -1,4 +1,4 @@
-"""Lambda's Invoke without botocore's per-call machinery (issue 16).
+"""Lambda's Invoke without botocore's per-call machinery.
 
 ``client.invoke`` costs about a millisecond of client CPU per call: parameter validation,
 serialization, the event hooks, endpoint rules, the retry handler and the response parser

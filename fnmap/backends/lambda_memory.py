@@ -1,4 +1,4 @@
-"""Memory steps on Lambda (issue 24): one function per step, so a retry can climb.
+"""Memory steps on Lambda: one function per step, so a retry can climb.
 
 Lambda sets memory per function, for every call of it: changing the function's
 ``MemorySize`` (``UpdateFunctionConfiguration``) under a running job would change

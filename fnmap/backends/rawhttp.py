@@ -2,7 +2,7 @@
 
 ``http.client`` parses every response's headers with the ``email`` package's
 feed parser and builds the request header by header; on a noop job that was
-about half of the client's CPU per call (issue 9).  This client sends one
+about half of the client's CPU per call.  This client sends one
 request buffer and has the answer parsed by :mod:`fnmap.runtime.httpwire` (httptools, or
 h11 where httptools is missing).  It speaks only what fnmap needs: POST with a
 body, a response per request, no 1xx other than ``100 Continue``, no trailers.

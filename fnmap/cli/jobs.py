@@ -11,22 +11,18 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import sys
 import time
 
 from ..errors import StorageError
+from ..observe import report
 
 _STORAGE_HELP = "storage URL to read (default: the configured storage, FNMAP_STORAGE or fnmap.toml)"
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "jobs", help="list recent jobs", description="List recent jobs, newest first."
-    )
-    p.add_argument(
-        "--limit", type=int, default=20, help="how many jobs to show (default 20; 0 for all)"
-    )
+    p = sub.add_parser("jobs", help="list recent jobs", description="List recent jobs, newest first.")
+    p.add_argument("--limit", type=int, default=20, help="how many jobs to show (default 20; 0 for all)")
     p.add_argument("--json", action="store_true", help="print the jobs' summaries as a JSON list")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     p.set_defaults(run=_storage_errors(run_jobs))
@@ -34,26 +30,19 @@ def register(sub) -> None:
     p = sub.add_parser(
         "job",
         help="show one job: calls, failures, retries, durations, throughput, cost",
-        description="Summarize one job: calls, failures, retries, durations p50/p95/max, "
-        "throughput and "
+        description="Summarize one job: calls, failures, retries, durations p50/p95/max, throughput and "
         "estimated cost; --json prints the whole record (every call's times and stats).",
     )
     p.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
     p.add_argument("--json", action="store_true", help="print the job record as JSON")
-    p.add_argument(
-        "--plot", metavar="PATH", help="also save a timeline and duration histogram (PNG, SVG, PDF)"
-    )
+    p.add_argument("--plot", metavar="PATH", help="also save a timeline and duration histogram (PNG, SVG, PDF)")
     p.add_argument("--watch", action="store_true",
                    help="follow a running job: one progress line a second until it ends (Ctrl-C stops watching)")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
-    price = p.add_argument_group(
-        "cost estimate", "price the job as if it had run with other settings"
-    )
+    price = p.add_argument_group("cost estimate", "price the job as if it had run with other settings")
     price.add_argument("--memory", type=int, metavar="MB", help="Lambda memory per call")
     price.add_argument("--region", help="AWS region of the price table, e.g. eu-west-1")
-    price.add_argument(
-        "--instance-type", metavar="TYPE", help="Batch instance type, e.g. g5.xlarge"
-    )
+    price.add_argument("--instance-type", metavar="TYPE", help="Batch instance type, e.g. g5.xlarge")
     p.set_defaults(run=_storage_errors(run_job))
 
     _register_cancel_logs_gc(sub)
@@ -72,15 +61,10 @@ def _register_cancel_logs_gc(sub) -> None:
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     p.set_defaults(run=_storage_errors(run_cancel))
 
-    p = sub.add_parser(
-        "logs",
-        help="print the captured output of a job's calls",
-        description="Print the stdout and stderr captured from a job's calls, per attempt.",
-    )
+    p = sub.add_parser("logs", help="print the captured output of a job's calls",
+                       description="Print the stdout and stderr captured from a job's calls, per attempt.")
     p.add_argument("job_id", metavar="ID", help="job id, or a unique prefix of it")
-    p.add_argument(
-        "--call", type=int, metavar="N", help="only call N (see `fnmap job ID` for call numbers)"
-    )
+    p.add_argument("--call", type=int, metavar="N", help="only call N (see `fnmap job ID` for call numbers)")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     p.set_defaults(run=_storage_errors(run_logs))
 
@@ -92,12 +76,7 @@ def _register_cancel_logs_gc(sub) -> None:
         "again, until gc removes them), then the shared function pickles and content-addressed "
         "inputs that no job left in storage uses. Reports objects and bytes; --dry-run deletes nothing.",
     )
-    p.add_argument(
-        "--older-than",
-        default="7d",
-        metavar="AGE",
-        help="age like 90s, 30m, 12h, 7d or 2w (default 7d)",
-    )
+    p.add_argument("--older-than", default="7d", metavar="AGE", help="age like 90s, 30m, 12h, 7d or 2w (default 7d)")
     p.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
@@ -151,25 +130,14 @@ def run_jobs(args) -> int:
     if not jobs:
         print(f"no jobs in {store.url}", file=sys.stderr)
         return 0
-    # A column for the cost cap only where a listed job has one: most lists have none (issue 36).
+    # A column for the cost cap only where a listed job has one: most lists have none.
     capped = any(s.get("cost_cap") for s in jobs)
     rows = [("JOB", "CREATED", "FUNCTION", "KIND", "BACKEND", "STATUS", "CALLS", "RETRIES", "WALL")
             + (("SPENT/CAP",) if capped else ())]
     for s in jobs:
-        rows.append(
-            (
-                s["job_id"][:12],
-                _time(s["created"]),
-                _short(s.get("function") or "-", 28),
-                s.get("kind") or "-",
-                s.get("backend") or "-",
-                s["status"],
-                states_text(s),
-                str(s["retries"]),
-                _seconds(s.get("wall_seconds")),
-            )
-            + ((spent_of_cap(s.get("cost_cap")),) if capped else ())
-        )
+        rows.append((s["job_id"][:12], _time(s["created"]), _short(s.get("function") or "-", 28), s.get("kind") or "-",
+                     s.get("backend") or "-", s["status"], report.states_text(s), str(s["retries"]),
+                     _seconds(s.get("wall_seconds"))) + ((report.spent_of_cap(s.get("cost_cap")),) if capped else ()))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
@@ -180,8 +148,8 @@ def run_jobs(args) -> int:
 
 
 def run_job(args) -> int:
+    from ..cost.pricing import job_cost
     from ..observe import records
-    from ..observe.cost import estimate
 
     store = _store(args)
     if args.watch:
@@ -191,7 +159,7 @@ def run_job(args) -> int:
     asked = {k: v for k, v in asked.items() if v is not None}
     if asked:
         record.setdefault("options", {}).update(asked)
-        record["summary"]["cost"] = estimate(record)
+        record["summary"]["cost"] = job_cost(record)
     if args.plot:
         from ..observe.plot import plot_record
 
@@ -207,7 +175,6 @@ def run_job(args) -> int:
 
 def watch(store, job_id: str, period: float = 1.0) -> int:
     """``fnmap job ID --watch``: a progress line per ``period`` until the job ends, then its summary."""
-    from ..attach import FINAL
     from ..observe import history, records
 
     job_id = history.resolve_id(store, job_id)
@@ -216,9 +183,9 @@ def watch(store, job_id: str, period: float = 1.0) -> int:
         s = record["summary"]
         rate = s["throughput"]["calls_per_second"]
         print(f"{_time(time.time())}  {s['status']:<10} {s['calls_done']}/{s['calls']} calls done  "
-              f"({states_text(s)})  retries {s['retries']}"
+              f"({report.states_text(s)})  retries {s['retries']}"
               + (f"  {rate:.1f} calls/s" if rate else ""), flush=True)
-        if s["status"] in FINAL:
+        if s["status"] in report.FINAL:
             print(format_summary(record))
             return 0 if s["status"] == "succeeded" else 1
         time.sleep(period)
@@ -236,7 +203,7 @@ def run_cancel(args) -> int:
     status = record["summary"]["status"]
     if not client_runs(record["summary"]):
         print(f"job {job_id} has ended already ({status}): nothing to cancel"
-              + (f"; {redrive_advice(record)}" if status == "abandoned" else ""))
+              + (f"; {report.redrive_advice(record)}" if status == "abandoned" else ""))
         return 0
     request_cancel(store, job_id)
     print(f"asked the client running job {job_id} to cancel it")
@@ -245,22 +212,6 @@ def run_cancel(args) -> int:
         job.wait()
         print(f"job {job_id} stopped: {job.status}")
     return 0
-
-
-def items_left(record: dict) -> int:
-    """Items of a job that have no result a redrive would not run again: those of calls that never
-    ran, were stopped or never reported (a failed item's error is its committed result)."""
-    stopped = sum(c["items"] for c in record["calls"] if c["status"] in ("cancelled", "pending", "running"))
-    return stopped + (record["summary"].get("items_unreported") or 0)
-
-
-def redrive_advice(record: dict) -> str:
-    """What ``fnmap redrive`` would do for a job that stopped: run the items left, or nothing."""
-    left = items_left(record)
-    short = record["job_id"][:12]
-    if left:
-        return f"`fnmap redrive {short}` runs the {left} item(s) left"
-    return "every call has its result (or its error): nothing is left to redrive"
 
 
 def _memory_climbs(calls: list[dict]) -> list[str]:
@@ -275,13 +226,10 @@ def _memory_climbs(calls: list[dict]) -> list[str]:
 
 def format_summary(record: dict) -> str:
     """The human-readable summary ``fnmap job ID`` prints."""
-    from ..observe.cost import describe
-
     s = record["summary"]
     d, lat, tp = s["duration_seconds"], s["latency_seconds"], s["throughput"]
     lines = [
-        f"job      {s['job_id']}  {s.get('kind') or '?'} on {s.get('backend') or '?'}  "
-        f"{s['status']}",
+        f"job      {s['job_id']}  {s.get('kind') or '?'} on {s.get('backend') or '?'}  {s['status']}",
         f"function {s.get('function') or '-'}   from {s.get('origin') or '-'}",
         f"storage  {s.get('storage')}",
         f"created  {_time(s['created'])}   wall {_seconds(s['wall_seconds'])}",
@@ -290,17 +238,15 @@ def format_summary(record: dict) -> str:
         f"workers  {s['workers']}   cold starts {s['cold_starts']}",
         f"duration p50 {_seconds(d['p50'])}   p95 {_seconds(d['p95'])}   max {_seconds(d['max'])}"
         "   (run time on the worker)",
-        f"latency  p50 {_seconds(lat['p50'])}   p95 {_seconds(lat['p95'])}   "
-        f"max {_seconds(lat['max'])}"
+        f"latency  p50 {_seconds(lat['p50'])}   p95 {_seconds(lat['p95'])}   max {_seconds(lat['max'])}"
         "   (submitted until the result came back)",
-        f"rate     {_rate(tp['items_per_second'])} items/s   "
-        f"{_rate(tp['calls_per_second'])} calls/s",
+        f"rate     {_rate(tp['items_per_second'])} items/s   {_rate(tp['calls_per_second'])} calls/s",
         f"data     in {_bytes(s['bytes_in'])}   out {_bytes(s['bytes_out'])}   peak memory "
         + (f"{s['peak_memory_mb']:.0f} MB" if s.get("peak_memory_mb") else "-"),
-        f"cost     {describe(s['cost'])}",
+        f"cost     {report.cost_text(s['cost'])}",
     ]
     if record.get("cost_cap"):
-        lines.append(f"cost cap {cap_text(record)}")
+        lines.append(f"cost cap {report.cap_text(record)}")
     lines.extend(_memory_climbs(record["calls"]))
     if s.get("error"):
         lines.append(f"error    {s['error']} (before any call ran)")
@@ -308,7 +254,7 @@ def format_summary(record: dict) -> str:
         lines.append(f"raised   {s['raised']['error']} (reached the job's caller, which stopped the calls still out)")
     if s["status"] == "abandoned":
         lines.append("note     the client that started this job is gone before it finished: "
-                     + (s.get("abandoned") or "killed or crashed") + f"; {redrive_advice(record)}")
+                     + (s.get("abandoned") or "killed or crashed") + f"; {report.redrive_advice(record)}")
     if s.get("items_unreported"):
         lines.append(f"no result {s['items_unreported']} items: their calls never ran or never reported "
                      "(fnmap.job(ID).results() has an exception in their place)")
@@ -318,52 +264,14 @@ def format_summary(record: dict) -> str:
     return "\n".join(lines)
 
 
-def spent_of_cap(cap: dict | None) -> str:
-    """``fnmap jobs``' cell for a job's cost cap: ``$spent/$cap``, ``-`` without a cap."""
-    return f"{usd(cap['spent_usd'])}/{usd(cap['max_cost'])}" if cap else "-"
-
-
-def cap_text(record: dict) -> str:
-    """What ``fnmap job`` and the dashboard say of a capped job's cost cap (its record's
-    ``cost_cap``): the cap, what was spent, and whether the job stopped there and how to finish it."""
-    cap, short = record["cost_cap"], record["job_id"][:12]
-    head = f"{usd(cap['max_cost'])}: {usd(cap['spent_usd'])} spent"
-    if record["summary"]["status"] == "running" and cap.get("in_flight_usd"):
-        head += f", {usd(cap['in_flight_usd'])} in flight"
-    refused = cap.get("refused")
-    if refused:  # nothing was sent, nothing stored to redrive: the map itself must run again
-        return (f"{usd(cap['max_cost'])}: refused before any call, its estimate {usd(refused['usd'])} "
-                f"({refused['basis']}) is above it ({refused['calls']} calls not run; raise max_cost "
-                "and run the map again)")
-    if not cap.get("reached"):
-        return head + " (not reached)"
-    return (head + f", stopped here ({cap.get('calls_not_run', 'some')} calls not run; "
-            f"finish with fnmap redrive {short} --max-cost USD)")
-
-
-def usd(amount: float) -> str:
-    """Dollars to three significant digits (cents from a dollar up): a cap is often a fraction of a cent."""
-    if amount >= 1 or amount < 1e-9:  # a sum of attempts less the same attempts is 1e-20, not 0
-        return f"${amount:.2f}"
-    text = f"{amount:.{2 - math.floor(math.log10(amount))}f}".rstrip("0")
-    return "$" + text.ljust(len(text.partition(".")[0]) + 3, "0")  # cents at least: $0.10, not $0.1
-
-
 def _failures(record: dict) -> list[str]:
     """The failed calls of ``fnmap job ID``: ten at most, the first traceback, where to read more."""
     s, lines = record["summary"], []
-    failed = [c for c in record["calls"] if c["status"] not in ("ok", "cancelled", "pending", "running")]
+    failed = report.failed_calls(record["calls"])
     if failed:
         lines.append("failures:")
         for c in failed[:10]:
-            items = (
-                c["first_item"]
-                if c["items"] == 1
-                else f"{c['first_item']}..{c['first_item'] + c['items'] - 1}"
-            )
-            lines.append(
-                f"  call {c['call']} (item {items}): {c['status']}: {c.get('error') or '?'}"
-            )
+            lines.append(f"  call {c['call']} (item {report.item_range(c)}): {c['status']}: {c.get('error') or '?'}")
         first_traceback = next((c for c in failed if c.get("traceback")), None)
         if first_traceback:
             lines.append(f"traceback of call {first_traceback['call']} (the others: fnmap logs ID --call N):")
@@ -386,14 +294,10 @@ def run_logs(args) -> int:
     job_id = record["job_id"]
     calls = {c["call"] for c in record["calls"]}
     if args.call is not None and args.call not in calls and "rebuilt" not in record:
-        raise SystemExit(
-            f"fnmap logs: job {job_id} has no call {args.call}; its calls are 0..{len(calls) - 1}"
-        )
+        raise SystemExit(f"fnmap logs: job {job_id} has no call {args.call}; its calls are 0..{len(calls) - 1}")
     found = read_logs(store, job_id, args.call)
-    tracebacks = {
-        c["call"]: c["traceback"] for c in record["calls"]
-        if c.get("traceback") and (args.call is None or c["call"] == args.call)
-    }
+    tracebacks = {c["call"]: c["traceback"] for c in record["calls"]
+                  if c.get("traceback") and (args.call is None or c["call"] == args.call)}
     if not found and not tracebacks:
         which = f"call {args.call} of job {job_id}" if args.call is not None else f"job {job_id}"
         print(f"{which} printed nothing (no output was captured)", file=sys.stderr)
@@ -419,59 +323,43 @@ def run_gc(args) -> int:
     except ValueError as e:
         raise SystemExit(f"fnmap gc: --older-than: {e}") from None
     store = _store(args)
-    report = gc.collect_garbage(store, age, dry_run=args.dry_run)
+    found = gc.collect_garbage(store, age, dry_run=args.dry_run)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(found, indent=2))
         return 0
     verb = "would delete" if args.dry_run else "deleted"
-    print(
-        f"{verb} {len(report['deleted_jobs'])} job(s) older than {args.older_than} and "
-        f"{len(report['deleted_shared'])} shared object(s) no kept job uses: {report['deleted_keys']} objects, "
-        f"{_bytes(report['deleted_bytes'])}; kept {report['kept_jobs']} job(s), {_bytes(report['kept_bytes'])}"
-    )
+    print(f"{verb} {len(found['deleted_jobs'])} job(s) older than {args.older_than} and "
+          f"{len(found['deleted_shared'])} shared object(s) no kept job uses: {found['deleted_keys']} objects, "
+          f"{_bytes(found['deleted_bytes'])}; kept {found['kept_jobs']} job(s), {_bytes(found['kept_bytes'])}")
     if args.dry_run:  # where the bytes are: each job's records, logs, inputs and results
-        sizes = {**report["kept_job_bytes"], **report["deleted_job_bytes"]}
+        sizes = {**found["kept_job_bytes"], **found["deleted_job_bytes"]}
         largest = sorted(sizes.items(), key=lambda item: -item[1])[:5]
         if largest:
             print("largest jobs in storage:")
         for job_id, size in largest:
-            fate = "would delete" if job_id in report["deleted_job_bytes"] else "kept"
+            fate = "would delete" if job_id in found["deleted_job_bytes"] else "kept"
             print(f"  {job_id[:12]}  {_bytes(size):>9}  {fate}")
-    if report["kept_running_jobs"]:
-        print(f"kept {len(report['kept_running_jobs'])} old job(s) that may still run (a live lease, or "
-              "no final record and a client not known to be gone): " + ", ".join(report["kept_running_jobs"][:5]))
-    if report["deleted_temporary"]:
-        print(f"{verb} {len(report['deleted_temporary'])} temporary file(s) of killed writers, "
-              f"{_bytes(report['deleted_temporary_bytes'])}")
-    if report["kept_shared_because_running"]:
+    if found["kept_running_jobs"]:
+        print(f"kept {len(found['kept_running_jobs'])} old job(s) that may still run (a live lease, or "
+              "no final record and a client not known to be gone): " + ", ".join(found["kept_running_jobs"][:5]))
+    if found["deleted_temporary"]:
+        print(f"{verb} {len(found['deleted_temporary'])} temporary file(s) of killed writers, "
+              f"{_bytes(found['deleted_temporary_bytes'])}")
+    if found["kept_shared_because_running"]:
         print("kept every shared function and input: a kept job is still running")
-    if report["undated_jobs"]:
-        print(
-            f"left alone {len(report['undated_jobs'])} job(s) of unknown age "
-            "(no record, no status): " + ", ".join(report["undated_jobs"][:5])
-        )
+    if found["undated_jobs"]:
+        print(f"left alone {len(found['undated_jobs'])} job(s) of unknown age (no record, no status): "
+              + ", ".join(found["undated_jobs"][:5]))
     return 0
 
 
 # -- formatting ------------------------------------------------------------------
 
-#: The order call states are shown in.
-STATES = ("succeeded", "done", "failed", "cancelled", "abandoned", "running")
-
-
-def states_text(summary: dict) -> str:
-    """Calls per state, e.g. ``20 succeeded, 80 cancelled``; ``done/calls`` for a summary written
-    before states were counted."""
-    states = summary.get("states")
-    if not states:
-        return f"{summary['calls_done']}/{summary['calls']} done"
-    return ", ".join(f"{states[name]} {name}" for name in STATES if states.get(name)) or "no calls"
-
 
 def _states_line(s: dict) -> str:
     """``fnmap job``'s calls per state, every state shown, failed with its items."""
     states = s.get("states") or {"done": s["calls_done"], "failed": s["calls_failed"]}
-    shown = [name for name in STATES if name in states or name != "done"]
+    shown = [name for name in report.CALL_STATES if name in states or name != "done"]
     return "   ".join(f"{name} {states.get(name, 0)}" + (f" ({s['failed_items']} items)" if name == "failed" else "")
                        for name in shown)
 

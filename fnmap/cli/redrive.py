@@ -1,4 +1,4 @@
-"""``fnmap redrive ID``: run a job's calls that have no committed result, from this machine (issue 23)."""
+"""``fnmap redrive ID``: run a job's calls that have no committed result, from this machine."""
 
 from __future__ import annotations
 

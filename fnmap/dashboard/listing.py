@@ -14,8 +14,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..attach import FINAL
 from ..observe import history
+from ..observe.report import FINAL
 from ..runtime import keys
 from .views import job_row
 

@@ -23,9 +23,9 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from ..attach import FINAL
 from ..errors import FnmapError
 from ..observe import records
+from ..observe.report import FINAL
 from . import views
 from .listing import RECHECK_SECONDS
 
@@ -42,12 +42,14 @@ def make_page(store, job_id: str) -> tuple[bytes, bool]:
 
 
 def call_page(store, job_id: str, call: int) -> bytes:
-    """A call's captured output and traceback as JSON (:func:`.views.call_output`)."""
+    """A call's captured output and status records as JSON (:func:`.views.call_output`): what that
+    call left in storage, without reading the job's record."""
     from ..observe.logs import read_logs
 
-    record = records.load(store, job_id)
-    found = read_logs(store, record["job_id"], call)
-    return json.dumps(views.call_output(record, found, call), separators=(",", ":")).encode()
+    job_id = records.resolve_id(store, job_id)
+    found = read_logs(store, job_id, call)
+    return json.dumps(views.call_output(call, records.call_reports(store, job_id, call), found),
+                      separators=(",", ":")).encode()
 
 
 def _in_worker(make, url: str, *args):
@@ -121,7 +123,7 @@ class JobPages:
         return body
 
     def call(self, job_id: str, call: int) -> bytes:
-        """A call's output and traceback as JSON (its job's record is read as for the page)."""
+        """A call's output and status records as JSON."""
         return self._run(call_page, job_id, call)
 
     def _make(self, job_id: str) -> tuple[bytes, bool]:

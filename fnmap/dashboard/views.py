@@ -5,9 +5,10 @@ content is testable without a server.  Everything here is data for ``textContent
 never interprets a stored string as HTML.
 
 A job of 100,000 calls has 100,000 bars or more; a browser draws that many, but the page would
-carry megabytes and the eye sees nothing more.  :func:`timeline` keeps every bar that is not a
+carry megabytes and the eye sees nothing more.  :func:`timeline` keeps the bars that are not a
 plain success (failures, retries, copies, stops, calls in flight: what a person looks for) and an
-even sample of the successes, :data:`MAX_BARS` in all, and says so on the page.
+even sample of the successes, :data:`MAX_BARS` in all, and says so on the page.  Past half of
+:data:`MAX_BARS` the other bars are sampled too, never the failures: every one is kept.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from __future__ import annotations
 import math
 import time
 
-from ..cli.jobs import cap_text
-from ..observe.cost import describe
-from ..observe.records import UNFINISHED
+from ..observe import report
 
 #: Most bars one timeline carries to the browser.
 MAX_BARS = 20_000
@@ -27,9 +26,9 @@ MAX_POINTS = 300
 MAX_FAILURES = 100
 #: Most characters of one attempt's captured output sent to the page.
 MAX_LOG_CHARS = 1 << 20
-#: Bar kinds, in the order of the legend; a bar carries its kind's index.
-KINDS = ("ok", "failed", "retried", "copy", "stopped", "running")
-_KIND = {name: i for i, name in enumerate(KINDS)}
+#: Kinds of timeline bar, in the order of the legend; a bar carries its kind's index.
+BAR_KINDS = ("ok", "failed", "retried", "copy", "stopped", "running")
+_BAR_KIND = {name: i for i, name in enumerate(BAR_KINDS)}
 #: Attempt outcomes that mean another attempt (or the job's end) stopped this one.
 _STOPPED = ("cancelled", "superseded")
 
@@ -40,21 +39,14 @@ def job_row(summary: dict) -> dict:
     usd = (summary.get("cost") or {}).get("usd")
     return {
         "job_id": summary["job_id"],
-        "status": summary.get("status"),
-        "function": summary.get("function"),
-        "kind": summary.get("kind"),
-        "backend": summary.get("backend"),
-        "created": summary.get("created"),
-        "wall_seconds": summary.get("wall_seconds"),
-        "calls": summary.get("calls") or 0,
+        **{name: summary.get(name) for name in ("status", "function", "kind", "backend", "created", "wall_seconds",
+                                                "origin")},
+        **{name: summary.get(name) or 0 for name in ("calls", "items", "failed_items", "retries")},
         "states": summary.get("states") or {"done": summary.get("calls_done") or 0},
-        "items": summary.get("items") or 0,
-        "failed_items": summary.get("failed_items") or 0,
-        "retries": summary.get("retries") or 0,
         "usd": usd,
+        "usd_text": "-" if usd is None else report.usd(usd),
         "host": client.get("host"),
         "pid": client.get("pid"),
-        "origin": summary.get("origin"),
     }
 
 
@@ -65,8 +57,8 @@ def job_page(record: dict, now: float | None = None) -> dict:
     return {
         "summary": s,
         "options": record.get("options") or {},
-        "cost_text": describe(s.get("cost") or {})
-        + (f"; cost cap {cap_text(record)}" if record.get("cost_cap") else ""),
+        "cost_text": report.cost_text(s.get("cost") or {})
+        + (f"; cost cap {report.cap_text(record)}" if record.get("cost_cap") else ""),
         "commands": commands(record),
         "notes": _notes(record),
         "progress": progress(record, now),
@@ -83,18 +75,9 @@ def commands(record: dict) -> list[dict]:
            {"command": f"fnmap logs {short}", "does": "every call's captured output"}]
     if status == "running":
         out.append({"command": f"fnmap cancel {short}", "does": "ask the client running it to stop"})
-    elif _items_left(record) and status == "capped":  # without a cap of its own a redrive has none
-        out.append({"command": f"fnmap redrive {short} --max-cost USD",
-                    "does": "run the calls the cost cap stopped, under a new cap (what the redrive spends)"})
-    elif _items_left(record):
-        out.append({"command": f"fnmap redrive {short}", "does": "run the calls that have no result"})
+    elif redrive := report.redrive_command(record):
+        out.append({"command": redrive[0], "does": redrive[1]})
     return out
-
-
-def _items_left(record: dict) -> int:
-    """Items a redrive would run: those of calls stopped, never run or never reported."""
-    stopped = sum(c["items"] for c in record["calls"] if c["status"] in ("cancelled", *UNFINISHED))
-    return stopped + (record["summary"].get("items_unreported") or 0)
 
 
 def _notes(record: dict) -> list[str]:
@@ -110,7 +93,7 @@ def _notes(record: dict) -> list[str]:
         notes.append(f"abandoned: {s['abandoned']}")
     cap = record.get("cost_cap") or {}
     if cap.get("reached") and not cap.get("refused"):  # a refused job's error says so already
-        notes.append(f"cost cap {cap_text(record)}")
+        notes.append(f"cost cap {report.cap_text(record)}")
     if s.get("items_unreported"):
         notes.append(f"{s['items_unreported']} items have no result: their calls never ran or never reported")
     if record.get("rebuilt"):
@@ -123,7 +106,7 @@ def progress(record: dict, now: float) -> dict:
     :data:`MAX_POINTS` of them, and the job's total items."""
     created = record["created"]
     ends = sorted((c["ended"], c["items"]) for c in record["calls"]
-                  if c["status"] not in UNFINISHED and c.get("ended") is not None)
+                  if report.ended(c) and c.get("ended") is not None)
     points, done = [[0.0, 0]], 0
     step = max(1, math.ceil(len(ends) / MAX_POINTS))
     for i, (ended, items) in enumerate(ends):
@@ -136,7 +119,7 @@ def progress(record: dict, now: float) -> dict:
 
 
 def attempt_kind(call: dict, attempt: dict, later: bool) -> str:
-    """How one attempt shows on the timeline (:data:`KINDS`); ``later``: another attempt followed it."""
+    """How one attempt shows on the timeline (:data:`BAR_KINDS`); ``later``: another attempt followed it."""
     outcome = attempt.get("outcome")
     if attempt.get("ended") is None or outcome is None:
         return "running"
@@ -153,7 +136,7 @@ def attempt_kind(call: dict, attempt: dict, later: bool) -> str:
 
 def timeline(record: dict, now: float) -> dict:
     """One bar per attempt, ``[call, start, end, kind]`` (the call's number, seconds since the job
-    was created, the kind's index in :data:`KINDS`); sampled past :data:`MAX_BARS`."""
+    was created, the kind's index in :data:`BAR_KINDS`); sampled past :data:`MAX_BARS`."""
     plain: list[tuple] = []  # (call, sent, ended) of calls answered by their one attempt
     notable: list[tuple] = []  # (call, sent, ended, kind index) of every other attempt
     for call in record["calls"]:
@@ -168,11 +151,14 @@ def timeline(record: dict, now: float) -> dict:
                 continue
             kind = attempt_kind(call, attempt, later=i < len(attempts) - 1)
             end = attempt["ended"] if attempt.get("ended") is not None else now
-            notable.append((call["call"], attempt["sent"], end, _KIND[kind]))
+            notable.append((call["call"], attempt["sent"], end, _BAR_KIND[kind]))
     total = len(plain) + len(notable)
-    if total > MAX_BARS:
-        notable = notable[: MAX_BARS // 2]
-        plain = plain[:: math.ceil(len(plain) / (MAX_BARS - len(notable)))]
+    if total > MAX_BARS:  # every failure, an even sample of the other notable bars, then of the plain ones
+        failed = [bar for bar in notable if bar[3] == _BAR_KIND["failed"]]
+        other = [bar for bar in notable if bar[3] != _BAR_KIND["failed"]]
+        room = MAX_BARS // 2 - len(failed)
+        notable = failed + (other[:: math.ceil(len(other) / room)] if room > 0 and other else [])
+        plain = plain[:: math.ceil(len(plain) / max(1, MAX_BARS - len(notable)))]
     created = record["created"]
     bars = sorted([c, round(sent - created, 3), round(end - created, 3), kind]
                   for c, sent, end, kind in (*((c, s, e, 0) for c, s, e in plain), *notable))
@@ -181,16 +167,16 @@ def timeline(record: dict, now: float) -> dict:
     end = max((b[2] for b in bars), default=0.0)
     if record["summary"].get("status") == "running":
         end = max(end, round(now - created, 3))
-    return {"kinds": list(KINDS), "last_call": max(numbers),
+    return {"kinds": list(BAR_KINDS), "last_call": max(numbers),
             "bars": bars, "total": total, "end": end}
 
 
 def failures(calls: list[dict]) -> dict:
     """The failed calls, first :data:`MAX_FAILURES`, each with its error and remote traceback."""
-    failed = [c for c in calls if c["status"] not in ("ok", "cancelled", *UNFINISHED)]
+    failed = report.failed_calls(calls)
     shown = [{
         "call": c["call"],
-        "items": _item_range(c),
+        "items": report.item_range(c),
         "status": c["status"],
         "error": c.get("error"),
         "failed_items": c.get("failed_items"),
@@ -200,23 +186,16 @@ def failures(calls: list[dict]) -> dict:
     return {"total": len(failed), "calls": shown}
 
 
-def _item_range(call: dict) -> str:
-    first = call.get("first_item")
-    if first is None:
-        return "?"
-    return str(first) if call["items"] == 1 else f"{first}..{first + call['items'] - 1}"
-
-
-def call_output(record: dict, found: list[tuple[int, int, str]], call: int) -> dict:
-    """A call's captured output per attempt (``found``: :func:`fnmap.observe.logs.read_logs`) and
-    its traceback, each text cut to :data:`MAX_LOG_CHARS`."""
-    entry = next((c for c in record["calls"] if c["call"] == call), None)
+def call_output(call: int, reports: list[dict], found: list[tuple[int, int, str]]) -> dict:
+    """A call's captured output per attempt (``found``: :func:`fnmap.observe.logs.read_logs`), each
+    text cut to :data:`MAX_LOG_CHARS`, and what its status records say (``reports``:
+    :func:`fnmap.observe.records.call_reports`): the attempts that reported, the items that failed in
+    the last.  Its traceback is on the job's page (:func:`failures`)."""
     return {
         "call": call,
-        "known": entry is not None,
-        "status": entry["status"] if entry else None,
+        "reported": [r["attempt"] for r in reports],
+        "failed_items": reports[-1].get("failed_items") if reports else None,
         "attempts": [{"attempt": a, "text": _cut(text)} for c, a, text in found if c == call],
-        "traceback": _cut(entry.get("traceback")) if entry else None,
     }
 
 

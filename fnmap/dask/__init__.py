@@ -237,7 +237,7 @@ class _Run:
     # -- dispatch ------------------------------------------------------------
 
     def _start_job(self) -> None:
-        # Copies before the job is sealed: the graph's frontier is what waits on a straggler (issue 4).
+        # Copies before the job is sealed: the graph's frontier is what waits on a straggler.
         self.job = self.client.new_job(self.config, kind="dask", speculate_open=True)
         self.func_key = self.client.upload_function(run_batch, self.job)
         self.prefix = _keys.blob_key(self.job.id, "dask/")

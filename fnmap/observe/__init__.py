@@ -1,1 +1,1 @@
-"""What a user sees of a job: records, history, cost, plots, progress bars and call output."""
+"""What a user sees of a job: records, history, the report layer, plots, progress bars and call output."""

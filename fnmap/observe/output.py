@@ -1,4 +1,4 @@
-"""Remote ``print()`` output shown by the client after a job (the ``output="after"`` option, issue 14).
+"""Remote ``print()`` output shown by the client after a job (the ``output="after"`` option).
 
 Workers capture each call's output; with ``output="after"`` they send it back with the call's
 answer (bounded: :data:`fnmap.runtime.worker.OUTPUT_CHARS`) instead of writing it to the emulator's stderr,

@@ -25,7 +25,8 @@ import time
 import warnings
 
 from ..errors import FnmapError
-from .records import UNFINISHED, percentile, run_seconds
+from . import report
+from .records import percentile, run_seconds
 
 PHASE_COLOURS = {
     "queued": "#c7c7c7",
@@ -105,7 +106,7 @@ def running_note(record: dict) -> str | None:
     """``running: N of M calls done`` for a job that has not ended (None once it has)."""
     summary = record.get("summary", {})
     calls = record.get("calls", [])
-    unfinished = sum(1 for c in calls if c.get("status") in UNFINISHED)
+    unfinished = sum(1 for c in calls if not report.ended(c))
     if summary.get("status") != "running" and not unfinished:
         return None
     total = max(summary.get("calls") or 0, len(calls))
@@ -123,13 +124,13 @@ def _timeline_bars(calls: list[dict], t0: float) -> tuple[dict, list, list]:
         spans, failed = phases(call)
         for name, start, end in spans:
             bars[name].append((y, start - t0, end - start))
-        if call.get("status") in UNFINISHED:  # its attempts still out, up to now
+        if not report.ended(call):  # its attempts still out, up to now
             for attempt in call.get("attempts", []):
                 if attempt.get("sent") is not None and attempt.get("ended") is None:
                     bars["in flight"].append((y, attempt["sent"] - t0, max(0.0, now - attempt["sent"])))
         for sent, ended, _outcome in failed:
             bars["failed attempt"].append((y, sent - t0, ended - sent))
-        if call.get("status") not in ("ok", "cancelled", "pending", "running") and spans:
+        if report.failed(call) and spans:
             errors_x.append(spans[-1][2] - t0)
             errors_y.append(y)
     return bars, errors_x, errors_y

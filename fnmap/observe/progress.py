@@ -58,7 +58,7 @@ class Progress:
         self._lock = YieldingLock()
         #: Items done since the bar was last drawn, and when that was: the bar is drawn at most
         #: every RENDER_SECONDS, since tqdm's bookkeeping on every call more than doubled the
-        #: client's CPU per call (issue 9).
+        #: client's CPU per call.
         self._unshown = 0
         self._shown_at = 0.0
         self._closed = False

@@ -35,35 +35,24 @@ import math
 import time
 
 from .. import lease
+from ..cost.pricing import job_cost
 from ..errors import FnmapError
 from ..lease import ABANDONED
 from ..runtime import keys
-from . import cost, identity
+from . import identity
 from .history import JobNotFound, get_json_many, resolve_id, started_entry, write_index
 from .identity import gone_reason
 from .logs import logs_text
+from .report import UNFINISHED
 
 #: What fnmap.jobs reads from here; the index and logs are re-exported from their modules.
 __all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id", "started_summary",
            "summarize", "write", "write_index"]
 
 FORMAT = 1
-#: Call statuses that mean the call has not finished.
-UNFINISHED = ("pending", "running")
 #: Worker stats copied from the counted attempt into the call's entry.
-_STATS_FIELDS = (
-    "worker",
-    "cold",
-    "init_seconds",
-    "started",
-    "loaded",
-    "finished",
-    "written",
-    "bytes_in",
-    "bytes_out",
-    "peak_memory_kb",
-    "log_tail",
-)
+_STATS_FIELDS = ("worker", "cold", "init_seconds", "started", "loaded", "finished", "written", "bytes_in",
+                 "bytes_out", "peak_memory_kb", "log_tail")
 
 
 # -- writing -------------------------------------------------------------------
@@ -201,7 +190,7 @@ def compact_calls(calls: list[dict]) -> list[dict]:
     """Call entries as stored: empty fields left out, times to the millisecond, each attempt as
     ``[attempt, sent, ended, outcome]`` (and the memory, when set), ``submitted`` and ``ended``
     left to be derived from the attempts.  A 100,000-call record was 48 MB at about 500 bytes a
-    call (issue 24); automatic chunking makes far fewer calls, and each now takes about half."""
+    call; automatic chunking makes far fewer calls, and each now takes about half."""
     out = []
     for call in calls:
         entry = {k: _ms(v) if k in _TIME_FIELDS else v for k, v in call.items()
@@ -386,7 +375,7 @@ def summarize(record: dict) -> dict:
         "bytes_in": sum(c.get("bytes_in") or 0 for c in done),
         "bytes_out": sum(c.get("bytes_out") or 0 for c in done),
         "peak_memory_mb": max(peaks) / 1024 if peaks else None,
-        "cost": cost.estimate(record),
+        "cost": job_cost(record),
         "cost_cap": record.get("cost_cap"),
         "seconds_per_item": _seconds_per_item(done),
     }
@@ -411,11 +400,7 @@ def load(store, job_id: str) -> dict:
         if not status_keys and started is None:
             raise JobNotFound(f"job {job_id} has no record and no status records in {store.url}")
         return lease.judge(store, _rebuild(store, job_id, status_keys, started))  # abandoned if its client is gone
-    missing = {
-        c["call"]
-        for c in record["calls"]
-        if c["status"] not in UNFINISHED and c.get("started") is None
-    }
+    missing = {c["call"] for c in record["calls"] if c["status"] not in UNFINISHED and c.get("started") is None}
     wanted = [k for k in status_keys if keys.call_attempt_of(k)[0] in missing]
     if wanted:
         by_call = {}
@@ -427,6 +412,11 @@ def load(store, job_id: str) -> dict:
                 _apply_stats(call, max(found, key=lambda s: s["attempt"]))
         record["summary"] = summarize(record)
     return lease.judge(store, record)  # abandoned if its client is gone
+
+
+def call_reports(store, job_id: str, call: int) -> list[dict]:
+    """The status records of one call of a job (one per attempt that reported), by attempt."""
+    return sorted(get_json_many(store, store.list(keys.call_status_prefix(job_id, call))), key=lambda s: s["attempt"])
 
 
 def _apply_stats(call: dict, stats: dict) -> None:

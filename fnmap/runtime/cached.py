@@ -3,7 +3,7 @@
 A cached function is a C object (``functools._lru_cache_wrapper``) whose own reduction is its
 qualified name, so it pickled by reference even where its module travels by value: on a worker a
 notebook's ``@functools.cache def load_model()`` failed with "Can't get attribute 'load_model' on
-<module '__main__'>", and a local module holding one could not be imported there (issue 24).  It
+<module '__main__'>", and a local module holding one could not be imported there.  It
 now travels as its wrapped function (by value, as cloudpickle ships any function of ``__main__``
 or of a module registered by value) and is wrapped again on load with the same ``maxsize`` and
 ``typed``.  The cache starts empty in each worker process and lasts as long as the worker keeps

@@ -53,7 +53,7 @@ class _Router:
 def captured(buffer: io.StringIO | None, echo: bool = True):
     """Copy the calling thread's writes to ``sys.stdout``/``sys.stderr`` into ``buffer``; with
     ``echo`` False they go only there (the emulator's workers would otherwise write them to the
-    client's terminal as they happen, into its progress bar: issue 14)."""
+    client's terminal as they happen, into its progress bar)."""
     if buffer is None:
         yield
         return

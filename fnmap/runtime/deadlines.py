@@ -1,7 +1,7 @@
 """How long a server waits on a client: deadlines for each request's head and body, and idle time.
 
 A thread per connection (the emulator's server) is held for as long as its client keeps it, so
-silent or byte-a-second connections could lock every other client out (issue 26).  A
+silent or byte-a-second connections could lock every other client out.  A
 :class:`TimedConnection` reads a request under :class:`TimeLimits` and says where its request
 stands, so that the server can give the connections idle longest up first when it is crowded.
 The request readers of :mod:`.httpwire` tell it when a head is complete.

@@ -20,7 +20,7 @@ register resets too.  Registered at import: ``fnmap.client`` (the clients), ``fn
 (what exit waits for), ``fnmap.lease``, ``fnmap.joblib``, ``fnmap.backends.emulator`` (the
 emulator handles), ``fnmap.emulator.shared`` (the start lock's files), ``fnmap.storage``,
 ``fnmap.runtime.worker``, ``fnmap.runtime.setup``, ``fnmap.runtime.capture``,
-``fnmap.runtime.dask_tasks``, ``fnmap.backends.lambda_deployment`` and ``fnmap.observe.prices``
+``fnmap.runtime.dask_tasks``, ``fnmap.backends.lambda_deployment`` and ``fnmap.cost.prices``
 (their locks).
 """
 

@@ -60,7 +60,7 @@ class _InvokeFastPath:
 
     The invocation is the hot path: Flask's request context, routing and
     ``Response`` cost about 150 us of the emulator's CPU per call, as much as a
-    noop call itself (issue 9).  It answers exactly what the Flask views above
+    noop call itself.  It answers exactly what the Flask views above
     answer; any other request, and a body of unknown length, go to Flask.
     """
 

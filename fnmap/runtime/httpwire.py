@@ -2,7 +2,7 @@
 
 Parsing is left to a maintained parser, as uvicorn does: httptools (llhttp, the
 parser of Node.js) where it can be imported, h11 (pure Python) where it cannot.
-Both refuse what RFC 9112 forbids and hand-written parsers let through (issue 12):
+Both refuse what RFC 9112 forbids and hand-written parsers let through:
 chunk sizes such as ``+10``, ``0x10``, ``1_0`` or ``-1``, whitespace before a
 header's colon, a ``Transfer-Encoding`` other than ``chunked``, ``Content-Length``
 together with ``Transfer-Encoding``.  fnmap adds what neither does alone:

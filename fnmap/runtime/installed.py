@@ -3,7 +3,7 @@
 Deciding whether a loaded module outside the install folders is the user's own code (shipped by
 value) or an editable install needs ``importlib.metadata.packages_distributions()``, which reads
 every distribution's metadata: 0.3 - 0.6 s, paid by every fresh process whose function uses a local
-module, on its first map (issue 25).  The answer changes only when something is installed or
+module, on its first map.  The answer changes only when something is installed or
 removed, which adds, removes or rewrites a ``*.dist-info`` (or ``*.egg-info``) folder on ``sys.path``,
 so it is kept in this user's cache folder under those metadata folders' names and mtimes.
 

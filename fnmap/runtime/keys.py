@@ -99,6 +99,11 @@ def status_prefix(job_id: str) -> str:
     return f"jobs/{job_id}/status/"
 
 
+def call_status_prefix(job_id: str, call_id: int) -> str:
+    """Every attempt's status record of one call."""
+    return f"jobs/{job_id}/status/{spread(call_id)}/{call_id}."
+
+
 def call_attempt_of(key: str) -> tuple[int, int]:
     """``(call_id, attempt)`` of a status or log key (inverse of :func:`status_key`, :func:`log_key`)."""
     call, attempt, _ext = key.rsplit("/", 1)[1].split(".")

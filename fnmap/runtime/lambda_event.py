@@ -17,7 +17,7 @@ The reference (store, key, size, SHA-256) is signed (route :data:`ROUTE_REFERENC
 digest; then the worker verifies the envelope's own signature as for an inline body.
 
 A *spawner* event carries many call events (each as above, already signed) for the function
-to invoke itself, asynchronously, from inside the platform (issue 16: a big job's fan-out)::
+to invoke itself, asynchronously, from inside the platform (a big job's fan-out)::
 
     {"fnmap": 1, "spawn": [<call event>, ...], "job_id": ..., "spawn_id": ..., "store": ...,
      "job_record": "index/jobs/...", "signature": "<sig>"}

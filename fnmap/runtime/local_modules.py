@@ -52,7 +52,7 @@ def _is_local_module(name: str, module: Any) -> bool:
     if not file or name == "__main__" or _real_path(file).startswith(_install_roots()):
         return False
     # Only modules outside the install folders need the metadata scan (editable installs): it
-    # reads every distribution's RECORD, 0.3-0.6 s of a cold first job (issue 9).
+    # reads every distribution's RECORD, 0.3-0.6 s of a cold first job.
     top = name.split(".")[0]
     return top not in ("fnmap", "handlers") and top not in _installed_top_level()
 

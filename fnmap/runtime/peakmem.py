@@ -1,7 +1,7 @@
 """Peak resident memory of the calls a worker process runs.
 
 ``ru_maxrss`` is the process's peak over its whole life, so in a warm worker
-every call after a big one reported the big one's peak (issue 8).  On Linux
+every call after a big one reported the big one's peak.  On Linux
 the peak (``VmHWM``) can be reset by writing ``5`` to ``/proc/self/clear_refs``:
 it is reset when a call starts in an otherwise idle process, so a call's figure
 is its own peak when calls do not overlap (the emulator's and Lambda's workers

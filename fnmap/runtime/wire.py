@@ -91,7 +91,7 @@ class EncodedDict(dict):
 
 def encode(header: Any, payload: bytes = b"") -> bytes:
     # vars(), not dataclasses.asdict: the headers hold only JSON values, and asdict's recursive
-    # deep copy cost about 30 us per call on each side of the wire (issue 9).
+    # deep copy cost about 30 us per call on each side of the wire.
     if not hasattr(header, "__dataclass_fields__"):
         meta = json.dumps(header).encode()
     elif type(stats := getattr(header, "stats", None)) is EncodedDict:  # the last field: same text
@@ -131,7 +131,7 @@ def decode_request(body: bytes, header: dict | None = None, offset: int = 0) -> 
 _NUMBER = (int, float)
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 #: Field -> (accepted types, what to say).  A request is checked before anything acts on it, so
-#: that no value a caller can send makes a worker raise outside its error handling (issue 3).
+#: that no value a caller can send makes a worker raise outside its error handling.
 _REQUEST_TYPES = {
     "job_id": (str, "a job id (letters, digits, '-' and '_')"),
     "call_id": (int, "an integer >= 0"),

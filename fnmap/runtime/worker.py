@@ -156,7 +156,7 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
             func, error = _set_up(func, req)  # the initializer, once per worker process
         outcomes = run_items(func, items, mode, req.timeout, req.first_index) \
             if error is None else [from_exception(error)] * max(1, len(items or ()))
-    # Large results compressed (issue 7); sealed with the secret, so the reader checks before unpickling.
+    # Large results compressed; sealed with the secret, so the reader checks before unpickling.
     data = signing.seal(secret, result_key, compression.pack(dump_all(outcomes)))
     observed = (req, started, time.time(), cold, len(payload), loaded_at, logs, outcomes)
     if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline

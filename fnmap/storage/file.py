@@ -67,7 +67,7 @@ class FileStore:
     def _write_temp(self, path: str, data: bytes | list) -> str:
         # A unique name from pid, thread and a counter, and the folder created only when the
         # open says it is missing: tempfile.mkstemp's random names and makedirs' stats were
-        # half of a worker's time on a noop call (issue 9).
+        # half of a worker's time on a noop call.
         directory = path.rpartition(os.sep)[0] if _SLASH_PATHS else os.path.dirname(path)
         tmp = f"{directory}{os.sep}{key_layout.temp_name(os.getpid(), threading.get_ident(), next(_counter))}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)

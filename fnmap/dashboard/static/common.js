@@ -41,13 +41,6 @@ const fnmap = {
     return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
   },
 
-  usd(v) {
-    if (v === null || v === undefined) return "-";
-    if (v === 0) return "$0";
-    if (v >= 0.01) return "$" + v.toFixed(2);
-    return v >= 0.000001 ? "$" + v.toFixed(6) : "< $0.000001";
-  },
-
   // Wall time: the job's, or for a running job the time since it started.
   wall(status, wallSeconds, created) {
     if (status === "running" && created) return fnmap.seconds(Date.now() / 1000 - created) + " so far";

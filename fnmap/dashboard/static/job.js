@@ -181,8 +181,9 @@
       const data = JSON.parse(await fnmap.get(`${api}/calls/${encodeURIComponent(call)}`));
       const parts = data.attempts.flatMap((a) => [fnmap.el("div", {class: "muted", text: `call ${call}, attempt ${a.attempt}`}),
                                                   fnmap.el("pre", {text: a.text})]);
-      if (data.traceback) parts.push(fnmap.el("div", {class: "muted", text: `call ${call}, traceback`}), fnmap.el("pre", {text: data.traceback}));
-      if (!parts.length) parts.push(fnmap.el("p", {class: "muted", text: data.known ? `call ${call} printed nothing` : `this job has no call ${call}`}));
+      const failed = page && page.failures.calls.find((c) => String(c.call) === String(call));
+      if (failed && failed.traceback) parts.push(fnmap.el("div", {class: "muted", text: `call ${call}, traceback`}), fnmap.el("pre", {text: failed.traceback}));
+      if (!parts.length) parts.push(fnmap.el("p", {class: "muted", text: data.reported.length ? `call ${call} printed nothing` : `call ${call} printed nothing and has no status record (it never ran, or never reported)`}));
       out.replaceChildren(...parts);
     } catch (e) {
       out.replaceChildren(fnmap.el("p", {class: "error", text: String(e.message || e)}));

@@ -27,7 +27,7 @@
       fnmap.el("td", {class: "num", text: items}),
       fnmap.el("td", {class: "num", text: fnmap.time(job.created)}),
       fnmap.el("td", {class: "num", text: fnmap.wall(job.status, job.wall_seconds, job.created)}),
-      fnmap.el("td", {class: "num", text: fnmap.usd(job.usd)}),
+      fnmap.el("td", {class: "num", text: job.usd_text}),
       fnmap.el("td", {class: "who"}, fnmap.el("div", {text: who || "-"}),
                fnmap.el("div", {class: "muted", text: job.origin || ""})));
   }

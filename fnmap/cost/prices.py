@@ -1,6 +1,6 @@
 """Every price fnmap knows, dated and sourced: AWS Lambda, S3 requests, EC2 instances (AWS Batch).
 
-Two layers (issue 36, the cost cap):
+Two layers:
 
 * **Built-in tables** below, checked on :data:`PRICES_DATE` against the sources in :data:`SOURCES`.
 * **A cache** that ``fnmap prices update`` writes from AWS's Price List API

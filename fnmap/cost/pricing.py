@@ -1,5 +1,6 @@
-"""What a job costs at list prices: the price of one attempt of a call (:class:`Pricing`), and the
-estimate of a job record (:func:`estimate`, what ``job.cost()``, ``fnmap job`` and the cost cap read).
+"""What a job costs at list prices: the price of one attempt of a call (:class:`Pricing`), what a
+finished job cost (:func:`job_cost`, what ``job.cost()`` and ``fnmap job`` read), and how an amount
+of money reads (:func:`usd`, the one formatter every message and page uses).
 
 The model, per attempt of a call, on the platform the job's backend stands for (the emulator,
 ``local`` and ``http`` are priced as AWS Lambda, so a laptop run tells what the same job would cost
@@ -17,7 +18,7 @@ in the cloud):
 
 These are list prices (the first tier) without free tier, savings plans or volume tiers: an upper
 bound for small jobs, a good guide for large ones.  The platform's own bill is the truth.  The
-prices themselves, dated and with their sources, are in :mod:`fnmap.observe.prices`.
+prices themselves, dated and with their sources, are in :mod:`fnmap.cost.prices`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .prices import UnknownPrice, instance_price, lambda_price, prices_basis, s3_price
+from .prices import DEFAULT_REGION, UnknownPrice, instance_price, lambda_price, prices_basis, s3_price
 
-__all__ = ["BATCH_MINIMUM_SECONDS", "DEFAULT_LAMBDA_MEMORY_MB", "Pricing", "UnknownPrice", "describe",
-           "estimate", "requests"]
+__all__ = ["BATCH_MINIMUM_SECONDS", "DEFAULT_LAMBDA_MEMORY_MB", "Pricing", "UnknownPrice", "job_cost",
+           "pricing_of", "requests", "usd"]
 
-DEFAULT_REGION = "us-east-1"
 #: Memory assumed for Lambda when a job did not set ``memory`` (fnmap's deploy default).
 DEFAULT_LAMBDA_MEMORY_MB = 1024
 DEFAULT_CPU_INSTANCE = "c5.large"
@@ -126,6 +126,22 @@ class Pricing:
         return f"AWS Lambda {said('region', self.region)}, {said('memory', f'{self.memory_mb} MB')}"
 
 
+def usd(amount: float) -> str:
+    """Dollars to three significant digits (cents from a dollar up): a cap is often a fraction of a
+    cent.  The one way fnmap writes an amount of money: messages, ``fnmap job``, the dashboard."""
+    if amount >= 1 or amount < 1e-9:  # a sum of attempts less the same attempts is 1e-20, not 0
+        return f"${amount:.2f}"
+    text = f"{amount:.{2 - math.floor(math.log10(amount))}f}".rstrip("0")
+    return "$" + text.ljust(len(text.partition(".")[0]) + 3, "0")  # cents at least: $0.10, not $0.1
+
+
+def pricing_of(config) -> Pricing:
+    """The pricing of a job run with ``config`` (:class:`fnmap.config.Config`)."""
+    return Pricing.of(config.backend, {"region": config.region, "memory": config.memory, "gpu": config.gpu,
+                                       "instance_type": getattr(config, "instance_type", None)})
+
+
+
 def requests(stored_input: bool, first_attempt: bool, cold: bool) -> tuple[int, int]:
     """The S3 PUTs and GETs of one attempt (see the module's docstring): a stored input is PUT once
     by the client and read by every attempt; a cold worker GETs the function."""
@@ -147,7 +163,7 @@ def _attempts(record: dict):
                 yield call, index, attempt["ended"] - attempt["sent"]
 
 
-def estimate(record: dict) -> dict:
+def job_cost(record: dict) -> dict:
     """The list-price estimate of a job record: ``usd``, its parts, and what it assumed.
 
     An unknown region or instance type gives ``usd=None`` and a ``note`` instead of an error, so a
@@ -189,19 +205,3 @@ def estimate(record: dict) -> dict:
         result["note"] = f"as if the {record.get('backend')} job had run on {pricing.model}"
     return result
 
-
-def describe(estimate_: dict) -> str:
-    """One line for the job summary."""
-    if estimate_.get("usd") is None:
-        return f"unknown ({estimate_.get('note', 'no estimate')})"
-    assumed = estimate_.get("assumed") or []
-    s3 = f"{estimate_.get('s3_puts', 0)} S3 PUTs + {estimate_.get('s3_gets', 0)} GETs"
-    if estimate_["model"] == "aws-lambda":
-        memory = f"{estimate_['memory_mb']} MB" + (" (assumed)" if "memory" in assumed else "")
-        region = estimate_["region"] + (" (assumed)" if "region" in assumed else "")
-        detail = (f"AWS Lambda {region}, {memory}: {estimate_['gb_seconds']:.3f} GB-s + "
-                  f"{estimate_['requests']} requests + {s3}")
-    else:
-        instance = estimate_["instance_type"] + (" (assumed)" if assumed else "")
-        detail = f"AWS Batch on {instance}: {estimate_['instance_seconds']:.0f} instance-seconds + {s3}"
-    return f"${estimate_['usd']:.6f}  {detail} (list prices of {estimate_.get('prices')})"
