@@ -313,6 +313,17 @@ class Job(JobHandle):
             except Exception as e:
                 self._record_failed(e)
 
+    def give_up(self, reason: str) -> None:
+        """This process gave the job up at its exit (:mod:`fnmap.lease`), an interrupt that reached its
+        caller included (a kernel's restart interrupts the running cell first): its record says so,
+        whatever was written before; its lease, marked by the caller, makes it ``abandoned``."""
+        with self._record_lock:
+            self.given_up, self.raised = reason, None
+            try:
+                records.write(self.store, records.build(self))
+            except Exception as e:
+                self._record_failed(e)
+
     def _record_failed(self, e: Exception) -> None:
         import warnings
 
@@ -326,6 +337,8 @@ class Job(JobHandle):
             stopped = isinstance(exc, (CancelledError, KeyboardInterrupt))  # asked to stop, not a failure
             self.raised = {"error": f"{type(exc).__name__}: {exc}"[:500],
                            "status": "cancelled" if stopped else "failed"}
+            if isinstance(exc, KeyboardInterrupt):  # the user's Ctrl-C, or a kernel's restart (lease decides at exit)
+                lease.interrupted(self)
 
     # -- results -------------------------------------------------------------
 

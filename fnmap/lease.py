@@ -20,7 +20,10 @@ rather than ``failed`` with the connection errors of an emulator stopping under 
 was committed stays; ``fnmap redrive ID`` runs the rest (:mod:`fnmap.redrive`).  Not abandoned: a
 job cancelled by ``fnmap cancel``, or whose exception reached its caller (a map that raised as the
 script ended); their exit waits briefly for them to settle, and they end ``cancelled`` or
-``failed``, as their caller saw them (the latter's record was written when it raised).
+``failed``, as their caller saw them (the latter's record was written when it raised).  Except the
+interrupt of a notebook kernel's restart or shut-down (jupyter_client interrupts the running cell
+before it asks the kernel to shut down): a KeyboardInterrupt that reached a job's caller shortly
+before such a kernel exits was not the user's, and the job is ``abandoned`` too.
 
 Clocks: ``expires`` is the holder's clock; readers on machines whose clocks differ by less than
 the lease minus the renewal period (50 s by default) judge it right.
@@ -50,6 +53,12 @@ ABANDONED = "abandoned"
 #: CancelledError, before the last stopped call is answered (then the job is ``cancelled`` as asked,
 #: not ``abandoned``).  Calls a platform cannot stop (Lambda's) are not waited for longer than this.
 SETTLE_CANCELLED_AT_EXIT_SECONDS = 5.0
+#: A notebook kernel asked to shut down (JupyterLab's restart or shutdown) within this many seconds
+#: of an interrupt that reached a job's caller: the interrupt was the shutdown's (jupyter_client
+#: interrupts the running cell first), not the user's Ctrl-C, and the job is ``abandoned``.
+SHUTDOWN_INTERRUPT_SECONDS = 10.0
+#: Why a job stopped by its kernel's shutdown was abandoned.
+KERNEL_SHUT_DOWN = "its notebook kernel was shut down or restarted while the job ran"
 
 
 def holder() -> dict:
@@ -128,6 +137,8 @@ class _Leases:
         self._holder: dict | None = None
         self._exiting = False
         self._writing = threading.Lock()
+        #: Jobs whose caller an interrupt reached: (weak reference, when), the latest few.
+        self._interrupted: list[tuple] = []
 
     def hold(self, job) -> None:
         """Take the lease of ``job`` and keep renewing it until the job is done: written by the
@@ -197,17 +208,43 @@ class _Leases:
         if held is not None and held[0]() is job:
             self._release(job.id, job.store)
 
+    def interrupted(self, job) -> None:
+        """A KeyboardInterrupt reached ``job``'s caller: ``cancelled``, as the user asked, unless this
+        process exits as a notebook kernel asked to shut down (:meth:`_abandon_interrupted`)."""
+        with self._lock:
+            self._interrupted = [*self._interrupted[-15:], (weakref.ref(job), time.monotonic())]
+
+    def _abandon_interrupted(self) -> set[str]:
+        """At the exit of a notebook kernel asked to shut down: the jobs an interrupt stopped just
+        before are abandoned, not cancelled (their lease says so, and their record); their ids."""
+        if not _kernel_shutting_down():
+            return set()
+        now = time.monotonic()
+        with self._lock:
+            jobs = [ref() for ref, when in self._interrupted if now - when <= SHUTDOWN_INTERRUPT_SECONDS]
+        given_up = set()
+        for job in jobs:
+            if job is None or job.raised is None or job.run.cancel_reason:
+                continue
+            self._write(job.store, job.id, float(job.config.lease), abandoned=KERNEL_SHUT_DOWN)
+            job.give_up(KERNEL_SHUT_DOWN)
+            given_up.add(job.id)
+        return given_up
+
     def abandon_all(self) -> None:
         """At the process's exit: every job it still runs is abandoned, and says so in its lease
         (after a short wait for those that ended already but are settling: cancelled from outside,
         which then end ``cancelled``, or whose exception reached their caller).  A job whose
         exception reached its caller is not abandoned: its record, written when it raised, stands."""
+        given_up = self._abandon_interrupted()
         self._settle_cancelled()
         with self._lock:
             self._exiting = True
             held, self._held = list(self._held.items()), {}
         for job_id, (ref, store, seconds) in held:
             job = ref()
+            if job_id in given_up:
+                continue
             if job is not None and not job.done and not KINDS[job.kind].given_up_at_exit:
                 continue  # an Executor finishes its pending work at exit (as the standard library's); else it expires
             if job is not None and not job.done and job.raised is not None:
@@ -245,9 +282,19 @@ class _Leases:
         forks.keep(self._held)
         self._lock, self._writing, self._wake = threading.Lock(), threading.Lock(), threading.Event()
         self._held, self._thread, self._holder, self._exiting = {}, None, None, False
+        self._interrupted = []
+
+
+def _kernel_shutting_down() -> bool:
+    """Whether this process is a Jupyter kernel that was asked to shut down (its shell's ``exit_now``,
+    which ipykernel sets on a shutdown or restart request)."""
+    from .observe.progress import kernel_shell
+
+    return bool(getattr(kernel_shell(), "exit_now", False))
 
 
 _leases = _Leases()
 hold = _leases.hold
 release = _leases.release
+interrupted = _leases.interrupted
 forks.at_fork(_leases.forget_in_child)

@@ -133,4 +133,8 @@ class EmbeddedEmulator(EmulatorLauncher):
 
         # This user's own secret when none is configured: another process of the user can then
         # check the job's stored results (``fnmap.job(ID).results()``).
-        super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True)
+        from ..observe.output import workers_stderr
+
+        # Its workers' output reaches this process's stderr, or in a notebook the running cell, whole lines.
+        super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True,
+                         stderr=workers_stderr())

@@ -12,10 +12,14 @@ pipe (the emulator exited, even by SIGKILL) ends the process.
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 
+from ..runtime.local_modules import install_roots
 from . import fresh_imports  # imported in the fork server: its snapshot of the .pth files
+
+install_roots()  # found once in the fork server, not by each worker at its first look at its modules
 
 _LEN = struct.Struct(">I")
 #: A request to a worker: flags and the signature's length, then the signature and the body.
@@ -76,6 +80,7 @@ def serve(conn, env: dict | None, client: dict | None = None) -> None:
     if client is not None:
         _become_clients(client)
     os.dup2(2, 1)  # user prints go to stderr
+    _whole_lines()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
 
@@ -89,6 +94,7 @@ def serve(conn, env: dict | None, client: dict | None = None) -> None:
     keep_freed_memory()
 
     worker.WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"  # imported before the fork
+    worker.reimport_changed_modules()  # it serves its client for long: an edited module is seen
     secret = secret_from_env()
     fd = conn.fileno()
     try:
@@ -105,12 +111,55 @@ def serve(conn, env: dict | None, client: dict | None = None) -> None:
             if flags & MANY:
                 for signature, call in unpack_calls(body):
                     status, out = worker.handle(call, signature, secret, verified=verified)
+                    _flush_output()
                     write_message(fd, _LEN.pack(status), out)
                 continue
             status, out = worker.handle(body, signature or None, secret, verified=verified)
+            _flush_output()
             write_message(fd, _LEN.pack(status), out)
     except (EOFError, OSError):  # the emulator closed the pipe, or died: nothing left to serve
         return
+
+
+def _whole_lines() -> None:
+    """``sys.stdout`` and ``sys.stderr`` that write whole lines (:class:`_LineWriter`)."""
+    import sys
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        raw = io.FileIO(fd, "w", closefd=False)
+        setattr(sys, name, _LineWriter(io.BufferedWriter(raw, buffer_size=1 << 16),
+                                       encoding=getattr(old, "encoding", None) or "utf-8",
+                                       errors="backslashreplace"))
+
+
+class _LineWriter(io.TextIOWrapper):
+    """A text stream that writes up to its last end of line in one ``write(2)``, and keeps the rest.
+
+    The workers of a client share its stderr: a line written in pieces (``print`` writes its text
+    and its end apart when unbuffered; line buffering writes a text's unfinished last line with it)
+    was cut into by another call's line.  A pipe takes a write of up to ``PIPE_BUF`` (4 KiB) whole;
+    what a call leaves without its end of line goes when the call ends (:func:`_flush_output`)."""
+
+    def write(self, s: str) -> int:
+        cut = s.rfind("\n") + 1
+        if not cut:
+            return super().write(s)
+        super().write(s[:cut])
+        self.flush()
+        if cut < len(s):
+            super().write(s[cut:])
+        return len(s)
+
+
+def _flush_output() -> None:
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def _become_clients(client: dict) -> None:

@@ -5,7 +5,8 @@ what a run computes must still be what it would compute with an emulator of its 
 client process *attaches* over a Unix socket in the emulator's private folder (``sessions.sock``,
 in a 0700 folder, or a private temporary folder where that path is too long for a socket; the
 state file names it, and the peer's uid is checked too) and sends its working folder, its environment,
-its ``PYTHONPATH`` and its stderr (the descriptor itself, ``SCM_RIGHTS``).  The emulator answers a
+its ``PYTHONPATH`` and its stderr (the descriptor itself, ``SCM_RIGHTS``; in a notebook kernel a pipe
+whose lines reach the running cell, :func:`fnmap.observe.output.workers_stderr`).  The emulator answers a
 session token and forks that client's workers from the fork server, which has imported only fnmap
 and the standard library: the client's code and packages are imported afresh, in its folder,
 with its variables, and ``output="live"`` lines reach its own terminal or notebook cell.  Requests
@@ -82,11 +83,14 @@ class ClientSession:
     """This process's session on a shared emulator: its token, and the socket whose end ends it."""
 
     def __init__(self, path: str):
+        from ..observe.output import workers_stderr
+
+        stderr = workers_stderr()  # this process's stderr, or in a notebook the running cell's relay
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(30)
             sock.connect(path)
-            fds = [2] if _is_open(2) else []
+            fds = [stderr] if stderr is not None else []
             _send(sock, {"op": "attach", "pid": os.getpid(), "cwd": os.getcwd(), "env": dict(os.environ),
                          "command": _command_line()}, fds)
             answer, _ = _receive(sock)
@@ -102,14 +106,6 @@ class ClientSession:
 
     def close(self) -> None:
         self._sock.close()
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
 
 
 def _command_line() -> str:

@@ -22,9 +22,14 @@ RENDER_SECONDS = 0.1
 def in_kernel() -> bool:
     """True inside a Jupyter kernel (not merely in a process that imported ipykernel, as any
     jupyter_client that looks up kernel specs does)."""
+    return kernel_shell() is not None
+
+
+def kernel_shell():
+    """The IPython shell of the Jupyter kernel this process is, or None."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
-    return getattr(shell, "kernel", None) is not None
+    return shell if getattr(shell, "kernel", None) is not None else None
 
 
 def _interactive() -> bool:

@@ -30,6 +30,7 @@ from . import compression, forks, keys, setup, signing
 from .call_error import remote_error
 from .capture import captured as _captured
 from .items import Deadline, Expired, run_items
+from .local_modules import ModuleFiles
 from .outcome import count, count_failed, dump_all, each, failure, from_exception, retry_outcome, succeeded
 from .peakmem import PeakMemory
 from .serialization import load_stream, loads, runtime_mismatch
@@ -53,6 +54,45 @@ def _new_functions_lock() -> None:
 
 _calls_served = 0
 _peak_memory = PeakMemory()
+
+#: The user's module files this process imported (:class:`ModuleFiles`): looked at when a call of
+#: another job arrives, or one after the process served none for this many seconds (an Executor's
+#: next call, a named job run again); not between the calls of a job it is kept busy with, which
+#: all run the code of the job's first.
+MODULE_LOOK_IDLE_SECONDS = 1.0
+_module_files: ModuleFiles | None = None
+#: The job of the last call this process served, and when that call ended (``time.monotonic``).
+_last_call: tuple[str, float] = ("", 0.0)
+#: Whether a changed module is imported afresh (a process serving calls alone), not only its
+#: functions loaded again (the client's own process, whose modules are the user's to reload).
+_reimport = False
+
+
+def reimport_changed_modules() -> None:
+    """Called by a process that serves calls alone and for long (the emulator's workers) before its
+    first call: when a module of the user's files it imported has changed since (an edit, a
+    ``reload`` in the client), the next job's calls import the user's modules afresh, as a new
+    worker would.  Elsewhere (the ``local`` backend) only the functions are loaded again."""
+    global _module_files, _reimport
+    _module_files, _reimport = ModuleFiles(baseline=True), True
+
+
+def _look_at_module_files(job_id: str) -> None:
+    """Forget the loaded functions, and with :data:`_reimport` the user's modules, if a module file
+    the calls imported changed since (see :class:`ModuleFiles`)."""
+    global _module_files
+    last_job, ended = _last_call
+    if job_id == last_job and time.monotonic() - ended < MODULE_LOOK_IDLE_SECONDS:
+        return
+    with _functions_lock:
+        if _module_files is None:
+            _module_files = ModuleFiles(baseline=False)
+        if _module_files.changed():
+            _functions.clear()
+            if _reimport:
+                _module_files.forget()
+
+
 #: Seconds this process spent starting before it could serve its first call, where the platform
 #: bills that (AWS Lambda's INIT phase, billed since 2025-08-01): reported with the first call's
 #: stats as ``init_seconds`` and priced into its cost.  None where it is not billed.
@@ -125,11 +165,13 @@ def handle(body: bytes, signature: str | None, secret: bytes | None,
 
 def run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[CallResponse, bytes]:
     """Run one call and commit its outcomes; return the response header and inline payload."""
+    global _last_call
     _peak_memory.call_started()
     try:
         return _run(req, payload, secret)
     finally:
         _peak_memory.call_ended()
+        _last_call = (req.job_id, time.monotonic())
 
 
 def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[CallResponse, bytes]:
@@ -286,6 +328,7 @@ def _is_storage_error(e: BaseException) -> bool:
 
 
 def _load(store, req: CallRequest, payload) -> tuple[Any, list, str]:
+    _look_at_module_files(req.job_id)
     func = _functions.get(req.func_key)
     if func is None:
         with _functions_lock:  # threads (the local backend) share one load: one namespace, one setup
