@@ -34,20 +34,28 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor", "job", "estimate",
+    "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor", "job", "estimate", "function",
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
     "SerializationError", "VersionMismatch", "SignatureError", "StorageError", "PlatformError", "WorkerCrashed",
     "CallLost", "TimeoutError", "RemoteError", "RemoteExit", "InitializerError", "OutOfMemory",
-    "CostCapReached",
+    "CostCapReached", "BlockingCallWarning",
 ]
 
 
 def __getattr__(name: str):
     # Keep `import fnmap` light: the client machinery loads on first use.
     if name in ("map", "starmap", "imap", "imap_unordered", "map_reduce"):
-        from . import api
+        from . import aio  # hangs each front end's async twin on it: fnmap.map.aio
 
-        return getattr(api, name)
+        return getattr(aio.api, name)
+    if name == "BlockingCallWarning":
+        from .blocking import BlockingCallWarning
+
+        return BlockingCallWarning
+    if name == "function":
+        from .decorator import function
+
+        return function
     if name == "Executor":
         from .executor import Executor
 

@@ -12,7 +12,8 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import named, policy
+from . import named, policy, stream
+from .blocking import warn_if_in_coroutine
 from .client import get_client
 from .config import resolve
 from .cost.forecast import check_cap
@@ -30,17 +31,22 @@ from .runtime.wire import MODE_ARGS, MODE_ONE
 REDUCE_FANIN = 64
 
 
-def _remote_error_from_here(func: Callable) -> Callable:
+def remote_error_from_here(func: Callable | None = None, *, warn: bool = True) -> Callable:
     """Make an exception an item raised remotely start at the caller's line: the frames it passed
     through inside fnmap (the job's results, the call's outcomes) are dropped, so a traceback reads
     the caller's code, then the remote traceback it is chained to, not three fnmap frames between.
     The one frame left is this wrapper's (pytest hides it, ``__tracebackhide__``; IPython shows the
     frame an exception was raised in always).
-    fnmap's own errors keep their frames: there they say where fnmap failed."""
+    fnmap's own errors keep their frames: there they say where fnmap failed.
+    ``warn``: called from a coroutine on a running loop, it warns (:mod:`fnmap.blocking`)."""
+    if func is None:
+        return functools.partial(remote_error_from_here, warn=warn)
 
     @functools.wraps(func)
     def from_the_caller(*args, **kwargs):
         __tracebackhide__ = True  # noqa: F841 (read by IPython's and pytest's traceback printers)
+        if warn:
+            warn_if_in_coroutine(f"fnmap.{func.__name__}(...)", f"await fnmap.{func.__name__}.aio(...)", kwargs)
         try:
             return func(*args, **kwargs)
         except Exception as e:
@@ -51,7 +57,7 @@ def _remote_error_from_here(func: Callable) -> Callable:
     return from_the_caller
 
 
-@_remote_error_from_here
+@remote_error_from_here
 def map(
     func: Callable,
     items: Iterable,
@@ -102,7 +108,7 @@ def map(
     return job.results(return_exceptions=return_exceptions)
 
 
-@_remote_error_from_here
+@remote_error_from_here
 def starmap(
     func: Callable,
     iterable: Iterable,
@@ -137,35 +143,51 @@ def starmap(
     return job.results(return_exceptions=return_exceptions)
 
 
-def imap(func: Callable, items: Iterable, *, return_exceptions: bool = False, **options: Any):
+def imap(func: Callable, items: Iterable, *, return_exceptions: bool = False, buffersize: int | None = None,
+         **options: Any):
     """Like :func:`map`, but an iterator that yields each result, in input order, as soon as it
     and those before it are in (``multiprocessing.Pool.imap``).
 
     Errors are raised when the failing item's turn comes (or put in place with
     ``return_exceptions=True``); closing the iterator early cancels what has not run.
+    ``buffersize=N`` (``Executor.map``'s name, Python 3.14): at most N items are read ahead of
+    the results taken, so an endless generator works in bounded memory (:mod:`fnmap.stream`).
     """
-    return _stream(func, items, options, ordered=True, return_exceptions=return_exceptions)
+    warn_if_in_coroutine("fnmap.imap(...)", "async for r in fnmap.imap.aio(...)", options)
+    return _stream(func, items, options, ordered=True, return_exceptions=return_exceptions, buffersize=buffersize)
 
 
-def imap_unordered(func: Callable, items: Iterable, *, return_exceptions: bool = False, **options: Any):
+def imap_unordered(func: Callable, items: Iterable, *, return_exceptions: bool = False,
+                   buffersize: int | None = None, **options: Any):
     """Like :func:`imap`, but yields results as their calls finish, in any order
     (``multiprocessing.Pool.imap_unordered``; pair them with their items by returning both)."""
-    return _stream(func, items, options, ordered=False, return_exceptions=return_exceptions)
+    warn_if_in_coroutine("fnmap.imap_unordered(...)", "async for r in fnmap.imap_unordered.aio(...)", options)
+    return _stream(func, items, options, ordered=False, return_exceptions=return_exceptions, buffersize=buffersize)
 
 
-def _stream(func: Callable, items: Iterable, options: dict, ordered: bool, return_exceptions: bool):
+def _stream(func: Callable, items: Iterable, options: dict, ordered: bool, return_exceptions: bool,
+            buffersize: int | None = None):
     # The job starts here, not at the first next(): a bad option or item fails at the call.
     config = resolve(**options)
-    job = _start(get_client(config), config, func, "map", lambda _job_id: _input_items(items, None, None),
-                 stream=True)
-    return _results_as_they_come(job, ordered, return_exceptions)
+    return start_stream(func, items, config, ordered, return_exceptions, buffersize)[1]
 
 
-def _results_as_they_come(job, ordered: bool, return_exceptions: bool):
-    __tracebackhide__ = True  # noqa: F841 (see _remote_error_from_here)
+def start_stream(func: Callable, items: Iterable, config, ordered: bool, return_exceptions: bool,
+                 buffersize: int | None = None, mode: str = MODE_ONE) -> tuple:
+    """Start the job of an ``imap``: ``(job, an iterator of its results as they come)``."""
+    if buffersize is not None:
+        job, states = stream.start(func, _input_items(items, None, None), config, buffersize, ordered, mode)
+    else:
+        job = _start(get_client(config), config, func, "map", lambda _job_id: _input_items(items, None, None),
+                     mode, stream=True)
+        states = _in_order(job) if ordered else _as_completed(job)
+    return job, _results_as_they_come(job, states, return_exceptions)
+
+
+def _results_as_they_come(job, states, return_exceptions: bool):
+    __tracebackhide__ = True  # noqa: F841 (see remote_error_from_here)
     finished = True
     try:
-        states = _in_order(job) if ordered else _as_completed(job)
         for state in states:
             yield from job.call_results(state, return_exceptions)
     except Exception as e:
@@ -325,7 +347,7 @@ def _submit_as_stored(client, job, states: list, pending: list, stores: list) ->
     client.submit(job, ready)
 
 
-@_remote_error_from_here
+@remote_error_from_here
 def map_reduce(
     map_func: Callable,
     items: Iterable,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import CancelledError
 
+from .blocking import warn_if_in_coroutine
 from .errors import CallLost, CostCapReached, KeyNotFound, PlatformError
 from .jobs import Job, JobHandle, remote_exception
 from .lease import ABANDONED
@@ -20,6 +21,10 @@ from .observe.report import FINAL
 from .runtime import cancel, compression, keys, signing
 from .runtime import outcome as _outcome
 from .runtime.serialization import loads
+from .twins import with_aio
+
+#: Longest one wait of ``wait.aio`` holds a thread of fnmap's (it waits again until the job ends).
+_AIO_WAIT_SECONDS = 2.0
 
 
 def job(job_id: str, **options) -> AttachedJob:
@@ -54,8 +59,30 @@ class AttachedJob(JobHandle):
         """Whether the job has ended (its status is final: nothing about it changes any more)."""
         return self.status in FINAL
 
+    async def _wait_aio(self, timeout: float | None = None) -> bool:
+        from .loop import run_blocking
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:  # in short waits: a cancelled wait leaves no thread polling for long
+            left = _AIO_WAIT_SECONDS if deadline is None else min(_AIO_WAIT_SECONDS, deadline - time.monotonic())
+            if await run_blocking(self._wait, max(0.0, left)):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
+    async def _results_aio(self, return_exceptions: bool = False) -> list:
+        from .loop import run_blocking
+
+        return await run_blocking(self._results, return_exceptions)
+
+    @with_aio(_wait_aio)
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until the job has ended (polling its storage); False if ``timeout`` passed first."""
+        """Wait until the job has ended (polling its storage); False if ``timeout`` passed first.
+        ``await job.wait.aio()`` waits without blocking the event loop."""
+        warn_if_in_coroutine("fnmap.job(...).wait()", "await fnmap.job(...).wait.aio()")
+        return self._wait(timeout)
+
+    def _wait(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.2
         while not self.done:
@@ -65,13 +92,19 @@ class AttachedJob(JobHandle):
             delay = min(2.0, delay * 1.5)
         return True
 
+    @with_aio(_results_aio)
     def results(self, return_exceptions: bool = False) -> list:
         """Every item's result in input order, as ``fnmap.map`` returned them (waits for the job):
         one entry per item, always.  An item's exception is raised (or put in place with
         ``return_exceptions``); a call that never ran gives ``CancelledError`` (``CostCapReached``
         when its job's ``max_cost`` stopped it), one that failed on
-        the platform ``PlatformError``, one that never reported (its client stopped first) ``CallLost``."""
-        self.wait()
+        the platform ``PlatformError``, one that never reported (its client stopped first) ``CallLost``.
+        ``await job.results.aio()`` waits and reads them without blocking the event loop."""
+        warn_if_in_coroutine("fnmap.job(...).results()", "await fnmap.job(...).results.aio()")
+        return self._results(return_exceptions)
+
+    def _results(self, return_exceptions: bool) -> list:
+        self._wait(None)
         record = self.record()
         unreported = record.get("unreported", [])
         spans = [(c["first_item"] or 0, c) for c in record["calls"]]

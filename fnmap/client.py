@@ -27,6 +27,7 @@ from .runtime import cancel, forks, keys
 from .runtime.serialization import parts_size, pickle_function
 from .runtime.setup import with_initializer
 from .scheduler import Scheduler
+from .scopes import adopt
 from .storage import open_store
 
 #: Seconds between two looks for a ``fnmap cancel`` request of a running job.
@@ -90,6 +91,7 @@ class Client:
         (one small PUT per job; it is rewritten with the counts when the job is sealed)."""
         job = Job(self.scheduler, self.store, config, kind, function=function, stream=stream,
                   speculate_open=speculate_open, job_id=job_id, created=created, recorder=recorder)
+        adopt(job)  # an awaited call's jobs: cancelling the task that awaits it stops them (fnmap.scopes)
         job.save_record(final=False)
         return job
 

@@ -164,6 +164,9 @@ JOB_OPTIONS = (
            ":mod:`fnmap.cost.prices`): no call is sent once what ran plus what is still out would "
            "pass it, and the map raises fnmap.CostCapReached; None: no cap.", kind="float",
            check=_check_max_cost),
+    Option("blocking_warning", True, "Warn (fnmap.blocking.BlockingCallWarning, at your line) when a blocking "
+           "form such as fnmap.map is called from a coroutine on a running event loop, naming its ``.aio`` "
+           "twin.", kind="bool", check=check_bool),
     Option("lease", 60.0, "Seconds a running job's lease lasts (renewed every sixth of it): a job whose client "
            "stopped renewing it for this long is ``abandoned`` wherever it is read (:mod:`fnmap.lease`).",
            kind="float", check=_check_lease),

@@ -18,6 +18,7 @@ caller keeps its future (bpo-14406).
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
 import threading
@@ -68,7 +69,7 @@ class Executor(futures.Executor):
         return self._job
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
-        future = Future()
+        future = AwaitableFuture()
         self._submit(fn, [(args, kwargs)], future, unwrap=True)
         return future
 
@@ -150,6 +151,50 @@ class Executor(futures.Executor):
             futures.wait([s.future for s in self._job.run.calls])
             _open_jobs.discard(self._job)
             show_call_output(self._job)  # remote print() output of its calls (output="after")
+
+
+class AwaitableFuture(Future):
+    """The future of ``Executor.submit``: a real ``concurrent.futures.Future`` that a coroutine may
+    also ``await`` (and ``asyncio.wait``, ``as_completed`` and ``gather`` take).  Awaited, it is
+    wrapped in the awaiting loop (``asyncio.wrap_future``): cancelling the awaiting task cancels the
+    call if it has not started, as ``future.cancel()`` does."""
+
+    def __await__(self):
+        import asyncio
+
+        return asyncio.wrap_future(self).__await__()
+
+    def add_done_callback(self, fn, *, context=None) -> None:
+        """As ``Future.add_done_callback``; a callback of asyncio's own (``asyncio.wait`` adds one to
+        each future it is given) is called on its loop, as asyncio calls callbacks, not on the thread
+        that completed the call."""
+        loop = _asyncio_loop(fn)
+        if loop is None:
+            return super().add_done_callback(fn)
+
+        def on_its_loop(future):
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(fn, future, context=context)
+
+        on_its_loop.added = fn
+        return super().add_done_callback(on_its_loop)
+
+    def remove_done_callback(self, fn) -> int:
+        """Remove callback ``fn`` (asyncio's futures have this; ``asyncio.wait`` calls it)."""
+        with self._condition:
+            kept = [c for c in self._done_callbacks if c is not fn and getattr(c, "added", None) is not fn]
+            removed = len(self._done_callbacks) - len(kept)
+            self._done_callbacks[:] = kept
+        return removed
+
+
+def _asyncio_loop(fn):
+    """The running loop of this thread if ``fn`` is a callback of asyncio's own, else None."""
+    if not getattr(fn, "__module__", "").startswith("asyncio."):
+        return None
+    import asyncio
+
+    return asyncio.events._get_running_loop()
 
 
 def _check_map_options(chunksize, buffersize) -> None:

@@ -386,8 +386,7 @@ class Job(JobHandle):
                 self._wait_call(state)
                 out.extend(self.call_results(state, return_exceptions))
         except BaseException as exc:
-            self._reached_caller(exc)
-            self.cancel(stop_platform=True)
+            self.stop(exc)
             raise
         finally:
             if self._run.progress is not None:  # ended before the caller's next line, even on a failure
@@ -445,6 +444,12 @@ class Job(JobHandle):
                 # Not an endless wait: a Ctrl-C the kernel hands to one of the client's other threads
                 # only sets a flag, and the main thread runs the KeyboardInterrupt when it wakes.
                 self._run.wake.wait(SIGNAL_CHECK_SECONDS)
+
+    def stop(self, reason: BaseException) -> None:
+        """Its caller stopped waiting, with ``reason`` (an exception, an interrupt, a cancelled
+        task): the job ends for it, and is abandoned as :meth:`cancel` with ``stop_platform`` does."""
+        self._reached_caller(reason)
+        self.cancel(stop_platform=True)
 
     def cancel(self, stop_platform: bool = True) -> None:
         """Stop the job, as ``fnmap cancel`` and ``fnmap.job(ID).cancel()`` do: its calls not started

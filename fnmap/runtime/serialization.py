@@ -47,6 +47,9 @@ class _Pickler(cloudpickle.CloudPickler):
     def reducer_override(self, obj):
         if isinstance(obj, CACHE_WRAPPER) and travels_by_value(obj):  # functools.cache: by value
             return reduce_cached_function(obj)
+        travelling = _TRAVELS_AS.get(type(obj))
+        if travelling is not None:  # a wrapper that travels as what it wraps (see travels_as)
+            return _arrived, (travelling(obj),)
         if isinstance(obj, BaseException):
             # The exception's own reduction, never one registered globally in copyreg: tblib's
             # pickling support (installed by ``distributed`` and ``dask.multiprocessing`` when
@@ -60,6 +63,22 @@ class _Pickler(cloudpickle.CloudPickler):
         ):
             raise TypeError(f"cannot pickle an open file ({type(obj).__name__})")
         return super().reducer_override(obj)
+
+
+#: Types whose objects travel to workers as something else: type -> what an object travels as.
+_TRAVELS_AS: dict[type, Any] = {}
+
+
+def travels_as(cls: type, travelling) -> None:
+    """Objects of ``cls`` travel to workers as ``travelling(obj)``: a decorated function
+    (``@fnmap.function``) as the plain function it wraps, so that the function's own references to
+    its name (a recursive call, a helper calling it) run it where it is, never through the wrapper."""
+    _TRAVELS_AS[cls] = travelling
+
+
+def _arrived(value: Any) -> Any:
+    """What a ``travels_as`` object is on the worker: the value it travelled as."""
+    return value
 
 
 _cloudpickle_code_reduce = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
