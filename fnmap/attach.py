@@ -23,9 +23,6 @@ from .runtime import outcome as _outcome
 from .runtime.serialization import loads
 from .twins import with_aio
 
-#: Longest one wait of ``wait.aio`` holds a thread of fnmap's (it waits again until the job ends).
-_AIO_WAIT_SECONDS = 2.0
-
 
 def job(job_id: str, **options) -> AttachedJob:
     """The job ``job_id`` (or a unique prefix of it, as ``fnmap jobs`` shows) in the configured
@@ -59,23 +56,7 @@ class AttachedJob(JobHandle):
         """Whether the job has ended (its status is final: nothing about it changes any more)."""
         return self.status in FINAL
 
-    async def _wait_aio(self, timeout: float | None = None) -> bool:
-        from .loop import run_blocking
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:  # in short waits: a cancelled wait leaves no thread polling for long
-            left = _AIO_WAIT_SECONDS if deadline is None else min(_AIO_WAIT_SECONDS, deadline - time.monotonic())
-            if await run_blocking(self._wait, max(0.0, left)):
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-
-    async def _results_aio(self, return_exceptions: bool = False) -> list:
-        from .loop import run_blocking
-
-        return await run_blocking(self._results, return_exceptions)
-
-    @with_aio(_wait_aio)
+    @with_aio(JobHandle._wait_aio)
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the job has ended (polling its storage); False if ``timeout`` passed first.
         ``await job.wait.aio()`` waits without blocking the event loop."""
@@ -92,7 +73,7 @@ class AttachedJob(JobHandle):
             delay = min(2.0, delay * 1.5)
         return True
 
-    @with_aio(_results_aio)
+    @with_aio(JobHandle._results_aio)
     def results(self, return_exceptions: bool = False) -> list:
         """Every item's result in input order, as ``fnmap.map`` returned them (waits for the job):
         one entry per item, always.  An item's exception is raised (or put in place with

@@ -35,6 +35,7 @@ from .run import ANSWERED, CallRun, JobRun
 from .runtime import keys
 from .runtime import outcome as _outcome
 from .runtime.serialization import unpack_exception
+from .twins import with_aio
 
 _PENDING, _RUNNING, _FINISHED, _FAILED, _CANCELLED = range(5)
 
@@ -96,6 +97,8 @@ class ResultSlot:
 #: Longest a waiting user thread sleeps at once: a SIGINT the kernel delivers to another thread of
 #: the process only sets CPython's flag, run when the main thread next wakes (then Ctrl-C works).
 SIGNAL_CHECK_SECONDS = 0.25
+#: Longest one wait of ``wait.aio`` holds a thread of fnmap's (it waits again until the job ends).
+_AIO_WAIT_SECONDS = 2.0
 #: Lines of a failing call's output added to its exception's notes.
 _LOG_NOTE_LINES = 20
 #: Stored outputs read per job for exception notes when results came without stats.
@@ -171,6 +174,30 @@ class JobHandle:
 
     def _redrive(self, options: dict) -> Job:
         raise NotImplementedError
+
+    # -- the awaitable forms of wait() and results(): ``await job.wait.aio()`` (fnmap.twins) --
+
+    def _wait(self, timeout: float | None) -> bool:
+        raise NotImplementedError
+
+    def _results(self, return_exceptions: bool) -> list:
+        raise NotImplementedError
+
+    async def _wait_aio(self, timeout: float | None = None) -> bool:
+        from .loop import run_blocking
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:  # in short waits: a cancelled wait leaves no thread polling for long
+            left = _AIO_WAIT_SECONDS if deadline is None else min(_AIO_WAIT_SECONDS, deadline - time.monotonic())
+            if await run_blocking(self._wait, max(0.0, left)):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
+    async def _results_aio(self, return_exceptions: bool = False) -> list:
+        from .loop import run_blocking
+
+        return await run_blocking(self._results, return_exceptions)
 
 
 class Job(JobHandle):
@@ -367,7 +394,13 @@ class Job(JobHandle):
             return None
         return data.decode("utf-8", errors="replace")[-2000:]
 
+    @with_aio(JobHandle._wait_aio)
     def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every call of the job is decided; False if ``timeout`` passed first.
+        ``await job.wait.aio()`` waits without blocking the event loop."""
+        return self._wait(timeout)
+
+    def _wait(self, timeout: float | None) -> bool:
         if timeout is not None:
             return self._run.all_done.wait(timeout)
         while not self._run.all_done.wait(SIGNAL_CHECK_SECONDS):  # interruptible by Ctrl-C (see _wait_call)
@@ -378,8 +411,13 @@ class Job(JobHandle):
     def done(self) -> bool:
         return self._run.all_done.is_set()
 
+    @with_aio(JobHandle._results_aio)
     def results(self, return_exceptions: bool = False) -> list:
-        """Every item's result in input order; raises the first failure unless ``return_exceptions``."""
+        """Every item's result in input order; raises the first failure unless ``return_exceptions``.
+        ``await job.results.aio()`` waits and reads them without blocking the event loop."""
+        return self._results(return_exceptions)
+
+    def _results(self, return_exceptions: bool) -> list:
         out = []
         try:
             for state in self._run.calls:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -266,6 +267,8 @@ def test_the_job_of_a_map_and_the_job_read_back_by_id_answer_the_same(tmp_path):
             assert handle.id == job.id and handle.status == "cancelled" and handle.done and handle.wait(0)
             results = handle.results(return_exceptions=True)
             assert results[:2] == [0, 2] and all(isinstance(r, CancelledError) for r in results[2:]), results
+            awaited = asyncio.run(handle.results.aio(return_exceptions=True))  # the awaitable forms too
+            assert asyncio.run(handle.wait.aio(0)) and [type(r) for r in awaited] == [type(r) for r in results]
             assert handle.logs() == live.logs()
             assert os.path.getsize(handle.plot(str(tmp_path / f"{how}-{type(handle).__name__}.png")))
         shared = ("job_id", "status", "calls", "calls_done", "items", "states", "failed_items", "retries")
