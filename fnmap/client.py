@@ -136,6 +136,31 @@ class Client:
         self.scheduler.add(job, state)
         return state
 
+    def add_cached_call(self, job: Job, func_key: str, first_index: int, n_items: int,
+                        future: Future | None = None, unwrap: bool = False) -> CallRun:
+        """Add to ``job`` a call of items ``first_index..`` that the result cache answered (their
+        values are taken from ``job.cache``): never sent, it is decided when :meth:`submit` sees it.
+        Its outcomes are committed as its result, as a worker's would be (one PUT for the run of
+        hits), so ``fnmap.job(ID).results()``, a named job's re-attach and a redrive find them."""
+        from .runtime import compression, outcome, signing
+        from .runtime.outcome import dump_all
+
+        cache = job.cache
+        state = CallRun(len(job.run.calls), first_index, n_items, func_key, b"", None, future or Future(), unwrap)
+        state.cached = cache.origins(first_index, n_items)
+        state.result = outcome.all_ok(cache.take(first_index, n_items))
+        key = keys.result_key(job.id, state.call_id)
+        with self.storage_errors("store the result of a call the cache answered"):
+            self.store.put_if_absent(key, signing.seal(self.secret, key, compression.pack(dump_all(state.result))))
+        self.scheduler.add(job, state)
+        return state
+
+    def use_cache(self, job: Job, func) -> None:
+        """Give ``job`` (run with ``cache=``) its :class:`fnmap.cache.plan.JobCache`."""
+        from .cache.plan import JobCache
+
+        job.cache = JobCache(self.store, self.secret, job.id, func, job.config)
+
     def add_stored_call(self, job: Job, call_id: int, first_index: int, n_items: int, func_key: str,
                         items_key: str | None, payload: bytes, future: Future | None = None) -> CallRun:
         """Add to ``job`` a call whose input is pickled already (inline ``payload``, or stored at
@@ -184,7 +209,9 @@ class Client:
     def submit(self, job: Job, states: list[CallRun]) -> None:
         """Send these calls of ``job``; their futures complete as they finish."""
         if job.recorder is not None:  # what they run, stored first: a redrive can run them again
-            job.recorder.record_calls(job, states)
+            sent = [s for s in states if s.cached is None]  # a cache hit runs nothing
+            if sent:
+                job.recorder.record_calls(job, sent)
         self.scheduler.submit(job, states)
 
     def seal(self, job: Job) -> None:

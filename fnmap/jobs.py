@@ -239,6 +239,8 @@ class Job(JobHandle):
         self.retry_on_names = sorted(
             {f"{t.__module__}.{t.__qualname__}" for t in config.retry_on}
         )
+        #: The job's result cache (:class:`fnmap.cache.plan.JobCache`) when it runs with ``cache=``.
+        self.cache = None
         #: The scheduler's lock: held while reading the calls' state for a record or summary.
         self._lock = scheduler.lock
 
@@ -253,7 +255,10 @@ class Job(JobHandle):
 
     def deliver(self, state: CallRun, result, failed: int) -> None:
         """A call is decided (``result``: its item outcomes, or the fault that failed it; ``failed``
-        of its items failed): complete its future, tell ``imap`` and the progress bar."""
+        of its items failed): complete its future, tell ``imap`` and the progress bar (its items
+        that succeeded are stored in the result cache first, when the job has one)."""
+        if self.cache is not None:
+            self.cache.delivered(state, result)
         if isinstance(result, PlatformFault):
             _set(state.future, exception=self._fault_error(state, result))
         else:
@@ -267,7 +272,8 @@ class Job(JobHandle):
         if run.completed is not None:
             run.completed.put(state)
         if run.progress is not None:  # a call stopped with its job is not a failure
-            run.progress.update(state.n_items, 0 if state.cancelled else failed, state.call_id)
+            run.progress.update(state.n_items, 0 if state.cancelled else failed, state.call_id,
+                                cached=state.cached is not None)
 
     def _fault_error(self, state: CallRun, fault: PlatformFault) -> BaseException:
         run = self._run
@@ -427,6 +433,8 @@ class Job(JobHandle):
             self.stop(exc)
             raise
         finally:
+            if self.cache is not None:  # the entries of what it returns are written when it returns
+                self.cache.flush()
             if self._run.progress is not None:  # ended before the caller's next line, even on a failure
                 self._run.progress.close()
             show_call_output(self)  # remote print() output, per call, after the bar

@@ -62,6 +62,7 @@ class CallRun:
         "call_id", "first_index", "n_items", "func_key", "payload", "items_key", "future",
         "unwrap", "attempts", "next_attempt", "sent_at", "in_flight", "done", "speculated",
         "stats", "awaiting", "charged", "claimed", "result", "memory_step", "cancelled", "crash_exits",
+        "cached",
     )
 
     def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap):
@@ -96,6 +97,9 @@ class CallRun:
         self.cancelled = False
         #: How its worker died on each attempt that crashed (:func:`fnmap.policy.crash_exit`), in order.
         self.crash_exits: list[str | None] = []
+        #: A call answered from the result cache, never sent: where its items came from,
+        #: ``[[first item, count, job id], ...]`` (:meth:`fnmap.cache.plan.JobCache.origins`); else None.
+        self.cached: list | None = None
 
     def describe(self) -> str:
         last = self.first_index + self.n_items - 1

@@ -15,26 +15,13 @@ from __future__ import annotations
 import os
 import time
 
+from ..options import parse_age  # noqa: F401 - `fnmap gc --older-than` reads ages with it
 from ..runtime import keys
 from .history import get_json, get_json_many, index_keys
 from .identity import client_gone
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 #: A temporary file not written to for this long has no live writer, whoever wrote it (seconds).
 STALE_TEMPORARY = 3600.0
-
-
-def parse_age(text: str) -> float:
-    """Seconds in an age like ``90s``, ``30m``, ``12h``, ``7d`` or ``2w``."""
-    text = text.strip().lower()
-    unit = _UNITS.get(text[-1:]) if text else None
-    try:
-        value = float(text[:-1]) if unit else None
-    except ValueError:
-        value = None
-    if unit is None or value is None or value < 0:
-        raise ValueError(f"{text!r} is not an age: use a number and a unit s, m, h, d or w, e.g. 12h or 7d")
-    return value * unit
 
 
 class _Listing:

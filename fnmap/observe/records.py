@@ -35,7 +35,7 @@ import math
 import time
 
 from .. import lease
-from ..cost.pricing import job_cost
+from ..cost.pricing import cache_hits, job_cost
 from ..errors import FnmapError
 from ..lease import ABANDONED
 from ..runtime import keys
@@ -118,6 +118,8 @@ def _call_entry(state, error: tuple[str, str] | None) -> dict:
     if state.done:
         if error is not None:
             status = error[0]
+        elif state.cached is not None:  # answered by the result cache: done, never sent
+            status = "ok"
         elif not attempts or state.cancelled:
             status = "cancelled"
         else:
@@ -139,6 +141,8 @@ def _call_entry(state, error: tuple[str, str] | None) -> dict:
         "attempts": attempts,
         "failed_items": _failed_items(status, stats, state.n_items),
     }
+    if state.cached is not None:  # per item, the job whose cache entry answered it: [[first item, count, job]]
+        entry["cached_from"] = state.cached
     if state.items_key:  # its input is an object in storage (priced: one PUT, a GET per attempt)
         entry["stored_input"] = True
     if len(attempts) > 1:  # the attempts that were speculative copies (sent while another was out), not retries
@@ -378,6 +382,7 @@ def summarize(record: dict) -> dict:
         "cost": job_cost(record),
         "cost_cap": record.get("cost_cap"),
         "seconds_per_item": _seconds_per_item(done),
+        "cache_hits": cache_hits(calls),
     }
     return summary
 

@@ -115,3 +115,12 @@ def cost_text(cost: dict) -> str:
         instance = cost["instance_type"] + (" (assumed)" if assumed else "")
         detail = f"AWS Batch on {instance}: {cost['instance_seconds']:.0f} instance-seconds + {s3}"
     return f"{usd(cost['usd'])}  {detail} (list prices of {cost.get('prices')})"
+
+
+def cache_text(record: dict) -> str:
+    """What ``fnmap job`` and the dashboard say of a record's result-cache hits (its calls'
+    ``cached_from``): how many items, and the jobs whose entries answered them."""
+    jobs = sorted({job for c in record["calls"] for _first, _n, job in c.get("cached_from") or ()})
+    named = ", ".join(j[:12] for j in jobs[:5]) + (", ..." if len(jobs) > 5 else "")
+    s = record["summary"]
+    return f"{s['cache_hits']} of {s['items']} items from the result cache (no call sent), written by job(s) {named}"

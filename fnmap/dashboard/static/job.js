@@ -24,7 +24,8 @@
     facts($("facts"), [
       ["kind / backend", `${s.kind || "?"} on ${s.backend || "?"}`],
       ["calls", `${fnmap.statesText(s.states || {})} of ${s.calls}`],
-      ["items", `${s.items}` + (s.failed_items ? ` (${s.failed_items} failed)` : "")],
+      ["items", `${s.items}` + (s.failed_items ? ` (${s.failed_items} failed)` : "")
+        + (s.cache_hits ? ` (${s.cache_hits} from the result cache)` : "")],
       ["retries", `${s.retries} (${s.calls_retried} calls retried)`],
       ["started", fnmap.time(s.created)],
       ["wall", fnmap.wall(s.status, s.wall_seconds, s.created)],
