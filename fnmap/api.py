@@ -90,8 +90,10 @@ def map(
     ``results()`` gives the list (it answers what ``fnmap.job(ID)`` does: :class:`fnmap.jobs.JobHandle`).
 
     ``job_name``: a name for the job in its storage (``"nightly-2026-12-04"``).  Run again with
-    the same name, function and items, the map re-attaches to that job and runs only the calls
-    without a result (:mod:`fnmap.named`); another function or other items under the name are refused.
+    the same name and items, the map finishes that job: its results if it has them all, else it
+    runs the items with no result and those that failed (with this function, which may differ
+    from the first run's only for a job that failed: a bug fixed); other items, or another
+    function for a job with no failure, are refused (:mod:`fnmap.named`).
 
     >>> import fnmap
     >>> fnmap.map(lambda x: x * x, range(5))

@@ -16,7 +16,7 @@ from .blocking import warn_if_in_coroutine
 from .errors import CallLost, CostCapReached, KeyNotFound, PlatformError
 from .jobs import Job, JobHandle, remote_exception
 from .lease import ABANDONED
-from .observe import history, records
+from .observe import history, records, report
 from .observe.report import FINAL
 from .runtime import cancel, compression, keys, signing
 from .runtime import outcome as _outcome
@@ -88,7 +88,8 @@ class AttachedJob(JobHandle):
         self._wait(None)
         record = self.record()
         unreported = record.get("unreported", [])
-        spans = [(c["first_item"] or 0, c) for c in record["calls"]]
+        again = report.retried_calls(record["calls"])
+        spans = [(c["first_item"] or 0, c) for c in record["calls"] if c["call"] not in again]
         spans += [(first, {"unreported": n, "first_item": first}) for first, n in unreported]
         out = []
         for _, call in sorted(spans, key=lambda span: span[0]):

@@ -28,7 +28,7 @@ from .errors import (
 )
 from .errors import TimeoutError as CallTimeout
 from .kinds import not_recorded
-from .observe import records
+from .observe import records, report
 from .observe.output import show_call_output
 from .observe.report import usd
 from .run import ANSWERED, CallRun, JobRun
@@ -162,7 +162,8 @@ class JobHandle:
     def redrive(self, **options) -> Job:
         """Run the calls of this job that have no committed result (stopped, never run, never
         reported), from this process, under the same id; the running :class:`Job`, whose
-        ``results()`` are every item's.  Options as for ``fnmap.map``; what is not given is the
+        ``results()`` are every item's.  ``failed=True`` also runs again the calls whose items failed
+        (under new call ids; the failures stay in the record).  Options as for ``fnmap.map``; what is not given is the
         job's own (its storage and secret; for a job of this process, its keyword options but
         ``max_cost``: a redrive's cap counts what the redrive spends, and is given or none)."""
         for name, value in self._redrive_defaults().items():
@@ -211,7 +212,7 @@ class Job(JobHandle):
 
     def __init__(self, scheduler, store, config, kind: str = "map", *, function=None, stream: bool = False,
                  speculate_open: bool = False, job_id: str | None = None, created: float | None = None,
-                 recorder=None):
+                 recorder=None, first_run: dict | None = None):
         self.id = job_id or keys.new_job_id()  # a given id: a redrive or a named job (fnmap.redrive)
         self._scheduler = scheduler
         #: What the scheduler decided about this job and its calls (read it; only the scheduler writes it).
@@ -225,6 +226,9 @@ class Job(JobHandle):
         #: The name of the function the job runs (``fnmap jobs``, the plot), or None.
         self.function_name: str | None = function_label(function) if function is not None else None
         self.created = created or time.time()
+        #: The summary of this job's earlier run, when this is a redrive: who started it, from where.
+        self.first_run = first_run
+        self.run_started = time.time()
         self._log_reads = 0
         #: Why the job record could not be written, if it could not (also warned about).
         self.record_error: str | None = None
@@ -426,7 +430,7 @@ class Job(JobHandle):
     def _results(self, return_exceptions: bool) -> list:
         out = []
         try:
-            for state in self._run.calls:
+            for state in self._in_input_order():
                 self._wait_call(state)
                 out.extend(self.call_results(state, return_exceptions))
         except BaseException as exc:
@@ -439,6 +443,17 @@ class Job(JobHandle):
                 self._run.progress.close()
             show_call_output(self)  # remote print() output, per call, after the bar
         return out
+
+    def _in_input_order(self):
+        """The calls whose outcomes are the items', in input order: the calls as they are made for a
+        job with a feed (it makes them in input order while ``results`` reads them), else sorted by
+        first item without those run again by a later call (a redrive's retries come last)."""
+        if self._run.feed is not None:
+            return self._run.calls
+        with self._lock:
+            calls = list(self._run.calls)
+        again = report.retried((s.call_id, s.first_index, s.n_items) for s in calls)
+        return sorted((s for s in calls if s.call_id not in again), key=lambda s: s.first_index)
 
     def call_results(self, state: CallRun, return_exceptions: bool) -> list:
         """The results of a finished call's items, in order; raises the first failure unless

@@ -190,12 +190,12 @@ class Scheduler:
                 run.budget.in_flight = len(running)
             capped = run.budget is not None and run.budget.reached
             if run.abandoned and run.budget is not None:  # retries waiting for room: none will come
-                unstarted += [s for s in run.budget.release_all() if s.next_attempt > 1 and not s.done
+                unstarted += [s for s in run.budget.release_all() if s.next_attempt > s.first_attempt and not s.done
                               and not s.in_flight]
         for state in unstarted:
             if capped:
                 self._decide(job, state, 0, _cap_fault(), final=True)
-            elif state.next_attempt > 1:  # a retry that waited under the cap: the job was abandoned
+            elif state.next_attempt > state.first_attempt:  # a retry that waited under the cap: the job was abandoned
                 self._decide(job, state, state.next_attempt - 1, PlatformFault(
                     "cancelled", "the job was abandoned before this call could be retried"), final=True)
             else:
@@ -262,7 +262,7 @@ class Scheduler:
         if state.done:
             return _SKIP, 0
         run = job.run
-        first = state.next_attempt == 1
+        first = state.next_attempt == state.first_attempt
         if first:
             if state.claimed:
                 return _SKIP, 0

@@ -259,6 +259,8 @@ def format_summary(record: dict) -> str:
     if s["status"] == "abandoned":
         lines.append("note     the client that started this job is gone before it finished: "
                      + (s.get("abandoned") or "killed or crashed") + f"; {report.redrive_advice(record)}")
+    if s["status"] == "failed" and s.get("failed_items"):
+        lines.append(f"note     {report.redrive_advice(record)}")
     if s.get("items_unreported"):
         lines.append(f"no result {s['items_unreported']} items: their calls never ran or never reported "
                      "(fnmap.job(ID).results() has an exception in their place)")
@@ -381,7 +383,8 @@ def _gc_cache(store, age: float, delete: bool) -> dict:
 def _states_line(s: dict) -> str:
     """``fnmap job``'s calls per state, every state shown, failed with its items."""
     states = s.get("states") or {"done": s["calls_done"], "failed": s["calls_failed"]}
-    shown = [name for name in report.CALL_STATES if name in states or name != "done"]
+    shown = [name for name in report.CALL_STATES
+             if (name in states or name != "done") and (name != "retried" or states.get(name))]
     return "   ".join(f"{name} {states.get(name, 0)}" + (f" ({s['failed_items']} items)" if name == "failed" else "")
                        for name in shown)
 

@@ -19,7 +19,7 @@
     document.title = `fnmap job ${s.job_id.slice(0, 12)} ${s.function || ""}`;
     $("title").textContent = `${s.function || "?"}  ·  ${s.job_id}`;
     $("status").replaceWith(Object.assign(fnmap.statusBadge(s.status), {id: "status"}));
-    const client = s.client || {};
+    const client = s.started_by || s.client || {};
     const d = s.duration_seconds || {};
     facts($("facts"), [
       ["kind / backend", `${s.kind || "?"} on ${s.backend || "?"}`],
