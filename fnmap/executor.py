@@ -155,7 +155,7 @@ class Executor(futures.Executor):
             self._shutdown = True
             self._client.seal(self._job)
         if cancel_futures:
-            self._job.cancel()
+            self._job.cancel(stop_platform=False)
         if wait:
             futures.wait([s.future for s in self._job.run.calls])
             _open_jobs.discard(self._job)

@@ -220,7 +220,7 @@ def test_a_capped_job_redriven_twice_ends_succeeded_with_every_result(tmp_path, 
     with pytest.raises(fnmap.CostCapReached) as caught:
         fnmap.map(_counted(str(tmp_path), sleep), range(n), chunksize=1, memory=memory,
                   max_cost=pricing.job_overhead() + 6 * per_call)
-    job_id = caught.value.job_id
+    job_id = caught.value.id
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "FNMAP_SPECULATION": "false", "FNMAP_SECRET": emu.secret}
     job = fnmap.job(job_id)
     for calls in (2, n + 6):  # room for a few more calls, then for all of them
