@@ -34,7 +34,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor", "job", "estimate", "function",
+    "map", "starmap", "imap", "imap_unordered", "map_reduce", "Executor", "job", "estimate", "function", "Cache",
     "FnmapError", "ConfigError", "UnknownBackend", "UnknownStorage", "KeyNotFound",
     "SerializationError", "VersionMismatch", "SignatureError", "StorageError", "PlatformError", "WorkerCrashed",
     "CallLost", "TimeoutError", "RemoteError", "RemoteExit", "InitializerError", "OutOfMemory",
@@ -64,6 +64,10 @@ def __getattr__(name: str):
         from .cost.forecast import estimate
 
         return estimate
+    if name == "Cache":
+        from .config import Cache
+
+        return Cache
     if name == "job":
         from .attach import job
 

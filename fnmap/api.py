@@ -90,8 +90,10 @@ def map(
     ``results()`` gives the list.
 
     ``job_name``: a name for the job in its storage (``"nightly-2026-12-04"``).  Run again with
-    the same name, function and items, the map re-attaches to that job and runs only the calls
-    without a result (:mod:`fnmap.named`); another function or other items under the name are refused.
+    the same name and items, the map finishes that job: its results if it has them all, else it
+    runs the items with no result and those that failed (with this function, which may differ
+    from the first run's only for a job that failed: a bug fixed); other items, or another
+    function for a job with no failure, are refused (:mod:`fnmap.named`).
 
     >>> import fnmap
     >>> fnmap.map(lambda x: x * x, range(5))
@@ -190,6 +192,8 @@ def _results_as_they_come(job, states, return_exceptions: bool):
     try:
         for state in states:
             yield from job.call_results(state, return_exceptions)
+        if job.cache is not None:  # the entries of what it yielded are written when it ends
+            job.cache.flush()
     except Exception as e:
         finished = False
         if not isinstance(e.__cause__, RemoteTraceback):
@@ -287,11 +291,13 @@ def _start(
     pending: list = []  # with chunksize set: each call's input store (None: its input travels inline)
     try:
         func_key = client.upload_function(func, job)  # a function that does not pickle: recorded too
-        if config.max_cost is not None:  # refused before any call runs if even its least is above the cap
+        if config.max_cost is not None or config.cache is not None:
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
             make_items = lambda _job_id, items=items: items  # noqa: E731
-            check_cap(job, func_key, len(items))
+            hits = _look_up_cache(client, job, func, mode, items)  # hits are answered, never sent
+        if config.max_cost is not None:  # refused before any call runs if even its least is above the cap
+            check_cap(job, func_key, len(items) - hits)
         if config.chunksize is None:
             items = make_items(job.id)
             items = items if isinstance(items, list) else list(items)
@@ -301,12 +307,7 @@ def _start(
             index = len(items)
             client.finish_stores(stores)
         else:
-            for chunk in policy.chunks(make_items(job.id), config.chunksize):
-                stored_before = len(stores)
-                states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), ResultSlot(),
-                                              stores=stores))
-                pending.append(stores[stored_before] if len(stores) > stored_before else None)
-                index += len(chunk)
+            index = _add_chunked_calls(client, job, func_key, mode, make_items(job.id), (states, stores, pending))
             if stores:  # a storage that refuses the inputs refuses the first: then nothing has run
                 stores[0].result()
     except BaseException as e:
@@ -324,6 +325,44 @@ def _start(
     else:
         client.submit(job, states)
     return job
+
+
+def _add_chunked_calls(client, job, func_key: str, mode: str, items: Iterable, into: tuple) -> int:
+    """Add the calls of ``chunksize`` items each (a run of cache hits as one call, never sent) to
+    ``into``: (the calls, the pending input stores, each call's store or None).  How many items."""
+    states, stores, pending = into
+    index = 0
+    for chunk in _chunks(items, job.config.chunksize, job.cache):
+        stored_before = len(stores)
+        if isinstance(chunk, int):  # a run of cache hits
+            states.append(client.add_cached_call(job, func_key, index, chunk, ResultSlot()))
+        else:
+            states.append(client.add_call(job, func_key, (mode, chunk), index, len(chunk), ResultSlot(),
+                                          stores=stores))
+        pending.append(stores[stored_before] if len(stores) > stored_before else None)
+        index += chunk if isinstance(chunk, int) else len(chunk)
+    return index
+
+
+def _look_up_cache(client, job, func: Callable, mode: str, items: list) -> int:
+    """With ``cache=``: key every item and read its entry (:mod:`fnmap.cache.plan`); how many hit."""
+    if job.config.cache is None:
+        return 0
+    client.use_cache(job, func)
+    return len(job.cache.look_up(mode, items))
+
+
+def _chunks(items: Iterable, chunksize: int, cache):
+    """The chunks of ``chunksize`` items to send; with a result cache, each run of hits as its
+    length (an int: one call that is never sent) and the misses between chunked apart."""
+    if cache is None:
+        yield from policy.chunks(items, chunksize)
+        return
+    for hit, first, n in cache.runs(0, len(items)):
+        if hit:
+            yield n
+        else:
+            yield from policy.chunks(items[first:first + n], chunksize)
 
 
 def _submit_as_stored(client, job, states: list, pending: list, stores: list) -> None:
@@ -398,7 +437,8 @@ def map_reduce(
         ))
         groups = _groups(items, map_job.results(), reduce_by_key)
         stage = ReduceStage(reduce_func, client.store.url)
-        results, last_job = _reduce_tree(client, config.replace(chunksize=1), stage, groups, reduce_fanin, cap)
+        reduce_config = config.replace(chunksize=1, cache=None)  # cache=: the map's calls are cached
+        results, last_job = _reduce_tree(client, reduce_config, stage, groups, reduce_fanin, cap)
     if return_job:
         return last_job
     return results if reduce_by_key else results[None]

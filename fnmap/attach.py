@@ -16,7 +16,7 @@ from .blocking import warn_if_in_coroutine
 from .errors import CallLost, CostCapReached, KeyNotFound, PlatformError
 from .jobs import remote_exception
 from .lease import ABANDONED
-from .observe import history, records
+from .observe import history, records, report
 from .observe.logs import logs_text
 from .observe.report import FINAL
 from .runtime import cancel, compression, keys, signing
@@ -117,7 +117,8 @@ class AttachedJob:
         self._wait(None)
         record = self.record()
         unreported = record.get("unreported", [])
-        spans = [(c["first_item"] or 0, c) for c in record["calls"]]
+        again = report.retried_calls(record["calls"])
+        spans = [(c["first_item"] or 0, c) for c in record["calls"] if c["call"] not in again]
         spans += [(first, {"unreported": n, "first_item": first}) for first, n in unreported]
         out = []
         for _, call in sorted(spans, key=lambda span: span[0]):
@@ -178,7 +179,9 @@ class AttachedJob:
     def redrive(self, **options):
         """Run the calls of this job that have no committed result, from this process (the job's
         client may be gone, on any machine); the running :class:`fnmap.jobs.Job`, whose ``results()``
-        are every item's.  Options as for ``fnmap.map`` (this job's storage and secret by default)."""
+        are every item's.  ``failed=True`` also runs again the calls whose items failed (under new
+        call ids; the failures stay in the record).  Options as for ``fnmap.map`` (this job's
+        storage and secret by default)."""
         from .redrive import redrive
 
         options.setdefault("storage", self.store.url)

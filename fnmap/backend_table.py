@@ -80,10 +80,11 @@ BACKEND_OPTIONS: dict[str, tuple[Option, ...]] = {
         Option("emulator_url", None, "URL of a running emulator; unset means start one on demand.",
                identifies=True, check=check_url),
         Option("emulator_options", "", "Extra command-line options for an auto-started emulator "
-               '(e.g. "--fail-rate 0.1 --seed 1").', identifies=True, check=_check_emulator_options),
+               '(e.g. "--fail-rate 0.1 --seed 1"); a process with them gets an emulator of its own.',
+               identifies=True, check=_check_emulator_options),
         Option("emulator_idle", 300.0, "Seconds an auto-started emulator stays up after its last request, "
-               "shared by your processes with the same settings (a fresh script's first call then waits for "
-               "no start-up); 0: each process starts its own, stopped when it exits.", kind="float",
+               "shared by your processes (a fresh script's first call then waits for no start-up; the process "
+               "that attached last sets it); 0: each process starts its own, stopped when it exits.", kind="float",
                identifies=True, check=_check_emulator_idle),
     ),
     "local": (),

@@ -76,18 +76,20 @@ class Client:
 
     def new_job(self, config, kind: str = "map", *, function=None, stream: bool = False,
                 speculate_open: bool = False, job_id: str | None = None, created: float | None = None,
-                recorder: Recorder | None = None) -> Job:
+                recorder: Recorder | None = None, first_run: dict | None = None) -> Job:
         """A new, empty job of this deployment (``kind`` names the front-end in its record,
         ``function`` the job in ``fnmap jobs``; ``stream``: its calls are handed on as they are
         done, for ``imap``; ``speculate_open``: stragglers get copies before it is sealed;
         ``job_id``/``created``: those of a job run again, a redrive or a named job; ``recorder``:
-        what stores its calls and items for a redrive, or None).
+        what stores its calls and items for a redrive, or None; ``first_run``: the summary of the
+        job run again, whose "started by" and "from" the job keeps).
 
         Its "running" index entry is written now, before any function or input is looked up: a
         ``fnmap gc`` in another process then sees a job being built and keeps every shared object
         (one small PUT per job; it is rewritten with the counts when the job is sealed)."""
         job = Job(self.scheduler, self.store, config, kind, function=function, stream=stream,
-                  speculate_open=speculate_open, job_id=job_id, created=created, recorder=recorder)
+                  speculate_open=speculate_open, job_id=job_id, created=created, recorder=recorder,
+                  first_run=first_run)
         adopt(job)  # an awaited call's jobs: cancelling the task that awaits it stops them (fnmap.scopes)
         job.save_record(final=False)
         return job
@@ -133,13 +135,40 @@ class Client:
         self.scheduler.add(job, state)
         return state
 
+    def add_cached_call(self, job: Job, func_key: str, first_index: int, n_items: int,
+                        future: Future | None = None, unwrap: bool = False) -> CallRun:
+        """Add to ``job`` a call of items ``first_index..`` that the result cache answered (their
+        values are taken from ``job.cache``): never sent, it is decided when :meth:`submit` sees it.
+        Its outcomes are committed as its result, as a worker's would be (one PUT for the run of
+        hits), so ``fnmap.job(ID).results()``, a named job's re-attach and a redrive find them."""
+        from .runtime import compression, outcome, signing
+        from .runtime.outcome import dump_all
+
+        cache = job.cache
+        state = CallRun.answered(len(job.run.calls), first_index, n_items, func_key, future or Future(), unwrap,
+                                 cache.origins(first_index, n_items), outcome.all_ok(cache.take(first_index, n_items)))
+        key = keys.result_key(job.id, state.call_id)
+        with self.storage_errors("store the result of a call the cache answered"):
+            self.store.put_if_absent(key, signing.seal(self.secret, key, compression.pack(dump_all(state.result))))
+        self.scheduler.add(job, state)
+        return state
+
+    def use_cache(self, job: Job, func) -> None:
+        """Give ``job`` (run with ``cache=``) its :class:`fnmap.cache.plan.JobCache`."""
+        from .cache.plan import JobCache
+
+        job.cache = JobCache(self.store, self.secret, job.id, func, job.config)
+
     def add_stored_call(self, job: Job, call_id: int, first_index: int, n_items: int, func_key: str,
-                        items_key: str | None, payload: bytes, future: Future | None = None) -> CallRun:
+                        items_key: str | None, payload: bytes, future: Future | None = None,
+                        first_attempt: int = 1) -> CallRun:
         """Add to ``job`` a call whose input is pickled already (inline ``payload``, or stored at
-        ``items_key``), under its own id: a redrive sends a stopped job's calls again."""
+        ``items_key``), under its own id: a redrive sends a stopped job's calls again, numbering
+        their attempts from ``first_attempt`` (after those of the runs before)."""
         if call_id != len(job.run.calls):
             raise ValueError(f"call {call_id} of job {job.id} added as call {len(job.run.calls)}: add them in order")
-        state = CallRun(call_id, first_index, n_items, func_key, payload, items_key, future or Future(), False)
+        state = CallRun(call_id, first_index, n_items, func_key, payload, items_key, future or Future(), False,
+                        first_attempt)
         self.scheduler.add(job, state)
         return state
 
@@ -181,7 +210,9 @@ class Client:
     def submit(self, job: Job, states: list[CallRun]) -> None:
         """Send these calls of ``job``; their futures complete as they finish."""
         if job.recorder is not None:  # what they run, stored first: a redrive can run them again
-            job.recorder.record_calls(job, states)
+            sent = [s for s in states if s.cached is None]  # a cache hit runs nothing
+            if sent:
+                job.recorder.record_calls(job, sent)
         self.scheduler.submit(job, states)
 
     def seal(self, job: Job) -> None:

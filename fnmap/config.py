@@ -21,7 +21,7 @@ from typing import Any
 
 from .backend_table import BACKEND_ALIASES, BACKEND_OPTIONS, BACKENDS
 from .errors import ConfigError, UnknownBackend
-from .options import Option, check_bool, check_int, did_you_mean
+from .options import Option, check_bool, check_int, did_you_mean, parse_age, parse_bool
 
 
 class UnknownOption(ConfigError, TypeError):
@@ -123,6 +123,72 @@ def _check_storage(c: Config, option: Option) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Cache:
+    """The result cache's knobs, for ``cache=fnmap.Cache(...)`` (``cache=True`` is ``Cache()``).
+
+    - ``expire``: an entry older than this is not used (seconds, a ``timedelta``, or an age such as
+      ``"12h"`` or ``"7d"``); its call runs again and replaces it.  None: entries never expire.
+    - ``refresh``: run every call again and replace its entry (the answer to a change the key
+      cannot see: a file read by path, a remote service).
+    - ``key``: ``key(*args, **kwargs)`` returns what identifies a call, in place of its arguments
+      (for arguments fnmap cannot encode, or to key on less than all of them).
+    - ``ignore``: names of arguments, or of globals and closure variables the function reads,
+      left out of the key (a logger, a verbosity flag, a client object).
+
+    What the key covers and what it cannot see: docs/cache.md."""
+
+    expire: Any = None
+    refresh: bool = False
+    key: Any = None
+    ignore: tuple = ()
+
+    def __post_init__(self):
+        expire = self.expire
+        if isinstance(expire, str):
+            try:
+                expire = parse_age(expire)
+            except ValueError as e:
+                raise ConfigError(f"fnmap.Cache(expire={self.expire!r}): {e}") from None
+        elif hasattr(expire, "total_seconds"):
+            expire = expire.total_seconds()
+        if expire is not None and (isinstance(expire, bool) or not isinstance(expire, (int, float)) or expire < 0):
+            raise ConfigError(f"fnmap.Cache(expire={self.expire!r}) is not a duration: pass seconds, a timedelta "
+                              "or an age such as '12h' or '7d', or None (never expires)")
+        object.__setattr__(self, "expire", None if expire is None else float(expire))
+        if not isinstance(self.refresh, bool):
+            raise ConfigError(f"fnmap.Cache(refresh={self.refresh!r}) must be True or False")
+        if self.key is not None and not callable(self.key):
+            raise ConfigError(f"fnmap.Cache(key={self.key!r}) is not callable; pass a function of the call's "
+                              "arguments, e.g. key=lambda path: (path, os.path.getmtime(path))")
+        ignore = (self.ignore,) if isinstance(self.ignore, str) else tuple(self.ignore)
+        if not all(isinstance(name, str) and name.isidentifier() for name in ignore):
+            raise ConfigError(f"fnmap.Cache(ignore={self.ignore!r}) must list argument names, e.g. ignore=['log']")
+        object.__setattr__(self, "ignore", ignore)
+
+
+def _parse_cache(raw: str) -> Any:
+    return parse_bool(raw)
+
+
+def _check_cache(c: Config, option: Option) -> None:
+    """``cache``: False/None (off), True (``Cache()``), a :class:`Cache`, or a config file's table."""
+    value = c.cache
+    if isinstance(value, dict):  # [fnmap.cache] in a config file
+        try:
+            value = Cache(**value)
+        except TypeError as e:
+            raise ConfigError(f"{c.describe('cache')}: {e}; the keys are expire, refresh, key and ignore") from None
+    if value is True:
+        value = Cache()
+    if value is False:
+        value = None
+    if value is not None and not isinstance(value, Cache):
+        raise ConfigError(f"{c.describe('cache')} must be True, False or fnmap.Cache(expire=..., refresh=..., "
+                          f"key=..., ignore=...), not {type(value).__name__}")
+    object.__setattr__(c, "cache", value)
+
+
 #: The options of every job, whatever the backend (each backend's own: fnmap.backend_table).
 JOB_OPTIONS = (
     Option("backend", "emulator", "Where calls run: " + ", ".join(BACKENDS) + ".", identifies=True),
@@ -170,6 +236,9 @@ JOB_OPTIONS = (
     Option("lease", 60.0, "Seconds a running job's lease lasts (renewed every sixth of it): a job whose client "
            "stopped renewing it for this long is ``abandoned`` wherever it is read (:mod:`fnmap.lease`).",
            kind="float", check=_check_lease),
+    Option("cache", None, "Keep each call's result in the storage and use it instead of running the call "
+           "again: True, or fnmap.Cache(expire=..., refresh=True, key=..., ignore=[...]) (docs/cache.md); "
+           "``FNMAP_CACHE=1``.", kind="bool", parse=_parse_cache, check=_check_cache),
 )
 
 

@@ -56,6 +56,10 @@ class Executor(futures.Executor):
         #: How many calls run at once; Dask reads this to size its parallelism.
         self._max_workers = self._client.max_workers
         self._job = self._client.new_job(self._config, kind="executor")
+        if self._config.cache is not None:  # cache=: each call's items are looked up before it is sent
+            from .cache.plan import FunctionCaches
+
+            self._job.cache = FunctionCaches(self._client.store, self._client.secret, self._job)
         self._shutdown = False
         self._lock = threading.Lock()
         self._index = itertools.count()
@@ -89,8 +93,12 @@ class Executor(futures.Executor):
             first = next(self._index)
             for _ in range(len(items) - 1):
                 next(self._index)
-            state = self._client.add_call(self._job, func_key, (MODE_ARGS, items), first, len(items),
-                                          _Link(future), unwrap)
+            cache = self._job.cache
+            if cache is not None and cache.look_up_call(func_key, fn, MODE_ARGS, items, first):
+                state = self._client.add_cached_call(self._job, func_key, first, len(items), _Link(future), unwrap)
+            else:
+                state = self._client.add_call(self._job, func_key, (MODE_ARGS, items), first, len(items),
+                                              _Link(future), unwrap)
         self._client.submit(self._job, [state])
         if state.call_id < self._client.max_workers:
             # The first calls: let a dispatch thread take each now, as a standard executor's worker

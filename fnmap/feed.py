@@ -49,6 +49,10 @@ class ChunkFeed:
         self._next = 0
         self._outstanding = 0
         self._sealed = False
+        #: With a result cache: the first index of each run of hits or misses, and the runs.
+        runs = job.cache.runs(0, self.total) if job.cache is not None else []
+        self._run_starts = [first for _hit, first, _n in runs]
+        self._runs = runs
 
     def start(self, stores: list | None = None) -> list[CallRun]:
         """The first calls (one item each, one per dispatch slot), to submit; large inputs are
@@ -64,6 +68,8 @@ class ChunkFeed:
     def call_done(self, state: CallRun) -> None:
         """A call of the job ended (the scheduler calls this before delivering its result):
         measure it and make the calls that keep every dispatch slot busy."""
+        if state.cached is not None:  # answered by the cache when it was made: never outstanding
+            return
         seconds = _answer_seconds(state)
         with self._lock:
             self._outstanding -= 1
@@ -98,8 +104,14 @@ class ChunkFeed:
     def _make_calls(self, stores: list | None) -> list[CallRun]:
         new = []
         while self._outstanding < self.sizer.parallelism and self._next < self.total:
-            size = self.sizer.next_size(self.total - self._next)
             first = self._next
+            hit, run_end = self._run_at(first)
+            if hit:  # a run of cache hits: one call, never sent, not outstanding
+                new.append(self._client.add_cached_call(self._job, self._func_key, first, run_end - first,
+                                                        ResultSlot()))
+                self._next = run_end
+                continue
+            size = min(self.sizer.next_size(self.total - self._next), run_end - first)
             chunk = self._items[first:first + size]
             new.append(self._client.add_call(self._job, self._func_key, (self._mode, chunk), first, size,
                                              ResultSlot(), stores=stores, plain=self._plain))
@@ -108,6 +120,15 @@ class ChunkFeed:
         if self._next >= self.total:
             self._items = []  # every item is in a call: hold no reference to them any more
         return new
+
+    def _run_at(self, index: int) -> tuple[bool, int]:
+        """Whether item ``index`` is a cache hit, and where its run of hits or misses ends."""
+        if not self._runs:
+            return False, self.total
+        import bisect
+
+        hit, first, n = self._runs[bisect.bisect_right(self._run_starts, index) - 1]
+        return hit, first + n
 
     def _rest_as_one_call(self) -> CallRun | None:
         """The items in no call yet as one call that is never sent (nothing pickled)."""

@@ -26,7 +26,7 @@ from .errors import (
     WorkerCrashed,
 )
 from .errors import TimeoutError as CallTimeout
-from .observe import records
+from .observe import records, report
 from .observe.output import show_call_output
 from .observe.report import usd
 from .run import ANSWERED, CallRun, JobRun
@@ -122,7 +122,7 @@ class Job:
 
     def __init__(self, scheduler, store, config, kind: str = "map", *, function=None, stream: bool = False,
                  speculate_open: bool = False, job_id: str | None = None, created: float | None = None,
-                 recorder=None):
+                 recorder=None, first_run: dict | None = None):
         self.id = job_id or keys.new_job_id()  # a given id: a redrive or a named job (fnmap.redrive)
         self._scheduler = scheduler
         #: What the scheduler decided about this job and its calls (read it; only the scheduler writes it).
@@ -136,6 +136,9 @@ class Job:
         #: The name of the function the job runs (``fnmap jobs``, the plot), or None.
         self.function_name: str | None = function_label(function) if function is not None else None
         self.created = created or time.time()
+        #: The summary of this job's earlier run, when this is a redrive: who started it, from where.
+        self.first_run = first_run
+        self.run_started = time.time()
         self._log_reads = 0
         #: Why the job record could not be written, if it could not (also warned about).
         self.record_error: str | None = None
@@ -150,6 +153,8 @@ class Job:
         self.retry_on_names = sorted(
             {f"{t.__module__}.{t.__qualname__}" for t in config.retry_on}
         )
+        #: The job's result cache (:class:`fnmap.cache.plan.JobCache`) when it runs with ``cache=``.
+        self.cache = None
         #: The scheduler's lock: held while reading the calls' state for a record or summary.
         self._lock = scheduler.lock
 
@@ -164,7 +169,10 @@ class Job:
 
     def deliver(self, state: CallRun, result, failed: int) -> None:
         """A call is decided (``result``: its item outcomes, or the fault that failed it; ``failed``
-        of its items failed): complete its future, tell ``imap`` and the progress bar."""
+        of its items failed): complete its future, tell ``imap`` and the progress bar (its items
+        that succeeded are stored in the result cache first, when the job has one)."""
+        if self.cache is not None:
+            self.cache.delivered(state, result)
         if isinstance(result, PlatformFault):
             _set(state.future, exception=self._fault_error(state, result))
         else:
@@ -178,7 +186,8 @@ class Job:
         if run.completed is not None:
             run.completed.put(state)
         if run.progress is not None:  # a call stopped with its job is not a failure
-            run.progress.update(state.n_items, 0 if state.cancelled else failed, state.call_id)
+            run.progress.update(state.n_items, 0 if state.cancelled else failed, state.call_id,
+                                cached=state.cached is not None)
 
     def _fault_error(self, state: CallRun, fault: PlatformFault) -> BaseException:
         run = self._run
@@ -320,17 +329,30 @@ class Job:
         """Every item's result in input order; raises the first failure unless ``return_exceptions``."""
         out = []
         try:
-            for state in self._run.calls:
+            for state in self._in_input_order():
                 self._wait_call(state)
                 out.extend(self.call_results(state, return_exceptions))
         except BaseException as exc:
             self.stop(exc)
             raise
         finally:
+            if self.cache is not None:  # the entries of what it returns are written when it returns
+                self.cache.flush()
             if self._run.progress is not None:  # ended before the caller's next line, even on a failure
                 self._run.progress.close()
             show_call_output(self)  # remote print() output, per call, after the bar
         return out
+
+    def _in_input_order(self):
+        """The calls whose outcomes are the items', in input order: the calls as they are made for a
+        job with a feed (it makes them in input order while ``results`` reads them), else sorted by
+        first item without those run again by a later call (a redrive's retries come last)."""
+        if self._run.feed is not None:
+            return self._run.calls
+        with self._lock:
+            calls = list(self._run.calls)
+        again = report.retried((s.call_id, s.first_index, s.n_items) for s in calls)
+        return sorted((s for s in calls if s.call_id not in again), key=lambda s: s.first_index)
 
     def call_results(self, state: CallRun, return_exceptions: bool) -> list:
         """The results of a finished call's items, in order; raises the first failure unless
@@ -415,7 +437,7 @@ class Job:
         run = self._run
         with self._lock:
             calls = len(run.calls)
-            retried = sum(1 for s in run.calls if any(a.number > 1 and not a.copy for a in s.attempts))
+            retried = sum(1 for s in run.calls if any(a.number > s.first_attempt and not a.copy for a in s.attempts))
             speculative = sum(1 for s in run.calls if s.speculated)
             attempts: dict[str, int] = {}  # ending -> attempts (ok, crashed, server, throttled, ...)
             for s in run.calls:

@@ -108,19 +108,24 @@ def live(lease: dict | None, now: float | None = None) -> bool:
 
 def judge(store, record: dict) -> dict:
     """``record`` (a job record with its ``summary``, or a summary) with the status ``abandoned`` when
-    the job did not finish and its client is gone (:func:`gone`): the one judge of abandonment that
-    every reader (``fnmap.job``, ``fnmap jobs``/``job``/``cancel``/``redrive``) goes through."""
+    the job did not finish and its client is gone: the one judge of abandonment that every reader
+    (``fnmap.job``, ``fnmap jobs``/``job``/``cancel``/``redrive``, the dashboard, ``fnmap gc``) goes
+    through.  Its lease says (:func:`gone`); a running job with no lease (not written yet, or a
+    client killed before it was) is judged by the client its record names, when that ran on this
+    host.  Changes ``record`` in place."""
     summary = record.get("summary", record)
     if summary.get("status") not in _JUDGED:
         return record
     lease = read(store, summary["job_id"])
     if lease is None:
-        return record
-    why = gone(lease)
-    if why is None:
-        if summary["status"] == "unknown":  # no entry says it started, but a live client holds it
+        why = gone_reason(record.get("client") or summary.get("client")) if summary["status"] == "running" else None
+    else:
+        why = gone(lease)
+        if why is None and summary["status"] == "unknown":  # no entry says it started, but a live client holds it
             summary["status"] = "running"
-    elif lease.get("abandoned") or summary["status"] in ("running", "unknown", ABANDONED):
+        if why is not None and not (lease.get("abandoned") or summary["status"] in ("running", "unknown", ABANDONED)):
+            why = None  # it ended (failed, cancelled, capped) before its client went: that stands
+    if why is not None:
         summary["status"] = ABANDONED
         summary["abandoned"] = why  # what the lease says (given up at exit) outranks a guess from the pid
     return record
@@ -262,8 +267,7 @@ class _Leases:
                 job.cancel(stop_platform=True)  # no retries against an emulator stopping, no copies
             except Exception:  # exiting anyway: the lease says what happened
                 pass
-            job.given_up = reason
-            job.save_ended_record()  # its calls stopped, not left for readers to rebuild (the process ends first)
+            job.give_up(reason)  # its calls stopped, not left for readers to rebuild (the process ends first)
 
     def _settle_cancelled(self) -> None:
         """Wait (at most ``SETTLE_CANCELLED_AT_EXIT_SECONDS`` in all) for the jobs cancelled from

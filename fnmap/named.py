@@ -2,12 +2,16 @@
 
 A name is an idempotency key for a whole map, as an execution name is for Lambda's durable
 functions.  The first map with a name claims it (``keys.job_name_key``, written first-writer-wins)
-with the job id it will run under and the SHA-256 of its function's pickle and of its items'
-pickle.  A map under a name that exists, with the same function and items, does not run again:
-it re-attaches to that job (its results, if it succeeded; the job itself, if a live client still
-runs it) or redrives the calls that have no result (:mod:`fnmap.redrive`).  Another function or
-other items under the name are refused, saying which differs.  :func:`claim` says which of these
-holds; the caller (:mod:`fnmap.api`) starts the map when it is to run anew.
+with the job id it will run under, the identity of its function (:func:`function_identity`: its
+code, closure and globals, the same after a kernel restart) and the SHA-256 of its items' pickle.
+A map under a name that exists, with the same items, finishes that job rather than running anew:
+its results if it succeeded, the job itself if a live client still runs it, else a redrive
+(:mod:`fnmap.redrive`) of the calls with no result and, under new call ids, of those whose items
+failed, with the function and items this run holds for whatever storage lacks.  The function may
+differ only to run again the items of a job that failed (a bug fixed); the name then accepts it
+too.  Other items, or another function for a job with no failed items, are refused, saying which
+differs.  :func:`claim` says which of these holds; the caller (:mod:`fnmap.api`) starts the map
+when it is to run anew.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from .attach import AttachedJob
 from .chunk_pickle import dump_chunk
 from .errors import ConfigError
 from .observe.records import JobNotFound
-from .redrive import redrive
+from .redrive import Held, redrive
 from .runtime import keys
 from .runtime.serialization import pickle_function
 from .runtime.setup import with_initializer
@@ -56,11 +60,12 @@ def check_name(name) -> None:
 
 
 def claim(client, config, name: str, func, items: list, mode: str = "one") -> Claim:
-    """Claim ``name`` for ``func`` over ``items``, or find the job it names; refused
-    (:class:`JobNameTaken`) if that job ran another function or other items."""
+    """Claim ``name`` for ``func`` over ``items``, or find the job it names as it stands; refused
+    (:class:`JobNameTaken`) if that job ran other items, or another function (unless it is run again
+    for the job's failed items)."""
     check_name(name)
     identity = {
-        "function": pickle_function(with_initializer(func, config))[0],
+        "function": function_identity(with_initializer(func, config)),
         "function_name": getattr(func, "__qualname__", None) or type(func).__name__,
         "inputs": _items_digest(mode, items),
         "items": len(items),
@@ -72,8 +77,31 @@ def claim(client, config, name: str, func, items: list, mode: str = "one") -> Cl
         if client.store.put_if_absent(key, json.dumps(claimed).encode()):
             return Claim(job_id)
         named = json.loads(client.store.get(key))
-    _check_same(name, named, identity)
-    return Claim(named["job_id"], _as_it_stands(client, config, named["job_id"]))
+    differs = _differs(named, identity)
+    if named.get("inputs") != identity["inputs"]:
+        raise _taken(name, named, differs)
+    job = _as_it_stands(client, config, named["job_id"], Held(func, mode, items), changed=bool(differs))
+    if job is False:
+        raise _taken(name, named, differs)
+    if differs:  # a function run again over the job's failed items: the name accepts it from now on
+        named["functions"] = [*named.get("functions", []), identity["function"]]
+        with client.storage_errors(f"update the job name {name!r}"):
+            client.store.put(key, json.dumps(named).encode())
+    return Claim(named["job_id"], job)
+
+
+def function_identity(func) -> str:
+    """The SHA-256 of ``func``'s pickle with what differs from process to process and not in what
+    it computes taken out: a notebook cell's code names the kernel's own file
+    (``/tmp/ipykernel_<pid>/<cell hash>.py``), so the same cell run after a kernel restart is the
+    same function."""
+    data = pickle_function(func)[1]
+    return hashlib.sha256(_KERNEL_FILE.sub(lambda m: b"\x8c\x00" + m.group(1), data)).hexdigest()
+
+
+#: A notebook cell's file name in a pickle (a short string: its length byte, then the name up to the
+#: kernel's pid).
+_KERNEL_FILE = re.compile(rb"\x8c.([^\x8c]{0,200}?ipykernel_)\d+", re.DOTALL)
 
 
 def _items_digest(mode: str, items: list) -> str:
@@ -83,11 +111,17 @@ def _items_digest(mode: str, items: list) -> str:
     return digest.hexdigest()
 
 
-def _check_same(name: str, named: dict, identity: dict) -> None:
+def _functions(named: dict) -> list:
+    """The function identities a name accepts: the first run's, and each that ran its failed items again."""
+    return [named.get("function"), *named.get("functions", [])]
+
+
+def _differs(named: dict, identity: dict) -> list:
+    """What differs between the work a name ran and ``identity``, in words (empty: the same)."""
     differs = []
-    if named.get("function") != identity["function"]:
+    if identity["function"] not in _functions(named):
         if named.get("function_name") == identity["function_name"]:
-            differs.append(f"function {identity['function_name']} has changed (its pickle differs)")
+            differs.append(f"function {identity['function_name']} has changed (its code, closure or globals)")
         else:
             differs.append(f"function is {identity['function_name']}, not {named.get('function_name')}")
     if named.get("inputs") != identity["inputs"]:
@@ -95,20 +129,31 @@ def _check_same(name: str, named: dict, identity: dict) -> None:
             differs.append(f"items are {identity['items']}, not {named.get('items')}")
         else:
             differs.append(f"{identity['items']} items differ in value")
-    if differs:
-        raise JobNameTaken(
-            f"job_name={name!r} names job {named.get('job_id')}, which ran other work: the "
-            + " and the ".join(differs) + ". A name re-attaches only to the same function and items; "
-            f"choose another job_name (e.g. {name + '-2'!r}), or leave job_name out to run anew")
+    return differs
 
 
-def _as_it_stands(client, config, job_id: str):
+def _taken(name: str, named: dict, differs: list) -> JobNameTaken:
+    return JobNameTaken(
+        f"job_name={name!r} names job {named.get('job_id')}, which ran other work: the "
+        + " and the ".join(differs) + ". A name re-attaches only to the same items and function (a changed "
+        "function is taken only to run again the items of a job that failed); choose another job_name "
+        f"(e.g. {name + '-2'!r}), or leave job_name out to run anew")
+
+
+def _as_it_stands(client, config, job_id: str, held: Held, changed: bool):
     """The named job as it stands: its results if it succeeded or a live client runs it, else a
-    redrive; None if the process that claimed the name stopped before the job started."""
+    redrive of what has no result and of its failed items (with ``held``'s function and items);
+    None if the process that claimed the name stopped before the job started; False if
+    ``changed`` (another function) and the job has no failed items to run again."""
     try:
         attached = AttachedJob(client.store, job_id, secret=client.secret.decode())
     except JobNotFound:
         return None
-    if attached.status == "succeeded" or lease.live(lease.read(client.store, job_id)):
-        return attached
-    return redrive(client.store, job_id, config=config)
+    summary = attached.summary()
+    if lease.client_runs(summary) or lease.live(lease.read(client.store, job_id)):
+        return False if changed else attached
+    if summary["status"] == "succeeded":
+        return False if changed else attached
+    if changed and not summary.get("failed_items"):
+        return False
+    return redrive(client.store, job_id, config=config, failed=True, held=held)

@@ -80,6 +80,22 @@ def did_you_mean(name: object, choices, aliases: dict[str, str] | None = None) -
     return f"did you mean {by_folded[close[0]]!r}? " if close else ""
 
 
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """Seconds in an age like ``90s``, ``30m``, ``12h``, ``7d`` or ``2w``."""
+    text = text.strip().lower()
+    unit = _AGE_UNITS.get(text[-1:]) if text else None
+    try:
+        value = float(text[:-1]) if unit else None
+    except ValueError:
+        value = None
+    if unit is None or value is None or value < 0:
+        raise ValueError(f"{text!r} is not an age: use a number and a unit s, m, h, d or w, e.g. 12h or 7d")
+    return value * unit
+
+
 def parse_bool(raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in _TRUE:

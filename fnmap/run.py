@@ -60,11 +60,12 @@ class CallRun:
 
     __slots__ = (
         "call_id", "first_index", "n_items", "func_key", "payload", "items_key", "future",
-        "unwrap", "attempts", "next_attempt", "sent_at", "in_flight", "done", "speculated",
+        "unwrap", "attempts", "first_attempt", "next_attempt", "sent_at", "in_flight", "done", "speculated",
         "stats", "awaiting", "charged", "claimed", "result", "memory_step", "cancelled", "crash_exits",
+        "cached",
     )
 
-    def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap):
+    def __init__(self, call_id, first_index, n_items, func_key, payload, items_key, future, unwrap, first_attempt=1):
         self.call_id = call_id
         self.first_index = first_index
         self.n_items = n_items
@@ -75,7 +76,10 @@ class CallRun:
         self.unwrap = unwrap
         #: One :class:`Attempt` per send, in order.
         self.attempts: list[Attempt] = []
-        self.next_attempt = 1
+        #: The number of its first attempt in this run: 1, or after the attempts of an earlier run of
+        #: its job (a redrive), so that no two attempts of a call ever share a number.
+        self.first_attempt = first_attempt
+        self.next_attempt = first_attempt
         self.sent_at = 0.0
         self.in_flight = 0
         self.done = False
@@ -96,6 +100,17 @@ class CallRun:
         self.cancelled = False
         #: How its worker died on each attempt that crashed (:func:`fnmap.policy.crash_exit`), in order.
         self.crash_exits: list[str | None] = []
+        #: A call answered from the result cache, never sent: where its items came from,
+        #: ``[[first item, count, job id], ...]`` (:meth:`fnmap.cache.plan.JobCache.origins`); else None.
+        self.cached: list | None = None
+
+    @classmethod
+    def answered(cls, call_id, first_index, n_items, func_key, future, unwrap, origins: list, result) -> CallRun:
+        """A call the result cache answered: never sent, its ``result`` known and its items'
+        ``origins`` (:attr:`cached`) set from the start; the scheduler decides it when it is submitted."""
+        state = cls(call_id, first_index, n_items, func_key, b"", None, future, unwrap)
+        state.cached, state.result = origins, result
+        return state
 
     def describe(self) -> str:
         last = self.first_index + self.n_items - 1

@@ -117,8 +117,26 @@ class Scheduler:
         job.run.progress = progress
 
     def submit(self, job, states: list) -> None:
-        """Send these calls of ``job`` (see :meth:`fnmap.dispatch.Dispatch.submit`)."""
-        self.dispatch.submit(job, states)
+        """Send these calls of ``job`` (see :meth:`fnmap.dispatch.Dispatch.submit`); those the
+        result cache answered (``state.cached``) are decided here, never sent."""
+        hits = [state for state in states if state.cached is not None]
+        if hits:
+            states = [state for state in states if state.cached is None]
+            for state in hits:
+                self._answered_by_cache(job, state)
+        if states:
+            self.dispatch.submit(job, states)
+
+    def _answered_by_cache(self, job, state) -> None:
+        """A call whose items all came from the result cache: done with no attempt (nothing billed,
+        nothing reserved under ``max_cost``), its values delivered as any call's."""
+        with self.lock:
+            if state.done:
+                return
+            state.done = state.claimed = True
+            job.run.done_count += 1
+            after = (0, *self._settle(job, state))
+        self._deliver(job, state, *after)
 
     def seal(self, job) -> None:
         """No more calls will be added to ``job``: it is done when every call is."""
@@ -172,12 +190,12 @@ class Scheduler:
                 run.budget.in_flight = len(running)
             capped = run.budget is not None and run.budget.reached
             if run.abandoned and run.budget is not None:  # retries waiting for room: none will come
-                unstarted += [s for s in run.budget.release_all() if s.next_attempt > 1 and not s.done
+                unstarted += [s for s in run.budget.release_all() if s.next_attempt > s.first_attempt and not s.done
                               and not s.in_flight]
         for state in unstarted:
             if capped:
                 self._decide(job, state, 0, _cap_fault(), final=True)
-            elif state.next_attempt > 1:  # a retry that waited under the cap: the job was abandoned
+            elif state.next_attempt > state.first_attempt:  # a retry that waited under the cap: the job was abandoned
                 self._decide(job, state, state.next_attempt - 1, PlatformFault(
                     "cancelled", "the job was abandoned before this call could be retried"), final=True)
             else:
@@ -244,7 +262,7 @@ class Scheduler:
         if state.done:
             return _SKIP, 0
         run = job.run
-        first = state.next_attempt == 1
+        first = state.next_attempt == state.first_attempt
         if first:
             if state.claimed:
                 return _SKIP, 0
@@ -484,6 +502,8 @@ class Scheduler:
         if run.all_done.is_set():
             return
         run.finished = run.finished or time.time()  # set already if the record was written
+        if job.cache is not None:  # its results' cache entries are written before anyone sees it done
+            job.cache.flush()
         if run.progress is not None:  # before the waiters wake: the bar's last draw precedes their next line
             run.progress.close()
         run.all_done.set()

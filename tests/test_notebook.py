@@ -9,6 +9,7 @@ import re
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from nbclient.util import run_sync
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -78,3 +79,29 @@ def test_a_functools_cache_function_of_the_notebook_travels(tmp_path):
     assert [value for value, _pid, _hits in results] == [0, 3, 6, 9]
     assert {pid for _v, pid, _h in results} != {kernel_pid}  # loaded on the worker, not in the kernel
     assert [hits for _v, _p, hits in results] == [0, 1, 2, 3]  # one load, then the worker's cache
+
+
+def test_a_named_map_of_a_cell_re_attaches_after_a_kernel_restart(tmp_path):
+    """The cell's function names the kernel's own file (``/tmp/ipykernel_<pid>/...``): the same cell
+    after a restart is the same function, so the named job is picked up, not refused or run again."""
+    runs = tmp_path / "runs.txt"
+    cell = (f"import fnmap\nRUNS = {str(runs)!r}\n"
+            "def slow(x):\n    with open(RUNS, 'a') as f:\n        f.write(f'{x}\\n')\n    return x * 3\n"
+            "print(fnmap.map(slow, range(6), job_name='kernel-restart-' + " + repr(tmp_path.name) + "))\n"
+            "import os; print('kernel', os.getpid())")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    shown = []
+    with client.setup_kernel(env=dict(os.environ)):
+        for restart in (False, True):
+            if restart:
+                run_sync(client.km.restart_kernel)(now=True)
+                run_sync(client.kc.wait_for_ready)(timeout=60)
+            nb.cells[0].outputs = []
+            client.execute_cell(nb.cells[0], 0)
+            shown.append(text_of(nb.cells[0].outputs))
+    assert shown[0].splitlines()[0] == str([x * 3 for x in range(6)]), shown[0]
+    assert shown[1].splitlines()[0] == shown[0].splitlines()[0], shown[1]  # re-attached: no JobNameTaken
+    assert shown[1].splitlines()[1] != shown[0].splitlines()[1]  # in another kernel process
+    assert sorted(int(x) for x in runs.read_text().split()) == list(range(6))  # nothing ran twice

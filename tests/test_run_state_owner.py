@@ -20,8 +20,10 @@ from fnmap.run import Attempt, CallRun, JobRun
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: The modules that own the run state: the scheduler and the two parts it is split into.
 OWNERS = {"fnmap/scheduler.py", "fnmap/dispatch.py", "fnmap/monitor.py", "fnmap/run.py"}
-#: Every field of the run state.
-FIELDS = set(JobRun.__slots__) | set(CallRun.__slots__) | set(Attempt.__slots__)
+#: What the job handle (:class:`fnmap.jobs.Job`) records of how its job ended, written by the handle alone.
+HANDLE_FIELDS = {"given_up", "raised"}
+#: Every field of the run state, and of the handle's.
+FIELDS = set(JobRun.__slots__) | set(CallRun.__slots__) | set(Attempt.__slots__) | HANDLE_FIELDS
 #: Fields holding containers or events, and the calls that change them.
 CONTAINERS = {"calls", "attempts", "durations", "call_errors", "stopped_attempts", "awaiting", "all_done", "wake"}
 MUTATORS = {"append", "extend", "insert", "update", "add", "discard", "remove", "pop", "popitem", "clear",
@@ -31,6 +33,7 @@ NOT_RUN_STATE = {
     ("fnmap/dask/__init__.py", "self.stats"),  # the shim's RunStats (calls, attempts of a Dask run)
     ("fnmap/runtime/worker.py", "resp"),  # the worker's CallResponse (its stats)
     ("fnmap/emulator/batch_jobs.py", "child"),  # the Batch emulator's array child (its attempts)
+    ("fnmap/emulator/httpserver.py", "victim"),  # a connection's deadline (given up on a silent client)
 }
 
 
@@ -85,7 +88,8 @@ def test_only_the_scheduler_writes_the_run_state(path):
         return
     bad = [f"line {line}: {what}" for line, what in _writes(ast.parse(path.read_text(), module), module)]
     assert not bad, (f"{module} writes the run state, which the scheduler owns ({', '.join(sorted(OWNERS))}); "
-                     f"ask it instead (client.new_job(...), Scheduler.setup_failed, cancel(reason=...)): {bad}")
+                     "ask it instead (client.new_job(...), Scheduler.setup_failed, cancel(reason=...), "
+                     f"job.give_up(reason)): {bad}")
 
 
 @pytest.mark.parametrize("probe", [
@@ -99,6 +103,7 @@ def test_only_the_scheduler_writes_the_run_state(path):
     "record.ending: str = 'ok'",
     "self.job.run.wake.set()",
     "setattr(job.run, 'speculate_open', True)",
+    "job.given_up = reason",
 ])
 def test_the_rule_sees_every_kind_of_write(probe):
     """The checker itself: each way of writing a field is found, in a module that is not an owner."""

@@ -4,6 +4,7 @@ commands, an idle timeout, a killed emulator, a folder others can write."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -172,6 +173,76 @@ def test_folders_and_environments_share_one_emulator_and_each_call_sees_its_own(
     assert len(emulators(runtime)) == 1
 
 
+@contextlib.contextmanager
+def _forwarding_proxy():
+    """An HTTP proxy on loopback that forwards each request as it came, headers and all: its URL and
+    the paths it forwarded."""
+    import http.client
+    import http.server
+    import threading
+    from urllib.parse import urlsplit
+
+    seen: list[str] = []
+
+    class Forward(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _forward(self):
+            target = urlsplit(self.path)
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {k: v for k, v in self.headers.items() if not k.lower().startswith(("proxy-", "connection"))}
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+            try:
+                conn.request(self.command, target.path or "/", body=body, headers=headers)
+                answer = conn.getresponse()
+                data = answer.read()
+            finally:
+                conn.close()
+            seen.append(target.path)
+            self.send_response(answer.status)
+            for key, value in answer.getheaders():
+                if key.lower() not in ("content-length", "connection", "transfer-encoding"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _forward
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_calls_sent_through_a_proxy_run_on_the_clients_own_workers(runtime, tmp_path):
+    """A client whose HTTP goes through a proxy sends its calls with ``requests``, not its plain-HTTP
+    path: they carry its session token all the same, so they run on its workers, in its folder with
+    its variables (without the token they would run on the emulator's own)."""
+    import ast
+
+    run_script()  # the emulator is up, started from another folder without MY_SETTING
+    folder = tmp_path / "behind-a-proxy"
+    folder.mkdir()
+    with _forwarding_proxy() as (proxy, seen):
+        env = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
+        env.update(http_proxy=proxy, HTTP_PROXY=proxy, MY_SETTING="mine")
+        done = subprocess.run([sys.executable, "-c", WHERE], capture_output=True, text=True, timeout=120,
+                              cwd=folder, env=env)
+    assert done.returncode == 0, done.stderr
+    assert ast.literal_eval(done.stdout.strip().splitlines()[-1]) == [(str(folder), "mine", None)] * 2
+    assert seen.count("/invoke") == 2, seen  # both calls went through the proxy
+    assert len(emulators(runtime)) == 1
+
+
 def test_a_killed_emulator_is_replaced(runtime):
     run_script()
     (state,) = emulators(runtime)
@@ -302,6 +373,105 @@ def test_the_calls_of_a_killed_client_are_stopped_and_free_the_workers(runtime):
     health = until(lambda: (h := _health(state))["in_flight"] == 0 and h)  # stopped, not left to run 600 s
     assert health["stopped"] >= 3, health
     run_script()
+
+
+def test_python_python3_and_the_fnmap_command_share_one_emulator_whatever_their_settings(runtime, tmp_path):
+    """One interpreter, one emulator: started as ``python``, as ``python3``, and by a command whose
+    shebang is ``.../bin/python3`` (as pip writes the ``fnmap`` console script), each with another
+    idle time and worker count: a client's settings start no other emulator."""
+    python, _site = _venv(tmp_path)
+    command = pathlib.Path(python).parent / "fnmap"
+    command.write_text(f"#!{pathlib.Path(python).parent / 'python3'}\n{SCRIPT}")
+    command.chmod(0o755)
+    runs = [([python, "-c", SCRIPT], {"FNMAP_EMULATOR_IDLE": "120"}),
+            ([str(pathlib.Path(python).parent / "python3"), "-c", SCRIPT], {"FNMAP_EMULATOR_IDLE": "90"}),
+            ([str(command)], {"FNMAP_EMULATOR_IDLE": "60", "FNMAP_WORKERS": "3"})]
+    for argv, extra in runs:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=dict(os.environ, **extra))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[0] == "6"
+    assert len(emulators(runtime)) == 1
+
+
+def test_emulator_options_get_an_emulator_of_their_own_not_another_shared_one(runtime):
+    """Faults on purpose are one process's wish: that process gets an emulator of its own, stopped
+    with it; the shared one serves everyone else (docs/operations.md)."""
+    run_script({"FNMAP_EMULATOR_OPTIONS": "--latency-ms 1"})
+    assert emulators(runtime) == []
+    run_script()
+    run_script({"FNMAP_EMULATOR_OPTIONS": "--latency-ms 1 --seed 2"})
+    assert len(emulators(runtime)) == 1
+
+
+MANY_SHORT_CALLS = """
+import sys, time, fnmap
+
+def short(x):
+    time.sleep(0.02)
+    return x
+
+print("started", flush=True)
+fnmap.map(short, range(1000), chunksize=1, job_name=sys.argv[1])
+"""
+
+
+def _status_or_none() -> dict | None:
+    from fnmap.emulator import shared
+
+    found = shared.running()
+    return shared.status(found[0]) if found else None
+
+
+def _waiting_for_workers(pid: int) -> bool:
+    """Whether client ``pid`` has more calls in flight than its workers: some wait for one."""
+    status = _status_or_none() or {}
+    return any(s["pid"] == pid and s["in_flight"] > len(s["workers"]) > 0 for s in status.get("sessions", []))
+
+
+def test_clients_killed_mid_map_leave_no_call_in_flight_and_it_stops_when_idle(runtime):
+    """A client SIGKILLed while its calls wait for its workers: its session ends, and so does every
+    call of it, waiting or running, so the emulator counts none in flight and stops after the idle
+    time its last client asked for (an emulator forever busy with the calls of dead clients never did)."""
+    run_script()
+    (state,) = emulators(runtime)
+    for n in range(3):
+        client = subprocess.Popen([sys.executable, "-c", MANY_SHORT_CALLS, f"killed-mid-map-{n}-{os.getpid()}"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                  env=dict(os.environ, FNMAP_EMULATOR_IDLE="3"))
+        try:
+            assert client.stdout.readline().strip() == "started"
+            until(lambda client=client: _waiting_for_workers(client.pid))
+            os.kill(client.pid, signal.SIGKILL)
+        finally:
+            client.kill()
+            client.wait()
+    status = until(lambda: (s := _status_or_none()) is None or (s["in_flight"] == 0 and s), 30)
+    if status is not None:  # (it may have stopped already)
+        assert status["sessions"] == [] and status["idle_exit"] == 3, status
+    until(lambda: not alive(state["pid"]), 30)  # it stopped by itself, 3 s after its last request
+    assert emulators(runtime) == []
+
+
+def test_a_session_the_emulator_ended_is_attached_again(runtime):
+    """The emulator ended this process's session (its socket closed under it): the next request is
+    answered 410, a lost session (``SessionGone``), and the process attaches again and runs the
+    calls, on the same emulator."""
+    import fnmap
+    from fnmap.backends import emulator as backend
+    from fnmap.emulator import EmulatorHandle
+    from fnmap.emulator.shared import SharedEmulator
+
+    assert fnmap.map(abs, [-1, -2], chunksize=1) == [1, 2]
+    # (this process's emulators of earlier tests are there too, stopped or its own)
+    (handle,) = [h for h in backend._embedded.values() if isinstance(h, SharedEmulator) and h.alive()]
+    assert isinstance(handle, EmulatorHandle)
+    token = handle.headers()
+    handle.session.close()  # as the emulator sees a client whose socket closed
+    until(lambda: not any(s["pid"] == os.getpid() for s in _status()["sessions"]))
+    assert fnmap.map(abs, [-3, -4, -5], chunksize=1) == [3, 4, 5]
+    assert handle.headers() != token
+    assert [s["pid"] for s in _status()["sessions"]] == [os.getpid()]
+    assert len(emulators(runtime)) == 1
 
 
 # -- fresh code, live output, memory given back, an emulator that outlives what it serves ----------

@@ -2,10 +2,10 @@
 
 With ``FNMAP_EMULATOR_URL`` (or ``emulator_url=``) it uses an emulator that is
 already running.  Otherwise, by default, it attaches to the emulator shared by
-this user's processes with the same settings, or starts it
+this user's processes of the same interpreter and secret, or starts it
 (:mod:`fnmap.emulator.shared`: it stays up ``emulator_idle`` seconds after its
 last request, so the next script's first call waits for no start-up).  With
-``emulator_idle=0`` it starts one of its own in the background on a free
+``emulator_idle=0`` or ``emulator_options`` it starts one of its own in the background on a free
 loopback port (:class:`fnmap.emulator.launcher.EmulatorLauncher`), signing with
 the configured secret (``secret=`` / ``FNMAP_SECRET``) or else a fresh one,
 reuses it for every later job of this process with the same settings, and
@@ -26,17 +26,30 @@ from __future__ import annotations
 
 import atexit
 import threading
+from typing import TYPE_CHECKING
 
 from ..config import endpoint_environment
 from ..errors import ConfigError, FaultKind, PlatformFault
 from ..runtime import forks
 from ..runtime.batch_frames import MANY_PATH, MAX_CALLS, pack_calls, unpack_answers
-from ..runtime.wire import SESSION_HEADER
+from ..runtime.wire import SESSION_GONE_STATUS, SESSION_HEADER
 from .base import Answer
-from .http import HttpBackend, fault_from_status
+from .http import HttpBackend
+
+if TYPE_CHECKING:
+    from ..emulator import EmulatorHandle
 
 #: Emulators one backend may start or find in place of one that disappeared, before it gives up.
 MAX_REPLACEMENTS = 5
+
+
+class SessionGone(PlatformFault):
+    """The shared emulator answered that it has no session of this process (its socket closed, or
+    another emulator took the place of the one it attached to): attach again and send the call
+    again (:meth:`EmulatorBackend._after`).  A connection fault to whoever else meets it."""
+
+    def __init__(self, message: str):
+        super().__init__(FaultKind.CONNECTION, message)
 
 
 class EmulatorBackend(HttpBackend):
@@ -46,19 +59,22 @@ class EmulatorBackend(HttpBackend):
     workers_on_this_terminal = True
 
     def __init__(self, config):
-        self.embedded = None  # the emulator this backend attached to or started
         self._config = config
-        self._session_headers: dict = {}
         self._replacing = threading.Lock()
         self._generation = 0  # emulators replaced so far
+        emulator = None
         if config.emulator_url:
             url = config.emulator_url.rstrip("/")
             _check_reachable(url, config)
             workers = config.workers
         else:
-            self._use(self._embedded_emulator())
-            url, workers = self.embedded.url, self.embedded.workers
+            emulator = self._embedded_emulator()
+            url, workers = emulator.url, emulator.workers
         super().__init__(config, url=url)
+        #: The emulator this backend attached to or started, or None (one named by URL).
+        self.embedded: EmulatorHandle | None = None
+        if emulator is not None:
+            self._use(emulator)
         self.invoke_url = self.url + "/invoke"
         # Enough calls in flight to keep every worker busy while responses travel.
         self.max_workers = config.workers or (2 * workers if workers else 16)
@@ -66,20 +82,18 @@ class EmulatorBackend(HttpBackend):
         #: /invoke-many``: it injects faults, or its workers check every call's signature).
         self._cannot_batch = False
 
-    def _embedded_emulator(self):
+    def _embedded_emulator(self) -> EmulatorHandle:
         config = self._config
         return embedded_emulator(config.workers, config.emulator_options, endpoint_environment(),
                                  secret=config.secret, idle=config.emulator_idle)
 
-    def _use(self, emulator) -> None:
+    def _use(self, emulator: EmulatorHandle) -> None:
         """Send calls to ``emulator`` (started or found by this backend), as this process's session."""
         self.embedded = emulator
         self.secret = emulator.secret.encode()
-        session = getattr(emulator, "session", None)
-        self._session_headers = {SESSION_HEADER: session.token} if session is not None else {}
-        if hasattr(self, "url"):
-            self.url = emulator.url
-            self.invoke_url = self.url + "/invoke"
+        self.headers = emulator.headers()
+        self.url = emulator.url
+        self.invoke_url = self.url + "/invoke"
 
     def invoke(self, invocation):
         while True:
@@ -90,8 +104,8 @@ class EmulatorBackend(HttpBackend):
                 self._after(fault, generation, invocation.request.job_id)
 
     def _after(self, fault: PlatformFault, generation: int, job_id: str) -> None:
-        """Return to send again, on an emulator that replaced one that is gone; else raise ``fault``
-        (named for the user when the emulator is theirs)."""
+        """Return to send again, on an emulator that replaced one that is gone, or in a new session
+        of this process; else raise ``fault`` (named for the user when the emulator is theirs)."""
         if fault.kind != FaultKind.CONNECTION:
             raise fault
         if self.embedded is None:
@@ -106,7 +120,7 @@ class EmulatorBackend(HttpBackend):
                 return  # another thread replaced it already
             emulator = self.embedded
             there = emulator.alive() and listening(emulator.url)
-            if there and not fault.message.startswith(_SESSION_GONE):
+            if there and not isinstance(fault, SessionGone):
                 raise fault  # it is there: a fault of this call's, retried as any other
             if self._generation >= MAX_REPLACEMENTS:
                 raise PlatformFault(FaultKind.CONNECTION, f"{fault.message} (the emulator fnmap started was "
@@ -115,17 +129,14 @@ class EmulatorBackend(HttpBackend):
                 emulator.attach()  # it is there but ended this process's session: a new one
             else:
                 emulator.stop()
-                self._use(self._embedded_emulator())
-            self._use(self.embedded)
+                emulator = self._embedded_emulator()
+            self._use(emulator)
             self._generation += 1
 
-    def _post_plain_body(self, target, body, headers, read_timeout):
-        if self._session_headers:
-            headers = {**headers, **self._session_headers}
-        r = super()._post_plain_body(target, body, headers, read_timeout)
-        if r.status == 410 and self._session_headers:
-            raise PlatformFault(FaultKind.CONNECTION, f"{_SESSION_GONE}: {r.body.decode(errors='replace')}")
-        return r
+    def refused(self, status: int, headers, text: str, url: str) -> PlatformFault:
+        if status == SESSION_GONE_STATUS and SESSION_HEADER in self.headers:
+            return SessionGone(f"{url} answered {status}: {text[:500]}")
+        return super().refused(status, headers, text, url)
 
     @property
     def group_limit(self) -> int:
@@ -151,27 +162,24 @@ class EmulatorBackend(HttpBackend):
         host, port, _path = target
         body = pack_calls([(invocation.signature, invocation.body) for invocation in invocations])
         url = self.url + MANY_PATH
-        r = self._post_plain_body((host, port, MANY_PATH), body, {"Content-Type": "application/octet-stream"}, None)
+        r = self._post_plain_body((host, port, MANY_PATH), body,
+                                  {"Content-Type": "application/octet-stream", **self.headers}, None)
         if r.status == 404:  # it injects faults, or its workers check signatures: one request a call from now on
             self._cannot_batch = True
             return None
         if r.status != 200:
-            raise fault_from_status(r.status, r.headers, r.body.decode(errors="replace"), url)
+            raise self.refused(r.status, r.headers, r.body.decode(errors="replace"), url)
         try:
             answers = unpack_answers(r.body, len(invocations))
         except ValueError as e:
             raise PlatformFault("server", f"{url} answered a malformed batch: {e}") from None
-        return [Answer(out) if status == 200 else
-                fault_from_status(status, headers, out.decode(errors="replace"), self.invoke_url)
+        return [Answer(out) if status == 200 else self.refused(status, headers, out.decode(errors="replace"),
+                                                                self.invoke_url)
                 for status, headers, out in answers]
 
     def usable(self) -> bool:
         """False once the emulator this backend started is gone (killed): its client must be replaced."""
         return self.embedded is None or self.embedded.alive()
-
-
-#: How a fault says the emulator has no session of this process's (it answered 410).
-_SESSION_GONE = "the emulator has no session of this process"
 
 
 def _check_reachable(url: str, config) -> None:
@@ -204,26 +212,22 @@ def _check_reachable(url: str, config) -> None:
                       "fnmap start its own")
 
 
-def _shared(workers: int | None, options: str, secret: str | None, idle: float):
-    from ..emulator import default_workers
-    from ..emulator.shared import SharedEmulator
-    from ..runtime.signing import local_secret
-
-    return SharedEmulator(workers or default_workers(), options, secret or local_secret(), idle)
-
-
-_embedded: dict[tuple, object] = {}  # EmbeddedEmulator or SharedEmulator
+_embedded: dict[tuple, EmulatorHandle] = {}
 _lock = threading.Lock()
 
 
 def embedded_emulator(workers: int | None, options: str = "", environment: tuple = (),
-                      secret: str | None = None, idle: float = 0):
+                      secret: str | None = None, idle: float = 0) -> EmulatorHandle:
     """The emulator for these settings, started on first use (restarted if it died).
 
-    ``idle`` > 0: the one shared by this user's processes (:mod:`fnmap.emulator.shared`), attached
-    to or started, which stops after ``idle`` seconds without requests; 0: this process's own.
-    The secret is part of the settings: two jobs with different secrets must not share an emulator.
+    ``idle`` > 0 and no ``options``: the one shared by this user's processes
+    (:mod:`fnmap.emulator.shared`), attached to or started, which stays up ``idle`` seconds after
+    its last request (the ``idle`` of the process that attached last); this process's workers on it
+    are ``workers``.  Else this process's own: extra ``options`` (faults on purpose, another HTTP
+    server) describe an emulator no other process asked for.  The secret is part of the settings:
+    two jobs with different secrets must not share an emulator.
     """
+    from ..emulator import default_workers
     from ..emulator.shared import supported
 
     key = (workers, options, environment, secret, idle)
@@ -232,12 +236,16 @@ def embedded_emulator(workers: int | None, options: str = "", environment: tuple
         if emu is None or not emu.alive():
             if emu is not None:
                 emu.stop()  # reap the dead one
-            if idle and supported():
-                emu = _embedded[key] = _shared(workers, options, secret, idle)
+            if idle and not options and supported():
+                from ..emulator.shared import SharedEmulator
+                from ..runtime.signing import local_secret
+
+                emu = SharedEmulator(workers or default_workers(), secret or local_secret(), idle)
             else:
                 from ..emulator.launcher import EmbeddedEmulator
 
-                emu = _embedded[key] = EmbeddedEmulator(workers, options, secret)
+                emu = EmbeddedEmulator(workers, options, secret)
+            _embedded[key] = emu
         return emu
 
 
@@ -263,13 +271,9 @@ def _forget_in_child() -> None:
     whose end ends the parent's session on a shared one (the parent's workers end with the parent)."""
     global _embedded, _lock
     for emu in _embedded.values():
-        pipe = getattr(getattr(emu, "proc", None), "stdin", None)  # a SharedEmulator has none
-        session = getattr(emu, "session", None)  # only a SharedEmulator has one
-        for end in (pipe, session):
-            if end is not None:
-                try:
-                    end.close()
-                except OSError:
-                    pass
+        try:
+            emu.close_in_child()
+        except OSError:
+            pass
     forks.keep(_embedded)
     _embedded, _lock = {}, threading.Lock()

@@ -50,6 +50,8 @@ class HttpBackend(BaseBackend):
         self.invoke_url = self.url
         self.max_workers = config.workers or 64
         self._local = threading.local()
+        #: Headers every request to the host carries, whichever way it is sent.
+        self.headers: dict[str, str] = {}
         #: Set once the host answered that it has no stop route (a function host, not the emulator).
         self._cannot_stop = False
 
@@ -77,7 +79,8 @@ class HttpBackend(BaseBackend):
             r = session.post(
                 self.invoke_url,
                 data=invocation.body,
-                headers={SIGNATURE_HEADER: invocation.signature, "Content-Type": "application/octet-stream"},
+                headers={SIGNATURE_HEADER: invocation.signature, "Content-Type": "application/octet-stream",
+                         **self.headers},
                 timeout=(_CONNECT_TIMEOUT, read_timeout),
             )
         except requests.exceptions.ReadTimeout as e:
@@ -87,7 +90,11 @@ class HttpBackend(BaseBackend):
             raise PlatformFault("connection", f"cannot reach {self.invoke_url}: {e}") from e
         if r.status_code == 200:
             return Answer(r.content)
-        raise fault_from_status(r.status_code, r.headers, r.text, self.invoke_url)
+        raise self.refused(r.status_code, r.headers, r.text, self.invoke_url)
+
+    def refused(self, status: int, headers, text: str, url: str) -> PlatformFault:
+        """The fault a non-200 answer of the host is (:func:`fault_from_status`)."""
+        return fault_from_status(status, headers, text, url)
 
     def stop_attempts(self, job_id: str, attempts: list[tuple[int, int]], secret: bytes) -> None:
         """Ask the host to stop these attempts: ``POST /cancel`` with ``{"job_id", "attempts"}``,
@@ -104,14 +111,15 @@ class HttpBackend(BaseBackend):
         try:
             signature = sign_request(secret, ROUTE_CANCEL, job_id, "", "", body)
             r = self._session().post(url, data=body, timeout=(_CONNECT_TIMEOUT, _STOP_TIMEOUT),
-                                     headers={SIGNATURE_HEADER: signature, "Content-Type": "application/json"})
+                                     headers={SIGNATURE_HEADER: signature, "Content-Type": "application/json",
+                                              **self.headers})
         except requests.exceptions.RequestException as e:
             raise PlatformFault("connection", f"cannot reach {url}: {e}") from e
         if r.status_code in (404, 405, 501):
             self._cannot_stop = True
             return
         if r.status_code != 200:
-            raise fault_from_status(r.status_code, r.headers, r.text, url)
+            raise self.refused(r.status_code, r.headers, r.text, url)
 
     def _plain_target(self) -> tuple[str, int, str] | None:
         """``(host, port, path)`` when ``invoke_url`` is plain HTTP with no proxy, else None."""
@@ -129,11 +137,11 @@ class HttpBackend(BaseBackend):
 
     def _post_plain(self, target: tuple[str, int, str], invocation: Invocation,
                     read_timeout: float | None) -> bytes:
-        headers = {SIGNATURE_HEADER: invocation.signature, "Content-Type": "application/octet-stream"}
+        headers = {SIGNATURE_HEADER: invocation.signature, "Content-Type": "application/octet-stream", **self.headers}
         r = self._post_plain_body(target, invocation.body, headers, read_timeout)
         if r.status == 200:
             return r.body
-        raise fault_from_status(r.status, r.headers, r.body.decode(errors="replace"), self.invoke_url)
+        raise self.refused(r.status, r.headers, r.body.decode(errors="replace"), self.invoke_url)
 
     def _post_plain_body(self, target: tuple[str, int, str], body: bytes, headers: dict,
                          read_timeout: float | None) -> rawhttp.Response:

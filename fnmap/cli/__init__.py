@@ -8,7 +8,7 @@ import os
 import sys
 
 #: Modules under fnmap.cli that add subcommands, in the order ``--help`` lists them.
-COMMAND_MODULES = ["emulator", "deploy", "jobs", "redrive", "dashboard", "prices"]
+COMMAND_MODULES = ["emulator", "deploy", "jobs", "redrive", "dashboard", "prices", "cache"]
 
 
 def build_parser() -> argparse.ArgumentParser:

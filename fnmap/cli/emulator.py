@@ -65,7 +65,7 @@ def describe(emu: dict, verb: str) -> str:
     """What ``fnmap emulator status`` says of one shared emulator (:func:`.shared.status`)."""
     from ..emulator.shared import LOG_FILE
 
-    lines = [f"{verb}: pid {emu['pid']} at {emu['url']} with {emu['workers']} workers per client "
+    lines = [f"{verb}: pid {emu['pid']} at {emu['url']} with {emu['workers']} workers per client by default "
              f"(log {os.path.join(emu['folder'], LOG_FILE)})"]
     if "python" in emu:
         memory = f"{emu['memory'] / 2**20:.0f} MB" if emu.get("memory") is not None else "unknown"
@@ -78,8 +78,8 @@ def describe(emu: dict, verb: str) -> str:
             lines.append("  no client attached")
         for s in sessions:
             jobs = f" (job {', '.join(s['jobs'])})" if s["jobs"] else ""
-            lines.append(f"  client pid {s['pid']} in {s['cwd']}: {s['in_flight']} calls in flight{jobs}, "
-                         f"{s['served']} served; {s['command']}")
+            lines.append(f"  client pid {s['pid']} in {s['cwd']}: {len(s['workers'])} workers, {s['in_flight']} "
+                         f"calls in flight{jobs}, {s['served']} served; {s['command']}")
     return "\n".join(lines)
 
 

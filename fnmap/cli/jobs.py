@@ -78,6 +78,8 @@ def _register_cancel_logs_gc(sub) -> None:
     )
     p.add_argument("--older-than", default="7d", metavar="AGE", help="age like 90s, 30m, 12h, 7d or 2w (default 7d)")
     p.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
+    p.add_argument("--cache", action="store_true", help="also delete result-cache entries older than --older-than "
+                   "(left alone otherwise; `fnmap cache clear` deletes them too)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     p.set_defaults(run=_storage_errors(run_gc))
@@ -245,6 +247,8 @@ def format_summary(record: dict) -> str:
         + (f"{s['peak_memory_mb']:.0f} MB" if s.get("peak_memory_mb") else "-"),
         f"cost     {report.cost_text(s['cost'])}",
     ]
+    if s.get("cache_hits"):
+        lines.append(f"cache    {report.cache_text(record)}")
     if record.get("cost_cap"):
         lines.append(f"cost cap {report.cap_text(record)}")
     lines.extend(_memory_climbs(record["calls"]))
@@ -255,6 +259,8 @@ def format_summary(record: dict) -> str:
     if s["status"] == "abandoned":
         lines.append("note     the client that started this job is gone before it finished: "
                      + (s.get("abandoned") or "killed or crashed") + f"; {report.redrive_advice(record)}")
+    if s["status"] == "failed" and s.get("failed_items"):
+        lines.append(f"note     {report.redrive_advice(record)}")
     if s.get("items_unreported"):
         lines.append(f"no result {s['items_unreported']} items: their calls never ran or never reported "
                      "(fnmap.job(ID).results() has an exception in their place)")
@@ -324,6 +330,7 @@ def run_gc(args) -> int:
         raise SystemExit(f"fnmap gc: --older-than: {e}") from None
     store = _store(args)
     found = gc.collect_garbage(store, age, dry_run=args.dry_run)
+    found["cache"] = _gc_cache(store, age, args.cache and not args.dry_run)
     if args.json:
         print(json.dumps(found, indent=2))
         return 0
@@ -347,10 +354,27 @@ def run_gc(args) -> int:
               f"{_bytes(found['deleted_temporary_bytes'])}")
     if found["kept_shared_because_running"]:
         print("kept every shared function and input: a kept job is still running")
+    cache = found["cache"]
+    if args.cache and not args.dry_run:
+        print(f"deleted {cache['entries']} result-cache entries older than {args.older_than}, {_bytes(cache['bytes'])}")
+    elif cache["entries"]:
+        print(f"left alone the result cache: {cache['entries']} entries, {_bytes(cache['bytes'])} "
+              "(`fnmap gc --cache` or `fnmap cache clear` deletes them)")
     if found["undated_jobs"]:
         print(f"left alone {len(found['undated_jobs'])} job(s) of unknown age (no record, no status): "
               + ", ".join(found["undated_jobs"][:5]))
     return 0
+
+
+def _gc_cache(store, age: float, delete: bool) -> dict:
+    """The result cache as ``fnmap gc`` leaves it: its entries and bytes, or with ``--cache`` those
+    older than ``age`` deleted."""
+    from ..cache.store import clear, listing
+
+    if delete:
+        return clear(store, older_than=age)
+    rows = listing(store)
+    return {"entries": sum(r["entries"] for r in rows), "bytes": sum(r["bytes"] for r in rows), "deleted": False}
 
 
 # -- formatting ------------------------------------------------------------------
@@ -359,7 +383,8 @@ def run_gc(args) -> int:
 def _states_line(s: dict) -> str:
     """``fnmap job``'s calls per state, every state shown, failed with its items."""
     states = s.get("states") or {"done": s["calls_done"], "failed": s["calls_failed"]}
-    shown = [name for name in report.CALL_STATES if name in states or name != "done"]
+    shown = [name for name in report.CALL_STATES
+             if (name in states or name != "done") and (name != "retried" or states.get(name))]
     return "   ".join(f"{name} {states.get(name, 0)}" + (f" ({s['failed_items']} items)" if name == "failed" else "")
                        for name in shown)
 

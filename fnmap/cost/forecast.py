@@ -47,7 +47,27 @@ def estimate(func: Callable, items: Iterable, **options: Any) -> dict:
     config = resolve(**options)
     items = items if isinstance(items, list) else list(items)
     digest, _ = pickle_function(with_initializer(func, config))
-    return estimate_for(config, keys.function_key(digest), len(items))
+    hits = _cache_hits(config, func, items) if config.cache is not None else 0
+    found = estimate_for(config, keys.function_key(digest), len(items) - hits)
+    if hits:  # a result-cache hit is one GET and no call (cache=)
+        per_get = pricing_of(config).per_get
+        found.update(items=len(items), cache_hits=hits, usd=found["usd"] + hits * per_get,
+                     minimum_usd=found["minimum_usd"] + hits * per_get,
+                     made_from=f"{hits} item(s) from the result cache at one GET each; {found['made_from']}")
+    return found
+
+
+def _cache_hits(config, func: Callable, items: list) -> int:
+    """How many of ``items`` the result cache would answer (one listing of the function's entries)."""
+    from ..cache.plan import JobCache
+    from ..runtime.wire import MODE_ONE
+    from ..storage import open_store
+
+    try:
+        store = open_store(config.storage_url, config.storage_origin, create=False)
+    except Exception:  # no storage yet: nothing cached
+        return 0
+    return JobCache(store, None, "estimate", func, config).count_hits(MODE_ONE, items)
 
 
 def estimate_for(config, func_key: str, n_items: int) -> dict:

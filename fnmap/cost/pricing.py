@@ -163,6 +163,11 @@ def _attempts(record: dict):
                 yield call, index, attempt["ended"] - attempt["sent"]
 
 
+def cache_hits(calls: list[dict]) -> int:
+    """Items of a record's calls answered by the result cache (``cached_from``: no call sent)."""
+    return sum(n for c in calls for _first, n, _job in c.get("cached_from") or ())
+
+
 def job_cost(record: dict) -> dict:
     """The list-price estimate of a job record: ``usd``, its parts, and what it assumed.
 
@@ -182,6 +187,10 @@ def job_cost(record: dict) -> dict:
         for name, value in pricing.parts(seconds, memory_mb=memory, init_seconds=init, puts=p, gets=g).items():
             totals[name] += value
         attempts, puts, gets = attempts + 1, puts + p, gets + g
+    hits = cache_hits(record.get("calls", []))
+    if hits:  # a result-cache hit is one GET, no invocation
+        totals["storage"] += hits * pricing.per_get
+        gets += hits
     overhead = pricing.job_overhead()
     result = {
         "model": pricing.model,

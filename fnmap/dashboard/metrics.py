@@ -5,11 +5,12 @@ Written by prometheus_client's own exposition code (a collector over the front p
 text format are the library's.  Two kinds of series:
 
 * totals over every job in storage: ``fnmap_jobs{status}``, ``fnmap_calls{state}``,
-  ``fnmap_items``, ``fnmap_failed_items``, ``fnmap_retries``, ``fnmap_cost_usd`` (gauges: they fall
+  ``fnmap_items``, ``fnmap_failed_items``, ``fnmap_retries``, ``fnmap_cache_hits`` (items answered by
+  the result cache), ``fnmap_cost_usd`` (gauges: they fall
   when ``fnmap gc`` removes jobs);
 * per job, for the :data:`PER_JOB` most recent jobs only (a label per job id grows without bound
   otherwise): ``fnmap_job_info`` (its status, function, backend, kind as labels, value 1),
-  ``fnmap_job_calls{state}``, ``fnmap_job_items``, ``fnmap_job_failed_items``,
+  ``fnmap_job_calls{state}``, ``fnmap_job_items``, ``fnmap_job_failed_items``, ``fnmap_job_cache_hits``,
   ``fnmap_job_retries_total``, ``fnmap_job_call_duration_seconds{quantile}`` (the worker's run
   time, p50, p95 and max as quantile 1), ``fnmap_job_wall_seconds``, ``fnmap_job_cost_usd``.
 
@@ -69,6 +70,8 @@ def _totals(summaries: list[dict]):
     # Totals over what is in storage fall when `fnmap gc` removes jobs: gauges, not counters.
     yield GaugeMetricFamily("fnmap_retries", "Attempts that were retries, over the jobs in storage",
                             value=sum(s.get("retries") or 0 for s in summaries))
+    yield GaugeMetricFamily("fnmap_cache_hits", "Items answered by the result cache, over the jobs in storage",
+                            value=sum(s.get("cache_hits") or 0 for s in summaries))
     yield GaugeMetricFamily("fnmap_cost_usd", "Estimated cost of the jobs in storage (USD)",
                             value=sum(_usd(s) or 0.0 for s in summaries))
 
@@ -80,6 +83,7 @@ def _per_job(summaries: list[dict]):
     items = GaugeMetricFamily("fnmap_job_items", "A job's items", labels=_JOB_LABELS)
     failed = GaugeMetricFamily("fnmap_job_failed_items", "A job's items that raised", labels=_JOB_LABELS)
     retries = CounterMetricFamily("fnmap_job_retries", "A job's attempts that were retries", labels=_JOB_LABELS)
+    hits = GaugeMetricFamily("fnmap_job_cache_hits", "A job's items answered by the result cache", labels=_JOB_LABELS)
     duration = GaugeMetricFamily("fnmap_job_call_duration_seconds",
                                  "Run time of a job's calls on the worker (quantile 1: the longest)",
                                  labels=[*_JOB_LABELS, "quantile"])
@@ -93,6 +97,7 @@ def _per_job(summaries: list[dict]):
         items.add_metric(labels, s.get("items") or 0)
         failed.add_metric(labels, s.get("failed_items") or 0)
         retries.add_metric(labels, s.get("retries") or 0)
+        hits.add_metric(labels, s.get("cache_hits") or 0)
         spread = s.get("duration_seconds") or {}
         for quantile, name in (("0.5", "p50"), ("0.95", "p95"), ("1", "max")):
             if spread.get(name) is not None:
@@ -101,7 +106,7 @@ def _per_job(summaries: list[dict]):
             wall.add_metric(labels, s["wall_seconds"])
         if _usd(s) is not None:
             usd.add_metric(labels, _usd(s))
-    yield from (info, calls, items, failed, retries, duration, wall, usd)
+    yield from (info, calls, items, failed, retries, hits, duration, wall, usd)
 
 
 def _usd(summary: dict) -> float | None:

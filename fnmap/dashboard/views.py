@@ -41,7 +41,7 @@ def job_row(summary: dict) -> dict:
         "job_id": summary["job_id"],
         **{name: summary.get(name) for name in ("status", "function", "kind", "backend", "created", "wall_seconds",
                                                 "origin")},
-        **{name: summary.get(name) or 0 for name in ("calls", "items", "failed_items", "retries")},
+        **{name: summary.get(name) or 0 for name in ("calls", "items", "failed_items", "retries", "cache_hits")},
         "states": summary.get("states") or {"done": summary.get("calls_done") or 0},
         "usd": usd,
         "usd_text": "-" if usd is None else report.usd(usd),
@@ -94,6 +94,8 @@ def _notes(record: dict) -> list[str]:
     cap = record.get("cost_cap") or {}
     if cap.get("reached") and not cap.get("refused"):  # a refused job's error says so already
         notes.append(f"cost cap {report.cap_text(record)}")
+    if s.get("cache_hits"):
+        notes.append(report.cache_text(record))
     if s.get("items_unreported"):
         notes.append(f"{s['items_unreported']} items have no result: their calls never ran or never reported")
     if record.get("rebuilt"):

@@ -142,7 +142,8 @@ def get(dsk, keys, **kwargs):
             f"Dask's {', '.join(_DASK_OPTIONS)}, inline_bytes, and fnmap's options: "
             f"{', '.join(OPTIONS)}"
         )
-    config = resolve(**{k: v for k, v in kwargs.items() if k in OPTIONS})
+    # ``cache`` is Dask's here (values known already), not fnmap's result cache, which the shim does not use.
+    config = resolve(**{k: v for k, v in kwargs.items() if k in OPTIONS and k not in _DASK_OPTIONS})
     num_workers = kwargs.get("num_workers") or dask.config.get("num_workers", None)
     inline_bytes = kwargs.get("inline_bytes", INLINE_BYTES)
     for name, value, least in (("num_workers", num_workers, 1), ("inline_bytes", inline_bytes, 0)):

@@ -25,7 +25,7 @@ from flask import Response, jsonify, request
 from ..runtime.batch_frames import pack_answers, unpack_calls
 from ..runtime.http_app import create_app
 from ..runtime.signing import REFUSED, ROUTE_CALL, ROUTE_CANCEL, SECRET_ENV, SIGNATURE_HEADER, verify_request
-from ..runtime.wire import ERROR_KIND_HEADER, decode_header
+from ..runtime.wire import ERROR_KIND_HEADER, SESSION_GONE_STATUS, decode_header
 from .faults import FaultPlan, RequestKeys
 from .hangup import on_hangup
 from .pool import Stopper, WorkerPool
@@ -68,12 +68,14 @@ _ENDINGS = {
                                                        if info.get("pid") else ""), "cancelled"),
     "failed": (500, lambda info, timeout: "injected platform fault (--fail-rate): the call was not run", None),
     "dropped": (504, lambda info, timeout: "injected lost call (--drop-rate): the call was not run", None),
+    "closed": (503, lambda info, timeout: "the call's workers were stopped before one was free (its client "
+               "session ended, or the emulator is stopping): the call was not run", None),
 }
 
 
 #: The answer to a request naming a session this emulator does not have (its client's socket closed,
 #: or another emulator made it): the client attaches again.
-_SESSION_GONE = (410, b"no such client session on this emulator: attach again", {})
+_NO_SESSION = (SESSION_GONE_STATUS, b"no such client session on this emulator: attach again", {})
 
 
 def _answer(ending: str, status: int, out: bytes, info: dict, timeout: float | None) -> tuple[int, bytes, dict]:
@@ -147,7 +149,7 @@ class Emulator:
     def execute(self, body: bytes, signature: str | None, session: str | None = None) -> tuple[int, bytes, dict]:
         pool, owner = self._pool_for(session)
         if pool is None:
-            return _SESSION_GONE
+            return _NO_SESSION
         call = self._accept(body, signature, pool, owner)
         if not isinstance(call, _Accepted):
             return call  # refused
@@ -176,7 +178,7 @@ class Emulator:
                          b"verify every call): POST /invoke"), {}
         pool, owner = self._pool_for(session)
         if pool is None:
-            return _SESSION_GONE
+            return _NO_SESSION
         try:
             calls = unpack_calls(data)
         except ValueError as e:
@@ -210,7 +212,7 @@ class Emulator:
                 session) -> _Accepted | tuple[int, bytes, dict]:
         """Check and admit one invocation: what it needs to run, or the answer that refuses it."""
         header, timeout, memory = _read_header(body)
-        # Authenticated before any fault is injected or any worker touched (issue 26).  This check
+        # Authenticated before any fault is injected or any worker touched.  This check
         # is the one a call gets on the emulator (workers_trust_front): the worker runs what its
         # pipe brings, and only this process writes that pipe (an anonymous pipe made for the
         # forked child; no other process, user or socket reaches it), always after this line, with
@@ -392,11 +394,7 @@ def cancel(emulator: Emulator):
 
 
 #: The emulator's own routes, besides ``POST /invoke`` (and ``/``) of the shared invocation app.
-ROUTES = [
-    ("GET", "/health", health),
-    ("GET", "/calls", calls),
-    ("POST", "/cancel", cancel),
-]
+ROUTES = [("GET", "/health", health), ("GET", "/calls", calls), ("POST", "/cancel", cancel)]
 
 
 def create_emulator_app(emulator: Emulator):

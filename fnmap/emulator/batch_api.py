@@ -24,16 +24,7 @@ import threading
 from flask import jsonify, request
 
 from . import sigv4
-from .batch_jobs import (
-    ARN,
-    TERMINAL,
-    BatchEmulator,
-    BatchJob,
-    BatchRequestError,
-    Child,
-    command_for,
-    detect_gpus,
-)
+from .batch_jobs import ARN, TERMINAL, BatchEmulator, BatchJob, BatchRequestError, Child, command_for, detect_gpus
 from .routes import add_routes
 
 CONCURRENCY_ENV = "FNMAP_BATCH_CONCURRENCY"
@@ -59,30 +50,18 @@ def job_detail(job: BatchJob, child: Child | None) -> dict:
         },
     }
     if child is None:  # an array parent
-        counts = {
-            s: 0 for s in ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", *TERMINAL)
-        }
+        counts = {s: 0 for s in ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", *TERMINAL)}
         for c in job.children:
             counts[c.status] += 1
         starts = [c.started for c in job.children if c.started]
         stops = [c.stopped for c in job.children if c.stopped]
         status = job.status()
-        out.update(
-            jobId=job.id,
-            status=status,
-            startedAt=min(starts) if starts else None,
-            stoppedAt=max(stops) if status in TERMINAL and stops else None,
-            arrayProperties={"size": len(job.children), "statusSummary": counts},
-        )
+        out.update(jobId=job.id, status=status, startedAt=min(starts) if starts else None,
+                   stoppedAt=max(stops) if status in TERMINAL and stops else None,
+                   arrayProperties={"size": len(job.children), "statusSummary": counts})
         return {k: v for k, v in out.items() if v is not None}
-    out.update(
-        jobId=job.child_id(child),
-        status=child.status,
-        statusReason=child.status_reason,
-        startedAt=child.started,
-        stoppedAt=child.stopped,
-        attempts=child.attempts,
-    )
+    out.update(jobId=job.child_id(child), status=child.status, statusReason=child.status_reason,
+               startedAt=child.started, stoppedAt=child.stopped, attempts=child.attempts)
     out["container"].update(exitCode=child.exit_code, reason=child.reason, logStreamName=child.log)
     out["container"] = {k: v for k, v in out["container"].items() if v is not None}
     if child.index is not None:
@@ -91,24 +70,10 @@ def job_detail(job: BatchJob, child: Child | None) -> dict:
 
 
 def _summary(detail: dict) -> dict:
-    keep = (
-        "jobArn",
-        "jobId",
-        "jobName",
-        "createdAt",
-        "status",
-        "statusReason",
-        "startedAt",
-        "stoppedAt",
-        "arrayProperties",
-        "jobDefinition",
-    )
+    keep = ("jobArn", "jobId", "jobName", "createdAt", "status", "statusReason", "startedAt", "stoppedAt",
+            "arrayProperties", "jobDefinition")
     out = {k: detail[k] for k in keep if k in detail}
-    box = {
-        k: detail["container"][k]
-        for k in ("exitCode", "reason")
-        if k in detail.get("container", {})
-    }
+    box = {k: detail["container"][k] for k in ("exitCode", "reason") if k in detail.get("container", {})}
     if box:
         out["container"] = box
     return out
@@ -134,9 +99,7 @@ def register(app, emulator) -> None:
     """Add the Batch routes to the emulator's app."""
     raw = os.environ.get(CONCURRENCY_ENV) or str(os.cpu_count() or 2)
     if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(
-            f"{CONCURRENCY_ENV}={raw!r} (from the environment) must be a whole number >= 1"
-        )
+        raise ValueError(f"{CONCURRENCY_ENV}={raw!r} (from the environment) must be a whole number >= 1")
     sigv4.require_signatures(app, sigv4.known_credentials(app, emulator), API_PATH, "batch")
     add_routes(app, ROUTES, _Batch(emulator, int(raw)))
 

@@ -43,7 +43,7 @@ def detect_gpus(environ=os.environ) -> list[str]:
 
 
 class Devices:
-    """The machine's GPUs, each lent to one child at a time (issue 24: never two children on one card).
+    """The machine's GPUs, each lent to one child at a time (never two children on one card).
 
     A child asking for ``n`` GPUs takes ``n`` free ones, lowest first, or waits until that many are
     given back.  On a machine without GPUs nothing is lent: children run on the CPU.

@@ -72,30 +72,16 @@ def retry_action(rules: list[dict], exit_code: int | None, status_reason: str, r
     if not rules:
         return "RETRY"
     for rule in rules:
-        checks = [
-            (rule.get("onExitCode"), "" if exit_code is None else str(exit_code)),
-            (rule.get("onStatusReason"), status_reason or ""),
-            (rule.get("onReason"), reason or ""),
-        ]
+        checks = [(rule.get("onExitCode"), "" if exit_code is None else str(exit_code)),
+                  (rule.get("onStatusReason"), status_reason or ""), (rule.get("onReason"), reason or "")]
         if all(pattern is None or fnmatch.fnmatchcase(value, pattern) for pattern, value in checks):
             return str(rule.get("action", "EXIT")).upper()
     return "EXIT"
 
 
 class Child:
-    __slots__ = (
-        "index",
-        "status",
-        "status_reason",
-        "started",
-        "stopped",
-        "exit_code",
-        "reason",
-        "log",
-        "attempts",
-        "proc",
-        "terminate",
-    )
+    __slots__ = ("index", "status", "status_reason", "started", "stopped", "exit_code", "reason", "log", "attempts",
+                 "proc", "terminate")
 
     def __init__(self, index: int | None):
         self.index = index
@@ -138,9 +124,7 @@ class BatchJob:
         states = [c.status for c in self.children]
         if all(s in TERMINAL for s in states):
             return "FAILED" if "FAILED" in states else "SUCCEEDED"
-        return (
-            "RUNNING" if "RUNNING" in states or any(s in TERMINAL for s in states) else "RUNNABLE"
-        )
+        return "RUNNING" if "RUNNING" in states or any(s in TERMINAL for s in states) else "RUNNABLE"
 
 
 class BatchEmulator:
@@ -161,21 +145,10 @@ class BatchEmulator:
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False
-        self.register_definition(
-            {
-                "jobDefinitionName": "fnmap",
-                "type": "container",
-                "containerProperties": {
-                    "image": "fnmap-gpu (emulated: this machine's Python)",
-                    "command": COMMAND,
-                    "secrets": [{"name": SECRET_ENV, "valueFrom": SECRET_ARN}] if secret else [],
-                    "resourceRequirements": [
-                        {"type": "VCPU", "value": "1"},
-                        {"type": "MEMORY", "value": "2048"},
-                    ],
-                },
-            }
-        )
+        self.register_definition({"jobDefinitionName": "fnmap", "type": "container", "containerProperties": {
+            "image": "fnmap-gpu (emulated: this machine's Python)", "command": COMMAND,
+            "secrets": [{"name": SECRET_ENV, "valueFrom": SECRET_ARN}] if secret else [],
+            "resourceRequirements": [{"type": "VCPU", "value": "1"}, {"type": "MEMORY", "value": "2048"}]}})
         for _ in range(concurrency):
             threading.Thread(target=self._runner, name="fnmap-batch-runner", daemon=True).start()
         atexit.register(self.close)
@@ -185,15 +158,9 @@ class BatchEmulator:
     def register_definition(self, spec: dict) -> dict:
         name = spec.get("jobDefinitionName") or ""
         if not _NAME.match(name):
-            raise BatchRequestError(
-                f"jobDefinitionName {name!r} must be 1-128 letters, digits, - or _"
-            )
-        if spec.get("type") != "container" or not (spec.get("containerProperties") or {}).get(
-            "command"
-        ):
-            raise BatchRequestError(
-                "the emulator runs container job definitions with a command only"
-            )
+            raise BatchRequestError(f"jobDefinitionName {name!r} must be 1-128 letters, digits, - or _")
+        if spec.get("type") != "container" or not (spec.get("containerProperties") or {}).get("command"):
+            raise BatchRequestError("the emulator runs container job definitions with a command only")
         for entry in spec["containerProperties"].get("secrets") or []:
             if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
                     and isinstance(entry.get("valueFrom"), str)):
@@ -216,9 +183,7 @@ class BatchEmulator:
             active = [d for d in active if str(d["revision"]) == revision]
         if not active:
             known = ", ".join(sorted(self.definitions)) or "none"
-            raise BatchRequestError(
-                f"Job definition {ref} does not exist (the emulator knows: {known})"
-            )
+            raise BatchRequestError(f"Job definition {ref} does not exist (the emulator knows: {known})")
         return active[-1]
 
     # -- jobs --------------------------------------------------------------------
@@ -228,9 +193,7 @@ class BatchEmulator:
             if not spec.get(key):
                 raise BatchRequestError(f"{key} must be provided")
         if not _NAME.match(spec["jobName"]):
-            raise BatchRequestError(
-                f"jobName {spec['jobName']!r} must be 1-128 letters, digits, - or _"
-            )
+            raise BatchRequestError(f"jobName {spec['jobName']!r} must be 1-128 letters, digits, - or _")
         size = (spec.get("arrayProperties") or {}).get("size")
         if size is not None and not (isinstance(size, int) and 2 <= size <= MAX_ARRAY_SIZE):
             raise BatchRequestError(f"array size {size!r} must be between 2 and {MAX_ARRAY_SIZE}")
@@ -240,7 +203,7 @@ class BatchEmulator:
         if not 1 <= int(job.retry.get("attempts", 1)) <= 10:
             raise BatchRequestError("retryStrategy.attempts must be between 1 and 10")
         refusal = self.devices.refusal(job.gpus)
-        if refusal:  # refused now: queued, it would wait for devices that never come (issue 24)
+        if refusal:  # refused now: queued, it would wait for devices that never come
             raise BatchRequestError(refusal)
         with self._lock:
             self.jobs[job.id] = job
@@ -285,8 +248,7 @@ class BatchEmulator:
     def _run(self, job: BatchJob, child: Child) -> None:
         """Run one child once its GPUs are free (it stays RUNNABLE meanwhile), then give them back."""
         gpus = self.devices.take(
-            job.gpus, lambda: child.status == "RUNNABLE" and not child.terminate and not self._closed
-        )
+            job.gpus, lambda: child.status == "RUNNABLE" and not child.terminate and not self._closed)
         if gpus is None:  # terminated, or the emulator closed, while it waited
             return
         try:
@@ -304,42 +266,21 @@ class BatchEmulator:
             secrets = self._secrets_of(job)
         except ValueError as e:
             return self._finish(child, "FAILED", str(e), None, None)
-        env = {
-            **self.env,
-            **job.environment,
-            **secrets,
-            "CUDA_VISIBLE_DEVICES": gpus,
-            "AWS_BATCH_JOB_ID": job.child_id(child),
-            "AWS_BATCH_JQ_NAME": job.queue,
-            "AWS_BATCH_CE_NAME": "fnmap-emulator",
-        }
+        env = {**self.env, **job.environment, **secrets, "CUDA_VISIBLE_DEVICES": gpus,
+               "AWS_BATCH_JOB_ID": job.child_id(child), "AWS_BATCH_JQ_NAME": job.queue,
+               "AWS_BATCH_CE_NAME": "fnmap-emulator"}
         if child.index is not None:
             env["AWS_BATCH_JOB_ARRAY_INDEX"] = str(child.index)
-        attempts, limit = (
-            int(job.retry.get("attempts", 1)),
-            job.timeout.get("attemptDurationSeconds"),
-        )
+        attempts, limit = int(job.retry.get("attempts", 1)), job.timeout.get("attemptDurationSeconds")
         for attempt in range(1, attempts + 1):
             env["AWS_BATCH_JOB_ATTEMPT"] = str(attempt)
             code, status_reason, reason = self._attempt(job, child, env, limit)
-            child.attempts.append(
-                {
-                    "startedAt": child.started,
-                    "stoppedAt": _now_ms(),
-                    "statusReason": status_reason,
-                    "container": {"exitCode": code, "reason": reason, "logStreamName": child.log},
-                }
-            )
+            child.attempts.append({"startedAt": child.started, "stoppedAt": _now_ms(), "statusReason": status_reason,
+                                   "container": {"exitCode": code, "reason": reason, "logStreamName": child.log}})
             if code == 0:
-                return self._finish(
-                    child, "SUCCEEDED", "Essential container in task exited", code, reason
-                )
+                return self._finish(child, "SUCCEEDED", "Essential container in task exited", code, reason)
             last = child.terminate or attempt == attempts
-            if (
-                last
-                or retry_action(job.retry.get("evaluateOnExit", []), code, status_reason, reason)
-                != "RETRY"
-            ):
+            if last or retry_action(job.retry.get("evaluateOnExit", []), code, status_reason, reason) != "RETRY":
                 return self._finish(child, "FAILED", child.terminate or status_reason, code, reason)
 
     def _secrets_of(self, job: BatchJob) -> dict:
@@ -354,9 +295,7 @@ class BatchEmulator:
         command = command_for(job.command, job.parameters)
         with open(child.log, "ab") as log:
             try:
-                proc = subprocess.Popen(
-                    command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
-                )
+                proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
             except OSError as e:
                 return None, f"CannotStartContainerError: {e}", str(e)[:255]
             with self._lock:

@@ -1,6 +1,6 @@
 """A seeded fault plan: what the emulator does wrong, and to which call.
 
-The emulator plays an unreliable platform (issue 3): it can answer 500
+The emulator plays an unreliable platform on purpose: it can answer 500
 without running a call (``fail_rate``), kill the worker process in the middle
 of a call (``kill_rate``), accept a call and never answer (``drop_rate``),
 delay the first call of a new worker (``cold_start_ms``) or every call
@@ -63,52 +63,33 @@ class FaultPlan:
         for name in ("fail_rate", "kill_rate", "drop_rate", "straggler_rate"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value <= 1.0:
-                raise ValueError(
-                    f"--{_flag(name)}={value!r} is not a probability; use a number from 0 to 1, "
-                    f"e.g. --{_flag(name)} 0.1 for 10% of calls"
-                )
+                raise ValueError(f"--{_flag(name)}={value!r} is not a probability; use a number from 0 to 1, "
+                                 f"e.g. --{_flag(name)} 0.1 for 10% of calls")
         if self.fail_rate + self.kill_rate + self.drop_rate > 1.0:
-            raise ValueError(
-                f"--fail-rate {self.fail_rate} + --kill-rate {self.kill_rate} + --drop-rate "
-                f"{self.drop_rate} exceed 1; a call meets at most one of these faults, so their "
-                "sum must be at most 1"
-            )
+            raise ValueError(f"--fail-rate {self.fail_rate} + --kill-rate {self.kill_rate} + --drop-rate "
+                             f"{self.drop_rate} exceed 1; a call meets at most one of these faults, so their "
+                             "sum must be at most 1")
         for name in ("cold_start_ms", "latency_ms"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value < 3_600_000:
-                raise ValueError(
-                    f"--{_flag(name)}={value!r} must be a number of milliseconds, 0 or more "
-                    f"(and under an hour), e.g. --{_flag(name)} 200"
-                )
-        if self.max_concurrency is not None and (
-            isinstance(self.max_concurrency, bool)
-            or not isinstance(self.max_concurrency, int)
-            or self.max_concurrency < 1
-        ):
-            raise ValueError(
-                f"--max-concurrency={self.max_concurrency!r} must be an integer of at least 1 "
-                "(calls running at once before the emulator answers 429); leave it out for no limit"
-            )
+                raise ValueError(f"--{_flag(name)}={value!r} must be a number of milliseconds, 0 or more "
+                                 f"(and under an hour), e.g. --{_flag(name)} 200")
+        concurrency = self.max_concurrency
+        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                        or concurrency < 1):
+            raise ValueError(f"--max-concurrency={concurrency!r} must be an integer of at least 1 (calls running "
+                             "at once before the emulator answers 429); leave it out for no limit")
         if not _is_number(self.straggler_factor) or not 1.0 <= self.straggler_factor <= 10_000:
-            raise ValueError(
-                f"--straggler-factor={self.straggler_factor!r} must be a number from 1 to 10000 "
-                "(how many times slower a straggler runs), e.g. --straggler-factor 10"
-            )
+            raise ValueError(f"--straggler-factor={self.straggler_factor!r} must be a number from 1 to 10000 "
+                             "(how many times slower a straggler runs), e.g. --straggler-factor 10")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"--seed={self.seed!r} must be an integer, e.g. --seed 1")
 
     @property
     def active(self) -> bool:
         """Whether any fault is planned at all."""
-        return bool(
-            self.fail_rate
-            or self.kill_rate
-            or self.drop_rate
-            or self.cold_start_ms
-            or self.latency_ms
-            or self.max_concurrency
-            or self.straggler_rate
-        )
+        return bool(self.fail_rate or self.kill_rate or self.drop_rate or self.cold_start_ms or self.latency_ms
+                    or self.max_concurrency or self.straggler_rate)
 
     def fate(self, call_id, attempt) -> Fate:
         """The fate of one request, drawn from ``(seed, call_id, attempt)`` alone."""
@@ -117,12 +98,8 @@ class FaultPlan:
         fail = u_fault < self.fail_rate
         kill = not fail and u_fault < self.fail_rate + self.kill_rate
         drop = not (fail or kill) and u_fault < self.fail_rate + self.kill_rate + self.drop_rate
-        return Fate(
-            fail=fail,
-            drop=drop,
-            kill_at=u_kill_at if kill else None,
-            straggle=not (fail or drop) and u_straggle < self.straggler_rate,
-        )
+        return Fate(fail=fail, drop=drop, kill_at=u_kill_at if kill else None,
+                    straggle=not (fail or drop) and u_straggle < self.straggler_rate)
 
     def straggler_delay(self, typical_seconds: float) -> float:
         """Extra seconds that make a straggler take ``straggler_factor`` times a typical call."""

@@ -1,17 +1,17 @@
 """The emulator's HTTP server: a thread per keep-alive connection, running a WSGI app.
 
 waitress cost about 60 % of the emulator's CPU per noop call (py-spy): its
-asyncore loop, task queue, parser and the hand-offs between its threads
-(issue 9).  fnmap's clients hold a few long keep-alive connections (one per
+asyncore loop, task queue, parser and the hand-offs between its threads.
+fnmap's clients hold a few long keep-alive connections (one per
 dispatch thread; boto3 pools ten), so a thread per connection that reads a
 request, calls the app and writes the answer is all the emulator needs.  It
 speaks HTTP/1.1 with keep-alive, ``Content-Length`` and chunked request bodies,
 ``Expect: 100-continue`` and HEAD; an answer without a length is gathered and
 sent with one.  Requests are parsed by :mod:`fnmap.runtime.httpwire` (httptools, or h11):
-a malformed one is answered 400 (413, 431, 501, 505) and its connection closed
-(issue 12).  It binds where it is told (the CLI warns when that is not loopback).
+a malformed one is answered 400 (413, 431, 501, 505) and its connection closed.
+It binds where it is told (the CLI warns when that is not loopback).
 
-Connections are bounded (issue 26): a connection silent between requests is closed after
+Connections are bounded: a connection silent between requests is closed after
 ``TimeLimits.idle`` seconds, a request's head must arrive within ``TimeLimits.head`` seconds of its
 first byte and its body at a minimum rate, and at ``max_connections`` the connection waiting longest
 without a request is given up for the new one: a thousand silent or byte-a-second connections do

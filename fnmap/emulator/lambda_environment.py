@@ -33,7 +33,7 @@ _POST_PATH = re.compile(rf"^{_API}/invocation/([^/]+)/(response|error)$")
 
 
 @dataclass
-class Function:
+class LambdaFunction:
     """One function's code and configuration; ``revision`` changes whenever either does."""
 
     name: str
@@ -64,7 +64,7 @@ class LambdaEvent:
 class Environment:
     """One execution environment: an awslambdaric process and its own Runtime API listener."""
 
-    def __init__(self, function: Function, runtime_dir: str, base_env: dict, launch, on_ready, on_exit):
+    def __init__(self, function: LambdaFunction, runtime_dir: str, base_env: dict, launch, on_ready, on_exit):
         self.function = function
         #: Called (without this environment's lock) when the runtime asks for work, and when the process ends.
         self._on_ready, self._on_exit = on_ready, on_exit

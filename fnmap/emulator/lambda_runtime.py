@@ -66,10 +66,10 @@ import threading
 import time
 import zipfile
 
-from .lambda_environment import INIT_SECONDS, Environment, Function, LambdaEvent
+from .lambda_environment import INIT_SECONDS, Environment, LambdaEvent, LambdaFunction
 from .lambda_layers import LayerStore
 
-__all__ = ["INIT_SECONDS", "Environment", "Function", "LambdaRuntime", "link_runtime"]
+__all__ = ["INIT_SECONDS", "Environment", "LambdaFunction", "LambdaRuntime", "link_runtime"]
 
 #: Seconds an invocation waits for an environment of its function that has answered its last event
 #: but not yet asked for the next (it does within milliseconds, unless the machine is busy; one that
@@ -87,7 +87,7 @@ class LambdaRuntime:
         self.max_environments = max(1, max_environments)
         self.workdir = tempfile.mkdtemp(prefix="fnmap-lambda-")
         self.runtime_dir = link_runtime(os.path.join(self.workdir, "runtime"))
-        self.functions: dict[str, Function] = {}
+        self.functions: dict[str, LambdaFunction] = {}
         #: The published layers, each version unpacked in a folder of its own.
         self.layers = LayerStore(lambda data: self._unzip(data, "layer"))
         #: Functions made with CreateFunction, and their tags (GetFunction finds only these).
@@ -108,11 +108,11 @@ class LambdaRuntime:
 
     # -- functions, code and layers ---------------------------------------------------
 
-    def function(self, name: str) -> Function:
+    def function(self, name: str) -> LambdaFunction:
         """The function ``name``; one not created yet runs the default package (this fnmap, packaged)."""
         with self._cond:
             if name not in self.functions:
-                self.functions[name] = Function(name, self._default_package())
+                self.functions[name] = LambdaFunction(name, self._default_package())
             return self.functions[name]
 
     def _default_package(self) -> str:
@@ -134,7 +134,7 @@ class LambdaRuntime:
         return folder
 
     def configure(self, name: str, *, zip_file: bytes | None = None, timeout=None, memory=None,
-                  variables=None, layers=None) -> Function:
+                  variables=None, layers=None) -> LambdaFunction:
         """Change a function's code or configuration; environments of the old revision retire."""
         if timeout is not None and not (isinstance(timeout, int) and 1 <= timeout <= 900):
             raise ValueError(f"Timeout={timeout!r} must be an integer from 1 to 900 seconds")
@@ -144,7 +144,7 @@ class LambdaRuntime:
         code = self._unzip(zip_file, "code") if zip_file is not None else None
         current = self.function(name)
         with self._cond:
-            self.functions[name] = Function(
+            self.functions[name] = LambdaFunction(
                 name, code or current.code, timeout if timeout is not None else current.timeout,
                 memory if memory is not None else current.memory,
                 dict(variables) if variables is not None else current.variables,
@@ -179,7 +179,7 @@ class LambdaRuntime:
             self.stats[counter] += 1
         return body, error
 
-    def _acquire(self, function: Function) -> Environment:
+    def _acquire(self, function: LambdaFunction) -> Environment:
         grace_until = time.monotonic() + REUSE_GRACE_SECONDS
         with self._cond:
             while True:

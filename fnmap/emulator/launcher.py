@@ -123,7 +123,8 @@ class EmulatorLauncher:
 
 
 class EmbeddedEmulator(EmulatorLauncher):
-    """An emulator subprocess owned by this process, on a free loopback port, stopped with it."""
+    """An emulator subprocess owned by this process, on a free loopback port, stopped with it (an
+    :class:`fnmap.emulator.EmulatorHandle`)."""
 
     def __init__(self, workers: int | None, options: str = "", secret: str | None = None):
         from ..runtime.signing import local_secret
@@ -138,3 +139,14 @@ class EmbeddedEmulator(EmulatorLauncher):
         # Its workers' output reaches this process's stderr, or in a notebook the running cell, whole lines.
         super().__init__(workers=self.workers, secret=secret or local_secret(), options=options, embedded=True,
                          stderr=workers_stderr())
+
+    def headers(self) -> dict[str, str]:
+        return {}  # every request runs on its workers, this process's own
+
+    def attach(self) -> None:
+        """Nothing: it has no sessions to lose."""
+
+    def close_in_child(self) -> None:
+        """The child's copy of the pipe whose end stops the emulator: else it outlives the parent."""
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()

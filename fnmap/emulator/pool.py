@@ -16,18 +16,15 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-import queue
 import select
 import signal
-import struct
 import threading
 import time
 
 from ..runtime.batch_frames import pack_calls
 from .memlimit import MemoryWatch, reset_peak
-from .process import FIRST_READ, MANY, REQUEST_HEAD, VERIFIED, serve, write_message
+from .process import FIRST_READ, LENGTH, MANY, REQUEST_HEAD, VERIFIED, serve, write_message
 
-_LEN = struct.Struct(">I")
 #: The longest wait one poll(2) takes (its timeout is a C int of milliseconds).
 _LONGEST_POLL_MS = 1 << 30
 #: Seconds past a call's own timeout before its process is killed.
@@ -104,7 +101,7 @@ class WorkerProcess:
     Children are forked by a fork server (:mod:`multiprocessing`'s ``forkserver``)
     that has already imported the worker routine, so a new or replacement worker
     starts in milliseconds instead of a fresh interpreter's few hundred: a killed
-    worker then costs its call, not the job's CPU (issue 3, ``--kill-rate``).  The
+    worker then costs its call, not the job's CPU (``--kill-rate``).  The
     fork server is single-threaded, unlike the emulator, so forking it is safe.
     """
 
@@ -145,8 +142,8 @@ class WorkerProcess:
         """The answer to the next call handed over: ``(status, the worker's response)``."""
         answer = self._recv(deadline)
         self.calls += 1
-        (status,) = _LEN.unpack_from(answer)
-        return status, answer[_LEN.size:]
+        (status,) = LENGTH.unpack_from(answer)
+        return status, answer[LENGTH.size:]
 
     def _send(self, *parts) -> None:
         self.wait_ready()
@@ -167,7 +164,7 @@ class WorkerProcess:
         try:
             fd = self._live_fd()
             while True:
-                end = _LEN.size + _LEN.unpack_from(buffered)[0] if len(buffered) >= _LEN.size else 0
+                end = LENGTH.size + LENGTH.unpack_from(buffered)[0] if len(buffered) >= LENGTH.size else 0
                 if end and len(buffered) >= end:
                     break
                 if deadline is not None:
@@ -181,7 +178,7 @@ class WorkerProcess:
                 buffered += chunk
         except (EOFError, OSError, ValueError, TypeError):  # TypeError: the pipe was closed under this read
             raise WorkerDied() from None
-        message = bytes(buffered[_LEN.size:end])
+        message = bytes(buffered[LENGTH.size:end])
         del buffered[:end]
         return message
 
@@ -236,18 +233,26 @@ def start_fork_server() -> None:
     forkserver.ensure_running()
 
 
+class PoolClosed(Exception):
+    """The pool was closed (its client session ended, or the emulator stops) while a call waited for a worker."""
+
+
 class _IdleStack:
     """The idle workers, the last returned given first: ``queue.LifoQueue`` without its task
-    counting and its notifications when nobody waits (a lock and a list on the per-call path)."""
+    counting and its notifications when nobody waits (a lock and a list on the per-call path).
+    Closed, it wakes every call waiting for a worker (:class:`PoolClosed`) and drops those put back."""
 
     def __init__(self):
         self._items: list = []
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._waiting = 0
+        self._closed = False
 
     def put(self, item) -> None:
         with self._lock:
+            if self._closed:
+                return
             self._items.append(item)
             if self._waiting:
                 self._ready.notify()
@@ -255,6 +260,8 @@ class _IdleStack:
     def get(self):
         with self._lock:
             while not self._items:
+                if self._closed:
+                    raise PoolClosed()
                 self._waiting += 1
                 try:
                     self._ready.wait()
@@ -262,11 +269,13 @@ class _IdleStack:
                     self._waiting -= 1
             return self._items.pop()
 
-    def get_nowait(self):
+    def close(self) -> list:
+        """Stop handing out workers, wake every call waiting for one; the idle workers."""
         with self._lock:
-            if not self._items:
-                raise queue.Empty
-            return self._items.pop()
+            self._closed = True
+            items, self._items = self._items, []
+            self._ready.notify_all()
+        return items
 
 
 class PassedFd:
@@ -332,7 +341,7 @@ class WorkerPool:
         if ready_first:
             # A replacement joins the idle workers once it has started: the idle queue is LIFO,
             # so a still-booting process would otherwise make the next call wait for its start
-            # while warm workers sit idle below it (issue 3: kills must cost only the dead call).
+            # while warm workers sit idle below it (kills must cost only the dead call).
             try:
                 worker.wait_ready()
             except (WorkerDied, WorkerHung):
@@ -354,8 +363,9 @@ class WorkerPool:
                 verified: bool = False) -> tuple[str, int, bytes, dict]:
         """Run one invocation; return ``(ending, status, body, info)``.
 
-        ``ending`` is ``ok``, ``crashed``, ``timeout``, ``stopped`` (by ``stopper``) or
-        ``out_of_memory`` (over ``memory`` MB; ``info["memory"]`` says how much it used);
+        ``ending`` is ``ok``, ``crashed``, ``timeout``, ``stopped`` (by ``stopper``),
+        ``out_of_memory`` (over ``memory`` MB; ``info["memory"]`` says how much it used) or
+        ``closed`` (the pool closed before a worker was free: it ran nowhere);
         ``info`` has the worker's pid.
         Fault injection: ``cold_start`` seconds are spent first on a worker's first call;
         with ``kill_at`` the worker is SIGKILLed that fraction of a typical call's duration
@@ -366,7 +376,10 @@ class WorkerPool:
             return "stopped", 0, b"", {}
         if not self._started:
             self.start()
-        worker = self._idle.get()
+        try:
+            worker = self._idle.get()
+        except PoolClosed:
+            return "closed", 0, b"", {}
         info = {"pid": worker.pid, "cold": worker.calls == 0}
         if stopper is not None and not stopper.attach(worker):  # stopped while it waited for a worker
             self._idle.put(worker)
@@ -405,7 +418,10 @@ class WorkerPool:
             return [("stopped", 0, b"", {})]
         if not self._started:
             self.start()
-        worker = self._idle.get()
+        try:
+            worker = self._idle.get()
+        except PoolClosed:
+            return [("closed", 0, b"", {})]
         results = []
         try:
             worker.send_many([(signature, body) for signature, body, _ in calls], verified)
@@ -509,21 +525,16 @@ class WorkerPool:
         """Stop every worker: idle ones exit at the end of their pipe at once; busy ones (their calls
         are abandoned with the emulator) are killed after ``grace`` seconds, all together.  Joined one
         by one for 3 s each, four busy workers kept a stopping emulator, and the notebook kernel that
-        waited for it at exit, alive for 12 s (issue 12)."""
+        waited for it at exit, alive for 12 s."""
         with self._lock:
             self._closed = True
             workers = list(self._all)
             self._all.clear()
-        idle = set()
-        while True:
-            try:
-                idle.add(self._idle.get_nowait())
-            except queue.Empty:
-                break
+        idle = set(self._idle.close())  # a call still waiting for a worker ends "closed", not never
         # Only idle workers' pipes are closed here.  A busy worker's pipe belongs to the thread
         # waiting on its answer: closed under that thread's read, multiprocessing raised TypeError
         # ('NoneType' object cannot be interpreted as an integer) and each such call printed a
-        # 30-line traceback on the user's stderr whenever a job failed or was interrupted (issue 14).
+        # 30-line traceback on the user's stderr whenever a job failed or was interrupted.
         # Killed below, the busy worker ends its waiter's read with EOF instead.
         for worker in workers:
             if worker in idle:

@@ -1,7 +1,7 @@
 """Main of one emulator worker process: answer signed requests from the emulator over a pipe.
 
 The emulator's pool (:class:`fnmap.emulator.pool.WorkerProcess`) forks each worker from a fork
-server that has imported this module already (fast worker replacement, issue 3) and runs
+server that has imported this module already (fast worker replacement) and runs
 :func:`serve` in it: one request is one message (:data:`REQUEST_HEAD`, the signature, the body),
 the answer is one message, a 4-byte status then the worker's response.  A message is framed as
 :mod:`multiprocessing` frames it (a 4-byte length, then the bytes) but written with one
@@ -21,7 +21,8 @@ from . import fresh_imports  # imported in the fork server: its snapshot of the 
 
 install_roots()  # found once in the fork server, not by each worker at its first look at its modules
 
-_LEN = struct.Struct(">I")
+#: The length before each message on a worker's pipe, and the status before its answer.
+LENGTH = struct.Struct(">I")
 #: A request to a worker: flags and the signature's length, then the signature and the body.
 REQUEST_HEAD = struct.Struct(">BI")
 #: Flag: the emulator verified the request's signature with the worker's own secret (see
@@ -36,7 +37,7 @@ FIRST_READ = 1 << 16
 
 def write_message(fd: int, *parts) -> None:
     """Write one framed message made of ``parts`` (bytes-like), without joining them."""
-    views = [memoryview(_LEN.pack(sum(len(p) for p in parts))), *(memoryview(p).cast("B") for p in parts)]
+    views = [memoryview(LENGTH.pack(sum(len(p) for p in parts))), *(memoryview(p).cast("B") for p in parts)]
     while views:
         written = os.writev(fd, views)
         while views and written >= len(views[0]):
@@ -48,14 +49,14 @@ def write_message(fd: int, *parts) -> None:
 def read_message(fd: int) -> bytes:
     """Read one framed message (blocking); EOFError at the end of the pipe."""
     data = os.read(fd, FIRST_READ)
-    while 0 < len(data) < _LEN.size:
-        data += os.read(fd, _LEN.size - len(data)) or b"!"  # "!": ended inside the length, said below
-    if len(data) < _LEN.size:
+    while 0 < len(data) < LENGTH.size:
+        data += os.read(fd, LENGTH.size - len(data)) or b"!"  # "!": ended inside the length, said below
+    if len(data) < LENGTH.size:
         raise EOFError
-    (size,) = _LEN.unpack_from(data)
-    if len(data) == _LEN.size + size:
-        return data[_LEN.size:]
-    chunks, have = [data[_LEN.size:]], len(data) - _LEN.size
+    (size,) = LENGTH.unpack_from(data)
+    if len(data) == LENGTH.size + size:
+        return data[LENGTH.size:]
+    chunks, have = [data[LENGTH.size:]], len(data) - LENGTH.size
     while have < size:
         chunk = os.read(fd, min(size - have, 1 << 24))
         if not chunk:
@@ -112,11 +113,11 @@ def serve(conn, env: dict | None, client: dict | None = None) -> None:
                 for signature, call in unpack_calls(body):
                     status, out = worker.handle(call, signature, secret, verified=verified)
                     _flush_output()
-                    write_message(fd, _LEN.pack(status), out)
+                    write_message(fd, LENGTH.pack(status), out)
                 continue
             status, out = worker.handle(body, signature or None, secret, verified=verified)
             _flush_output()
-            write_message(fd, _LEN.pack(status), out)
+            write_message(fd, LENGTH.pack(status), out)
     except (EOFError, OSError):  # the emulator closed the pipe, or died: nothing left to serve
         return
 

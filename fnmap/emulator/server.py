@@ -72,7 +72,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, workers: int | None = None,
     if emulator.faults.active:
         print(f"fnmap emulator: injecting faults: {' '.join(emulator.faults.options())}", flush=True)
     try:
-        _serve_until(stop_requested, serving, activity, idle_exit, state_file)
+        idle = (lambda: emulator.sessions.idle_exit) if state_file else (lambda: idle_exit)
+        _serve_until(stop_requested, serving, activity, idle, state_file)
     finally:
         _shut_down(emulator, server, serving, state_file)
 
@@ -118,17 +119,18 @@ IDLE_GRACE = 2.0
 
 
 def _serve_until(stop_requested: threading.Event, serving: threading.Thread, activity, idle_exit, state_file) -> None:
-    """Return when told to stop, when the server thread ended, or (``idle_exit``) once idle that long."""
+    """Return when told to stop, when the server thread ended, or once idle as long as ``idle_exit()``
+    says (None: never)."""
     withdrawn_at = None
     while not stop_requested.wait(0.25) and serving.is_alive():
         idle = activity.idle_for()
         if withdrawn_at is None:
-            if idle_exit and idle >= idle_exit:
+            if idle_exit() and idle >= idle_exit():
                 if state_file:
                     shared.withdraw_state(state_file)
                 withdrawn_at = time.monotonic()
         elif min(idle, time.monotonic() - withdrawn_at) >= IDLE_GRACE:
-            log.info("fnmap emulator: no request for %g s, stopping", idle_exit)
+            log.info("fnmap emulator: no request for %g s, stopping", idle_exit())
             return
 
 
@@ -189,22 +191,23 @@ def _sessions(state_file: str, emulator, env: dict, workers: int, url: str, acti
     """The client sessions of a shared emulator, on a socket beside its state file."""
     from .sessions import Sessions, tree_memory
 
-    def env_for(client_env: dict) -> dict:
+    def env_for(client_env: dict, session_workers: int | None) -> dict:
         client_env[SECRET_ENV] = env[SECRET_ENV]  # the workers check calls with the emulator's secret
-        limit_blas_threads(client_env, workers)
+        limit_blas_threads(client_env, session_workers or workers)
         return client_env
 
     def describe() -> dict:
-        idle = activity.idle_for()
+        idle, idle_exit = activity.idle_for(), sessions.idle_exit
         return {"pid": os.getpid(), "url": url, "python": sys.executable, "version": sys.version.split()[0],
                 "workers": workers, "in_flight": emulator.in_flight, "served": emulator.served,
                 "memory": tree_memory(os.getpid()), "started": emulator.started,
                 "idle_exit": idle_exit, "idle_left": max(0.0, idle_exit - idle) if idle_exit else None}
 
-    def make_pool(client_env: dict, client: dict) -> WorkerPool:
-        return WorkerPool(workers, env=client_env, client=client, start=False)
+    def make_pool(client_env: dict, client: dict, session_workers: int | None) -> WorkerPool:
+        return WorkerPool(session_workers or workers, env=client_env, client=client, start=False)
 
-    return Sessions(os.path.dirname(state_file), make_pool, env_for, describe, emulator.lock)
+    sessions = Sessions(os.path.dirname(state_file), make_pool, env_for, describe, emulator.lock, idle_exit)
+    return sessions
 
 
 def _start_pool_while(workers: int, env: dict, work, start: bool = True) -> WorkerPool:
@@ -241,7 +244,7 @@ class _Waitress:
         from waitress import create_server
 
         # 1 MB arguments: big reads, kept in memory (waitress's defaults: 8 KB reads, a temp
-        # file past 512 KB, cost 5 ms per MB; issue 9).  Its one loop holds slow connections
+        # file past 512 KB, cost 5 ms per MB).  Its one loop holds slow connections
         # without a thread each; inactive ones are closed after ``idle`` seconds.
         self._server = create_server(app, host=host, port=port, threads=threads, channel_timeout=idle,
                                      cleanup_interval=max(1, int(idle / 2)),
@@ -275,7 +278,7 @@ def limit_blas_threads(env: dict, workers: int) -> None:
     """Give each worker process its share of the cores for BLAS threads, unless ``env`` sets them.
 
     Otherwise every worker's NumPy starts one BLAS thread per core: 4 workers on 2 cores ran
-    8 threads that fought over the cores, and a matmul job went slower than a plain loop (issue 9).
+    8 threads that fought over the cores, and a matmul job went slower than a plain loop.
     """
     share = str(max(1, (os.cpu_count() or 1) // workers))
     for name in BLAS_THREAD_VARS:
@@ -287,7 +290,7 @@ def _set_on_stdin_eof(event: threading.Event) -> None:
 
     Reads the file descriptor itself, not ``sys.stdin.buffer``: this daemon thread is still in
     its read when the interpreter exits (stopped by SIGTERM), and a buffered reader's lock held
-    there made the exit abort with ``Fatal Python error: _enter_buffered_busy`` (issue 14).
+    there made the exit abort with ``Fatal Python error: _enter_buffered_busy``.
     """
     try:
         while os.read(sys.stdin.fileno(), 1 << 16):

@@ -22,7 +22,6 @@ in flight and jobs, the memory of the emulator's process tree.
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import secrets
@@ -32,57 +31,56 @@ import sys
 import threading
 import time
 
+from ..runtime import processes
+
 SOCKET_FILE = "sessions.sock"
-_LEN = struct.Struct(">I")
 #: The largest attach or status message (an environment of a few hundred variables is a few KB).
 MAX_MESSAGE = 4 << 20
+#: The most workers a client's session may ask for.
+MAX_WORKERS = 4096
 
 
-# -- framing: a 4-byte length, then JSON; the attach message carries the client's stderr ------------
+# -- messages: a line of JSON each; the attach message carries the client's stderr ------------------
 
 
 def _send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
-    data = json.dumps(message).encode()
-    frame = _LEN.pack(len(data)) + data
-    if fds:
-        sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-    else:
-        sock.sendall(frame)
+    data = json.dumps(message).encode() + b"\n"  # JSON escapes every newline inside it
+    sent = socket.send_fds(sock, [data], list(fds)) if fds else 0
+    sock.sendall(data[sent:])
 
 
 def _receive(sock: socket.socket) -> tuple[dict, list[int]]:
-    """One message and the descriptors that came with it; EOFError when the peer closed."""
-    fds = array.array("i")
-    data, ancillary, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * fds.itemsize))
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-    if not data:
-        raise EOFError
-    while len(data) < _LEN.size:
-        more = sock.recv(_LEN.size - len(data))
-        if not more:
+    """One message and the descriptors that came with it; EOFError when the peer closed.  Each side
+    sends one message and waits for the other's, so what is read is that message only."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 4)
+    try:
+        if not data:
             raise EOFError
-        data += more
-    (size,) = _LEN.unpack_from(data)
-    if size > MAX_MESSAGE:
-        raise ValueError(f"a session message of {size} bytes (at most {MAX_MESSAGE})")
-    body = bytearray(data[_LEN.size:])
-    while len(body) < size:
-        more = sock.recv(min(size - len(body), 1 << 20))
-        if not more:
-            raise EOFError
-        body += more
-    return json.loads(bytes(body[:size])), list(fds)
+        data = bytearray(data)
+        while not data.endswith(b"\n"):
+            if len(data) > MAX_MESSAGE:
+                raise ValueError(f"a session message of more than {MAX_MESSAGE} bytes")
+            more = sock.recv(1 << 20)
+            if not more:
+                raise EOFError
+            data += more
+        return json.loads(bytes(data)), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 # -- the client's side -----------------------------------------------------------------------------
 
 
 class ClientSession:
-    """This process's session on a shared emulator: its token, and the socket whose end ends it."""
+    """This process's session on a shared emulator: its token, and the socket whose end ends it.
 
-    def __init__(self, path: str):
+    ``settings``: what this client asks of its session: ``workers`` (its workers' count) and
+    ``idle`` (seconds the emulator stays up after its last request, from now on)."""
+
+    def __init__(self, path: str, settings: dict):
         from ..observe.output import workers_stderr
 
         stderr = workers_stderr()  # this process's stderr, or in a notebook the running cell's relay
@@ -92,7 +90,7 @@ class ClientSession:
             sock.connect(path)
             fds = [stderr] if stderr is not None else []
             _send(sock, {"op": "attach", "pid": os.getpid(), "cwd": os.getcwd(), "env": dict(os.environ),
-                         "command": _command_line()}, fds)
+                         "command": _command_line(), **settings}, fds)
             answer, _ = _receive(sock)
         except BaseException:
             sock.close()
@@ -171,14 +169,20 @@ class Session:
 class Sessions:
     """The sessions of one emulator, and the Unix socket clients attach on.
 
-    ``make_pool(env, client)`` builds a session's :class:`~.pool.WorkerPool`; ``env_for(client_env)``
-    what its workers' environment is (the client's, with the emulator's secret); ``describe()``
-    the emulator's own part of a status answer.  ``lock``: the emulator's, under which it counts
-    each call in flight, the session's too (:meth:`Session.call_started`): one lock a call.
+    ``make_pool(env, client, workers)`` builds a session's :class:`~.pool.WorkerPool` of ``workers``
+    (None: the emulator's count); ``env_for(client_env, workers)`` what its workers' environment is
+    (the client's, with the emulator's secret); ``describe()`` the emulator's own part of a status
+    answer.  ``lock``: the emulator's, under which it counts each call in flight, the session's
+    too (:meth:`Session.call_started`): one lock a call.  ``idle_exit``: seconds the emulator
+    stays up after its last request, until a client attaches asking for another (:attr:`idle_exit`).
     """
 
-    def __init__(self, folder: str, make_pool, env_for, describe, lock: threading.Lock):
+    def __init__(self, folder: str, make_pool, env_for, describe, lock: threading.Lock,
+                 idle_exit: float | None = None):
         self.folder = folder
+        #: Seconds the emulator stays up after its last request: what the client that attached last
+        #: asked for (its ``emulator_idle``), else what it was started with.
+        self.idle_exit = idle_exit
         self._make_pool, self._env_for, self._describe = make_pool, env_for, describe
         self._lock = lock
         self._sessions: dict[str, Session] = {}
@@ -271,13 +275,18 @@ class Sessions:
         client_env = message.get("env")
         if not isinstance(client_env, dict):
             client_env = {}
-        env = self._env_for({str(k): str(v) for k, v in client_env.items()})
+        workers = message.get("workers")
+        workers = workers if isinstance(workers, int) and 0 < workers <= MAX_WORKERS else None
+        idle = message.get("idle")
+        if isinstance(idle, (int, float)) and 0 < idle < float("inf"):
+            self.idle_exit = float(idle)
+        env = self._env_for({str(k): str(v) for k, v in client_env.items()}, workers)
         own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         theirs = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         client = {"cwd": str(message.get("cwd", "")), "pythonpath": theirs,
                   "drop": [p for p in own if p not in theirs],
                   "stderr": PassedFd(stderr_fd) if stderr_fd is not None else None}
-        pool = self._make_pool(env, client)  # its workers start once the client has its answer
+        pool = self._make_pool(env, client, workers)  # its workers start once the client has its answer
         pid = peer_pid if peer_pid else int(message.get("pid") or 0)
         session = Session(secrets.token_hex(16), pid, client["cwd"],
                           str(message.get("command", ""))[:200], pool, stderr_fd)
@@ -324,15 +333,9 @@ def tree_memory(pid: int) -> int | None:
         return None
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(name))
+        found = processes.stat(name) if name.isdigit() else None
+        if found is not None:
+            children.setdefault(found.ppid, []).append(int(name))
     total, todo, page = 0, [pid], os.sysconf("SC_PAGE_SIZE")
     while todo:
         current = todo.pop()

@@ -17,10 +17,13 @@ checks its own stderr gets a log record instead.
 
 Where and how it is found: a folder per user (``$XDG_RUNTIME_DIR/fnmap``, else
 ``~/.cache/fnmap/run``; mode 0700, refused when others can write it), with a sub-folder per
-*identity*: a hash of what the emulator itself is (the interpreter, fnmap's own code, the Linux
-namespaces it sees files and processes in, the worker count, the extra options, the idle time and
-the secret's fingerprint) — not the folder or the environment of whoever started it, which each
-client's workers take from their own client.
+*identity*: a hash of what the emulator itself is (the interpreter, whatever name started it:
+:func:`interpreter`; fnmap's own code, the Linux namespaces it sees files and processes in, and
+the secret's fingerprint) — not the folder, the environment or the settings of whoever started it.
+Each client's workers take its folder and environment from their own client, their count from its
+``workers``, and the emulator stays up as long after its last request as the client that attached
+last asked (its ``emulator_idle``).  A client with ``emulator_options`` gets an emulator of its own
+(:func:`fnmap.backends.emulator.embedded_emulator`).
 In that folder ``emulator.json`` (the URL and pid, written once it listens), ``emulator.log``
 (its output), ``sessions.sock`` (where clients attach); an exclusive ``flock`` on ``lock`` makes
 concurrent starters start one emulator.
@@ -42,7 +45,8 @@ import sys
 import time
 
 from ..errors import FnmapError
-from ..runtime import forks
+from ..runtime import forks, processes
+from ..runtime.wire import SESSION_HEADER
 
 #: Seconds a shared emulator waits for a request before it stops, unless ``emulator_idle`` says.
 DEFAULT_IDLE = 300.0
@@ -90,14 +94,18 @@ def state_root() -> str:
     return root
 
 
-def identity(workers: int, options: str, secret: str, idle: float) -> str:
-    """The hash that names the emulator these settings may share (see the module's docstring)."""
-    facts = {
-        "python": sys.executable, "version": sys.version, "code": _code_fingerprint(), "namespaces": _namespaces(),
-        "workers": workers, "options": options, "idle": idle,
-        "secret": hashlib.sha256(secret.encode()).hexdigest(),
-    }
+def identity(secret: str) -> str:
+    """The hash that names the emulator a process may share (see the module's docstring)."""
+    facts = {"python": interpreter(), "version": sys.version, "code": _code_fingerprint(), "namespaces": _namespaces(),
+             "secret": hashlib.sha256(secret.encode()).hexdigest()}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def interpreter() -> list[str]:
+    """This interpreter, whatever name started it: the program itself (``python``, ``python3`` and
+    a console script's ``.../bin/python3`` are links to one file) and its prefix (a virtual
+    environment's folder, whose packages another environment of the same program does not see)."""
+    return [os.path.realpath(sys.executable), sys.prefix]
 
 
 def _namespaces() -> list[str]:
@@ -132,29 +140,28 @@ def _code_fingerprint() -> str:
 
 
 class SharedEmulator:
-    """A handle on the shared emulator of one identity: attached to, or started and then attached to.
+    """A handle on the shared emulator of one identity: attached to, or started and then attached to
+    (an :class:`fnmap.emulator.EmulatorHandle`).
 
-    ``url``, ``secret``, ``workers`` and ``pid`` as for :class:`.launcher.EmulatorLauncher`;
-    ``session`` is this process's :class:`.sessions.ClientSession` on it (its calls name it).
-    :meth:`alive` is False once it stopped (idle, ``fnmap emulator stop``, killed), and a new
-    handle then starts another.
+    ``url``, ``secret`` and ``pid`` as for :class:`.launcher.EmulatorLauncher`; ``workers``: this
+    process's on it; ``session`` is this process's :class:`.sessions.ClientSession` on it (its
+    calls name it: :meth:`headers`).  :meth:`alive` is False once it stopped (idle, ``fnmap
+    emulator stop``, killed), and a new handle then starts another.
     """
 
-    def __init__(self, workers: int, options: str, secret: str, idle: float):
-        from .sessions import ClientSession
-
-        self.workers, self.secret = workers, secret
-        self.folder = os.path.join(state_root(), identity(workers, options, secret, idle))
+    def __init__(self, workers: int, secret: str, idle: float):
+        self.workers, self.secret, self._idle = workers, secret, idle
+        self.folder = os.path.join(state_root(), identity(secret))
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
         self.started = False
         for attempt in range(ATTACH_TRIES):
             with _locked(self.folder):
                 state = read_state(self.folder)
                 if state is None or not listening(state["url"]):  # a pid reused after a SIGKILL
-                    state = self._start(options, idle)
+                    state = self._start(idle)
                     self.started = True
             try:
-                self.session = ClientSession(state["socket"])
+                self.session = self._new_session(state)
                 break
             except (OSError, EOFError, ValueError, KeyError) as e:
                 if attempt == ATTACH_TRIES - 1:
@@ -170,15 +177,20 @@ class SharedEmulator:
                    "or now with `fnmap emulator stop`; `fnmap emulator status` shows what it serves "
                    "(FNMAP_EMULATOR_IDLE=0 gives each process its own)")
 
-    def _start(self, options: str, idle: float) -> dict:
-        import shlex
+    def _new_session(self, state: dict):
+        """This process's session on the emulator of ``state``: its workers, and the idle time it asks for."""
+        from .sessions import ClientSession
+
+        return ClientSession(state["socket"], {"workers": self.workers, "idle": self._idle})
+
+    def _start(self, idle: float) -> dict:
         import subprocess
 
         from ..runtime.signing import SECRET_ENV
 
         cmd = [sys.executable, "-m", "fnmap", "emulator", "--host", "127.0.0.1", "--port", "0",
                "--workers", str(self.workers), "--idle-exit", str(idle), "--stop-on-hangup",
-               "--state-file", os.path.join(self.folder, STATE_FILE), *shlex.split(options)]
+               "--state-file", os.path.join(self.folder, STATE_FILE)]
         log_fd = os.open(os.path.join(self.folder, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(log_fd, "wb") as log:  # 0600: it shows the AWS credentials the emulator made
             # Its own session and no pipe of ours: a Ctrl-C here does not reach it, and whoever
@@ -208,12 +220,19 @@ class SharedEmulator:
         state = read_state(self.folder)
         return state is not None and state["pid"] == self.pid
 
+    def headers(self) -> dict[str, str]:
+        """This process's session token, which every request names (its workers run the call)."""
+        return {SESSION_HEADER: self.session.token}
+
+    def close_in_child(self) -> None:
+        """In a forked child: close the copy of the parent's session socket (its end ends the
+        parent's session, whose workers end with the parent)."""
+        self.session.close()
+
     def attach(self) -> None:
         """A new session of this process on the emulator (it ended the last one)."""
-        from .sessions import ClientSession
-
         self.session.close()
-        self.session = ClientSession(read_state(self.folder)["socket"])
+        self.session = self._new_session(read_state(self.folder))
 
     def request_stop(self) -> None:
         """Nothing: a shared emulator outlives the processes that use it."""
@@ -246,7 +265,7 @@ def read_state(folder: str) -> dict | None:
     try:
         with open(os.path.join(folder, STATE_FILE)) as f:
             state = json.load(f)
-        if not _exists(state["pid"]):
+        if not processes.alive(state["pid"]):
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -356,7 +375,7 @@ def status(emu: dict) -> dict:
 def busy_clients(emu: dict) -> list[dict]:
     """The sessions of ``status(emu)`` of live processes with calls in flight."""
     return [s for s in emu.get("sessions", ()) if s.get("in_flight") and (s.get("pid") or 0) > 0
-            and _exists(s["pid"])]
+            and processes.alive(s["pid"])]
 
 
 def stop(force: bool = False, timeout: float = 10.0) -> tuple[list[dict], list[dict]]:
@@ -371,23 +390,7 @@ def stop(force: bool = False, timeout: float = 10.0) -> tuple[list[dict], list[d
             os.kill(emu["pid"], signal.SIGTERM)
     deadline = time.monotonic() + timeout
     for emu in stopped:
-        while time.monotonic() < deadline and _exists(emu["pid"]):
+        while time.monotonic() < deadline and processes.alive(emu["pid"]):
             time.sleep(0.05)
     return stopped, refused
 
-
-def _exists(pid: int) -> bool:
-    """Whether process ``pid`` runs: not gone, and not a zombie (killed, not yet reaped by a parent
-    that may never reap it: a container's first process often does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] != b"Z"
-    except (OSError, ValueError):
-        return True  # no /proc (macOS): kill(0) said it is there

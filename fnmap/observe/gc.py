@@ -12,29 +12,15 @@ deleted.  Every byte is counted as the storage holds it (a file store's blocks a
 
 from __future__ import annotations
 
-import os
 import time
 
-from ..runtime import keys
+from .. import lease as leases
+from ..options import parse_age  # noqa: F401 - `fnmap gc --older-than` reads ages with it
+from ..runtime import keys, processes
 from .history import get_json, get_json_many, index_keys
-from .identity import client_gone
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 #: A temporary file not written to for this long has no live writer, whoever wrote it (seconds).
 STALE_TEMPORARY = 3600.0
-
-
-def parse_age(text: str) -> float:
-    """Seconds in an age like ``90s``, ``30m``, ``12h``, ``7d`` or ``2w``."""
-    text = text.strip().lower()
-    unit = _UNITS.get(text[-1:]) if text else None
-    try:
-        value = float(text[:-1]) if unit else None
-    except ValueError:
-        value = None
-    if unit is None or value is None or value < 0:
-        raise ValueError(f"{text!r} is not an age: use a number and a unit s, m, h, d or w, e.g. 12h or 7d")
-    return value * unit
 
 
 class _Listing:
@@ -154,8 +140,6 @@ def _date_jobs(store, listing: _Listing, index: dict[str, str], cutoff: float) -
 def lease_live(store, listing: _Listing, job_id: str) -> bool | None:
     """Whether the job's lease is live (True), gone (False: :func:`fnmap.lease.gone` judges, as for
     every other reader), or absent or unreadable (None)."""
-    from .. import lease as leases
-
     key = keys.lease_key(job_id)
     if key not in listing.by_job.get(job_id, {}):
         return None
@@ -173,8 +157,13 @@ def _may_run(store, listing: _Listing, index: dict[str, str], job_id: str) -> bo
         return lease
     if keys.job_record_key(job_id) in listing.by_job.get(job_id, {}) or job_id not in index:
         return False
-    started = get_json(store, index[job_id])
-    return started is not None and started.get("status") == "running" and not client_gone(started.get("client"))
+    return _judged(store, get_json(store, index[job_id])) == "running"
+
+
+def _judged(store, started: dict | None) -> str | None:
+    """The status of a job's start entry once judged (:func:`fnmap.lease.judge`: ``abandoned`` if its
+    client is gone), or None without one."""
+    return None if started is None else leases.judge(store, dict(started)).get("status")
 
 
 def _shared_in_use(store, listing: _Listing, job_ids: list[str], index: dict[str, str]) -> tuple[set[str], bool]:
@@ -185,7 +174,7 @@ def _shared_in_use(store, listing: _Listing, job_ids: list[str], index: dict[str
         record = get_json(store, keys.job_record_key(job_id))
         if record is None:
             started = get_json(store, index[job_id]) if job_id in index else None
-            if started is None or not client_gone(started.get("client")) or lease_live(store, listing, job_id):
+            if _judged(store, started) != leases.ABANDONED:
                 running = True  # it may still submit calls that use any shared object
             in_use.update((started or {}).get("shared") or [])
             continue
@@ -199,7 +188,8 @@ def _dead_temporaries(temporaries: list[tuple[str, int, float]], cutoff: float) 
     stale = time.time() - STALE_TEMPORARY
     found = []
     for key, size, modified in temporaries:
-        if modified < cutoff and (modified < stale or not _writer_alive(keys.temp_writer(key))):
+        writer = keys.temp_writer(key)  # None: not ours to judge, wait until it is stale
+        if modified < cutoff and (modified < stale or (writer is not None and not processes.alive(writer))):
             found.append((key, size))
     return found
 
@@ -207,15 +197,3 @@ def _dead_temporaries(temporaries: list[tuple[str, int, float]], cutoff: float) 
 def _temporaries(store) -> list[tuple[str, int, float]]:
     lister = getattr(store, "list_temporary", None)  # only the file store writes through temporary files
     return lister() if lister is not None else []
-
-
-def _writer_alive(pid: int | None) -> bool:
-    if pid is None:
-        return True  # not ours to judge: wait until it is stale
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True

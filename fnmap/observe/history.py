@@ -11,7 +11,6 @@ from .. import lease
 from ..errors import FnmapError
 from ..lease import ABANDONED
 from ..runtime import keys
-from .identity import gone_reason
 
 
 class JobNotFound(FnmapError, LookupError):
@@ -76,10 +75,6 @@ def judge_entry(store, summary: dict) -> dict:
     # An automatically chunked job's entry counts the calls made at its start only: never fewer calls than done.
     summary["calls"] = max(summary.get("calls") or 0, summary["calls_done"])
     lease.judge(store, summary)
-    gone = summary["status"] == "running" and gone_reason(summary.get("client"))
-    if gone:
-        summary["status"] = ABANDONED
-        summary["abandoned"] = gone
     # whether a reported call succeeded is in its status record: this listing reads none of them
     unfinished = max(0, summary["calls"] - summary["calls_done"])
     summary["states"] = {"done": summary["calls_done"],

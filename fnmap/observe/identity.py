@@ -7,6 +7,8 @@ import os
 import socket
 import sys
 
+from ..runtime import processes
+
 _CLIENT: dict | None = None
 #: ``(pid, origin)`` of this process, found once: a record written late in the process's exit
 #: (its interpreter tearing ``__main__`` down) still names the script.
@@ -34,40 +36,21 @@ def _find_origin() -> str | None:
 
 def client_process() -> dict:
     """This client's host, pid and process start time: a reader on the same host can tell whether
-    the client that started a job is still alive (:func:`client_gone`)."""
+    the client that started a job is still alive (:func:`gone_reason`)."""
     global _CLIENT
     if _CLIENT is None or _CLIENT["pid"] != os.getpid():  # recomputed in a forked child
-        _CLIENT = {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid())}
+        found = processes.stat(os.getpid())
+        _CLIENT = {"host": socket.gethostname(), "pid": os.getpid(), "start": found.start if found else None}
     return _CLIENT
-
-
-def _process_start(pid: int) -> str | None:
-    """The start time of process ``pid`` in clock ticks since boot (Linux), so a reused pid is not
-    mistaken for the client; None where /proc does not say."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
-
-
-def client_gone(client: dict | None) -> bool:
-    """True when ``client`` (from a record) ran on this host and that process no longer exists."""
-    if not client or client.get("host") != socket.gethostname() or not client.get("pid"):
-        return False  # another machine's client: nothing to check it against
-    try:
-        os.kill(client["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # alive, another user's
-    return client.get("start") is not None and _process_start(client["pid"]) != client["start"]
 
 
 def gone_reason(client: dict | None) -> str | None:
     """Why ``client`` (from a record or a lease) runs nothing any more, when it ran on this host
-    and its process is gone (:func:`client_gone`); None otherwise."""
-    if not client_gone(client):
+    and its process is gone (killed, crashed, a zombie, or its pid reused:
+    :func:`fnmap.runtime.processes.alive`); None otherwise, and for another machine's client
+    (nothing to check it against).  Readers ask :func:`fnmap.lease.judge`, which asks this."""
+    if not client or client.get("host") != socket.gethostname() or not client.get("pid"):
+        return None
+    if processes.alive(client["pid"], client.get("start")):
         return None
     return f"its client ({client.get('host')}, pid {client.get('pid')}) is gone from this host (killed or crashed)"
-

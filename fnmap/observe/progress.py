@@ -59,6 +59,8 @@ class Progress:
         self.calls = calls
         self.calls_done = 0
         self.calls_failed = 0
+        #: Items answered from the result cache (no call sent for them).
+        self.cached = 0
         self._retrying: set[int] = set()
         self._lock = YieldingLock()
         #: Items done since the bar was last drawn, and when that was: the bar is drawn at most
@@ -71,15 +73,16 @@ class Progress:
             total=total, desc=description, unit="item", leave=True, dynamic_ncols=True, file=file
         )
 
-    def update(self, n: int, failed: int = 0, call_id: int | None = None) -> None:
-        """``n`` items of one call are done, ``failed`` of them failed (nothing once the bar is
-        closed: a job its caller gave up still settles, and its bar would be drawn again below
-        whatever the caller printed next, a notebook's next cell)."""
+    def update(self, n: int, failed: int = 0, call_id: int | None = None, cached: bool = False) -> None:
+        """``n`` items of one call are done (``cached``: answered by the result cache), ``failed`` of
+        them failed (nothing once the bar is closed: a job its caller gave up still settles, and its
+        bar would be drawn again below whatever the caller printed next, a notebook's next cell)."""
         with self._lock:
             if self._closed:
                 return
             self.calls_done += 1
             self.failed += failed
+            self.cached += n if cached else 0
             if failed:
                 self.calls_failed += 1
             if self._retrying:
@@ -101,6 +104,8 @@ class Progress:
             return
         self._shown_at = now
         fields = {"calls": f"{self.calls_done}/{self.calls}" if self.calls else self.calls_done}
+        if self.cached:
+            fields["cached"] = self.cached
         if self.failed:
             fields["failed"] = self.failed
         if self._retrying:

@@ -35,19 +35,18 @@ import math
 import time
 
 from .. import lease
-from ..cost.pricing import job_cost
+from ..cost.pricing import cache_hits, job_cost
 from ..errors import FnmapError
 from ..lease import ABANDONED
 from ..runtime import keys
-from . import identity
+from . import identity, report
 from .history import JobNotFound, get_json_many, resolve_id, started_entry, write_index
-from .identity import gone_reason
 from .logs import logs_text
 from .report import UNFINISHED
 
 #: What fnmap.jobs reads from here; the index and logs are re-exported from their modules.
-__all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id", "started_summary",
-           "summarize", "write", "write_index"]
+__all__ = ["ABANDONED", "JobNotFound", "build", "load", "logs_text", "resolve_id",
+           "started_summary", "summarize", "uncovered", "write", "write_index"]
 
 FORMAT = 1
 #: Worker stats copied from the counted attempt into the call's entry.
@@ -118,6 +117,8 @@ def _call_entry(state, error: tuple[str, str] | None) -> dict:
     if state.done:
         if error is not None:
             status = error[0]
+        elif state.cached is not None:  # answered by the result cache: done, never sent
+            status = "ok"
         elif not attempts or state.cancelled:
             status = "cancelled"
         else:
@@ -139,6 +140,8 @@ def _call_entry(state, error: tuple[str, str] | None) -> dict:
         "attempts": attempts,
         "failed_items": _failed_items(status, stats, state.n_items),
     }
+    if state.cached is not None:  # per item, the job whose cache entry answered it: [[first item, count, job]]
+        entry["cached_from"] = state.cached
     if state.items_key:  # its input is an object in storage (priced: one PUT, a GET per attempt)
         entry["stored_input"] = True
     if len(attempts) > 1:  # the attempts that were speculative copies (sent while another was out), not retries
@@ -164,11 +167,23 @@ def _identity(job) -> dict:
         shared = {s.func_key for s in job.run.calls} | {s.items_key for s in job.run.calls if s.items_key}
     return {
         "function": job.function_name,
-        "origin": identity.origin(),
+        **_started(job),
         "client": identity.client_process(),
         "error": job.run.setup_error,
         "shared": sorted(k for k in shared if k.startswith(keys.SHARED_PREFIXES)),
     }
+
+
+def _started(job) -> dict:
+    """Who started the job and from where (``started_by``, ``origin``), kept by every redrive, and
+    each redrive's process and script (``redriven``); ``client`` is the process running it now."""
+    here = {"client": identity.client_process(), "origin": identity.origin()}
+    first = job.first_run
+    if first is None:
+        return {"origin": here["origin"], "started_by": here["client"]}
+    redriven = [*(first.get("redriven") or ()), {**here, "at": job.run_started}]
+    return {"origin": first.get("origin"), "started_by": first.get("started_by") or first.get("client"),
+            "redriven": redriven}
 
 
 def write(store, record: dict) -> None:
@@ -328,7 +343,8 @@ def summarize(record: dict) -> dict:
     """Counts, durations p50/p95/max, throughput and estimated cost of a record."""
     calls = record["calls"]
     done = [c for c in calls if c["status"] not in UNFINISHED]
-    failed = [c for c in done if c["status"] not in ("ok", "cancelled")]
+    again = report.retried_calls(calls)
+    failed = [c for c in done if c["status"] not in ("ok", "cancelled") and c["call"] not in again]
     durations = [d for d in (run_seconds(c) for c in done) if d is not None]
     latencies = [c["ended"] - c["submitted"] for c in done
                  if c.get("ended") is not None and c.get("submitted") is not None]
@@ -338,13 +354,15 @@ def summarize(record: dict) -> dict:
     items_done = sum(c["items"] for c in done)
     status = _job_status(record, len(done), failed)
     peaks = [c["peak_memory_kb"] for c in done if c.get("peak_memory_kb")]
-    cancelled = sum(1 for c in done if c["status"] == "cancelled")
+    cancelled = sum(1 for c in done if c["status"] == "cancelled" and c["call"] not in again)
     summary = {
         "job_id": record["job_id"],
         "kind": record.get("kind"),
         "shared": record.get("shared") or [],
         "function": record.get("function"),
         "origin": record.get("origin"),
+        "started_by": record.get("started_by") or record.get("client"),
+        "redriven": record.get("redriven"),
         "client": record.get("client"),
         "error": record.get("error"),
         "raised": record.get("raised"),
@@ -358,10 +376,10 @@ def summarize(record: dict) -> dict:
         "calls_done": len(done),
         "calls_failed": len(failed),
         # calls per state: what `fnmap jobs`, `fnmap job` and summary() show (done = all but running)
-        "states": {"succeeded": len(done) - len(failed) - cancelled, "failed": len(failed),
-                   "cancelled": cancelled, ABANDONED: 0, "running": len(calls) - len(done)},
+        "states": {"succeeded": len(done) - len(failed) - cancelled - len(again), "failed": len(failed),
+                   "cancelled": cancelled, "retried": len(again), ABANDONED: 0, "running": len(calls) - len(done)},
         "items": items,
-        "failed_items": sum(c["failed_items"] for c in done),
+        "failed_items": sum(c["failed_items"] for c in done if c["call"] not in again),
         "retries": sum(_retries(c) for c in calls),
         "calls_retried": sum(1 for c in calls if _retries(c)),
         "cold_starts": sum(1 for c in done if c.get("cold")),
@@ -378,6 +396,7 @@ def summarize(record: dict) -> dict:
         "cost": job_cost(record),
         "cost_cap": record.get("cost_cap"),
         "seconds_per_item": _seconds_per_item(done),
+        "cache_hits": cache_hits(calls),
     }
     return summary
 
@@ -399,7 +418,7 @@ def load(store, job_id: str) -> dict:
         started = started_entry(store, job_id)
         if not status_keys and started is None:
             raise JobNotFound(f"job {job_id} has no record and no status records in {store.url}")
-        return lease.judge(store, _rebuild(store, job_id, status_keys, started))  # abandoned if its client is gone
+        return _rebuild(store, job_id, status_keys, started)  # judged: abandoned if its client is gone
     missing = {c["call"] for c in record["calls"] if c["status"] not in UNFINISHED and c.get("started") is None}
     wanted = [k for k in status_keys if keys.call_attempt_of(k)[0] in missing]
     if wanted:
@@ -408,8 +427,9 @@ def load(store, job_id: str) -> dict:
             by_call.setdefault(stats["call_id"], []).append(stats)
         for call in record["calls"]:
             found = by_call.get(call["call"])
-            if found:
-                _apply_stats(call, max(found, key=lambda s: s["attempt"]))
+            if found:  # the attempt that ran it, not a later one answered with its committed result
+                ran = [s for s in found if not s.get("already_final")] or found
+                _apply_stats(call, max(ran, key=lambda s: s["attempt"]))
         record["summary"] = summarize(record)
     return lease.judge(store, record)  # abandoned if its client is gone
 
@@ -451,14 +471,12 @@ def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -
         "rebuilt": "the job wrote no record (still running, or its client stopped): rebuilt from "
         "the workers' status records; the items of calls that never reported have no result",
     }
-    for field in ("function", "origin", "client"):
+    for field in ("function", "origin", "client", "started_by", "redriven"):
         record[field] = started.get(field)
     summary = record["summary"] = summarize(record)
     # A job that wrote its start entry is running, unless its client is gone.
-    gone = gone_reason(started.get("client"))
-    summary["status"] = (ABANDONED if gone else "running") if started else "unknown"
-    if gone:
-        summary["abandoned"] = gone
+    summary["status"] = "running" if started else "unknown"
+    lease.judge(store, record)
     summary["items"] = max(summary["items"], started.get("items") or 0)
     record["unreported"] = gaps = _unreported(calls, summary["items"])
     summary["items_unreported"] = sum(n for _, n in gaps)
@@ -497,11 +515,17 @@ def _rebuilt_call(call_id: int, reports: list[dict]) -> dict:
 def _unreported(calls: list[dict], n_items: int) -> list[list[int]]:
     """``[[first_item, items], ...]``: the item ranges of ``0..n_items`` that no call in ``calls``
     reported (each status record names its call's ``first_item``)."""
+    return [list(gap) for gap in uncovered([(c["first_item"], c["items"]) for c in calls], n_items)]
+
+
+def uncovered(spans, n_items: int) -> list[tuple[int, int]]:
+    """``[(first_item, items), ...]``: the item ranges of ``0..n_items`` in none of ``spans``
+    (``(first_item, items)`` per call): items no call reported, or in no stored call for a redrive."""
     gaps, at = [], 0
-    for c in sorted(calls, key=lambda c: c["first_item"]):
-        if c["first_item"] > at:
-            gaps.append([at, c["first_item"] - at])
-        at = max(at, c["first_item"] + c["items"])
+    for first, n in sorted(spans):
+        if first > at:
+            gaps.append((at, first - at))
+        at = max(at, first + n)
     if n_items > at:
-        gaps.append([at, n_items - at])
+        gaps.append((at, n_items - at))
     return gaps

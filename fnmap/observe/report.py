@@ -15,7 +15,7 @@ FINAL = JOB_STATUSES[JOB_STATUSES.index("succeeded"):]
 #: Statuses a lease can turn into ``abandoned``: a job that succeeded did all its work regardless.
 JUDGED = tuple(status for status in JOB_STATUSES if status != "succeeded")
 #: What a job's calls are counted as (its summary's ``states``), in the order they are shown.
-CALL_STATES = ("succeeded", "done", "failed", "cancelled", "abandoned", "running")
+CALL_STATES = ("succeeded", "done", "failed", "retried", "cancelled", "abandoned", "running")
 #: Statuses of a call (an entry of a record's ``calls``) that has not ended.  An ended call is
 #: ``ok``, ``cancelled`` (stopped, or never sent) or failed (any other: ``error``, ``timeout``, a fault).
 UNFINISHED = ("pending", "running")
@@ -44,21 +44,46 @@ def item_range(call: dict) -> str:
     return str(first) if call["items"] == 1 else f"{first}..{first + call['items'] - 1}"
 
 
+def retried(spans) -> set:
+    """The ids of the calls that a later call of their job ran again over the same items (``fnmap
+    redrive --failed``, a named map run again): those items' outcomes are the later call's, and
+    the earlier call's entry stays as it ran.  ``spans``: ``(call_id, first_item, items)`` per call."""
+    latest: dict = {}
+    earlier = set()
+    for call_id, first, n in sorted(spans, key=lambda span: span[0]):
+        if (first, n) in latest:
+            earlier.add(latest[(first, n)])
+        latest[(first, n)] = call_id
+    return earlier
+
+
+def retried_calls(calls: list[dict]) -> set:
+    """:func:`retried` over the calls of a record."""
+    return retried((c["call"], c["first_item"], c["items"]) for c in calls)
+
+
 def items_left(record: dict) -> int:
-    """Items of a job that have no result a redrive would not run again: those of calls that never
-    ran, were stopped or never reported (a failed item's error is its committed result)."""
-    stopped = sum(c["items"] for c in record["calls"] if not ended(c) or c["status"] == "cancelled")
-    return stopped + (record["summary"].get("items_unreported") or 0)
+    """Items with no outcome, which a redrive runs: those of calls with no committed result (stopped,
+    never run, lost to a platform fault) and those no call reported.  A failed item's error is its
+    call's committed result: ``redrive --failed`` runs it again."""
+    again = retried_calls(record["calls"])
+    no_result = sum(c["items"] for c in record["calls"]
+                    if (not ended(c) or c["status"] not in ("ok", "error")) and c["call"] not in again)
+    return no_result + (record["summary"].get("items_unreported") or 0)
 
 
 def redrive_command(record: dict) -> tuple[str, str] | None:
     """The command that runs what a stopped job left, and what it runs; None when nothing is left."""
     left, short = items_left(record), record["job_id"][:12]
+    failed_items = record["summary"].get("failed_items")
+    if not left and failed_items and record["summary"].get("status") == "failed":
+        return f"fnmap redrive {short} --failed", f"runs the {failed_items} failed item(s) again"
     if not left:
         return None
     if record["summary"].get("status") == "capped":  # without a cap of its own a redrive has none
         return f"fnmap redrive {short} --max-cost USD", f"runs the {left} item(s) left under a new cap"
-    return f"fnmap redrive {short}", f"runs the {left} item(s) left"
+    also = f" (with --failed, and the {failed_items} failed item(s) again)" if failed_items else ""
+    return f"fnmap redrive {short}", f"runs the {left} item(s) left{also}"
 
 
 def redrive_advice(record: dict) -> str:
@@ -115,3 +140,12 @@ def cost_text(cost: dict) -> str:
         instance = cost["instance_type"] + (" (assumed)" if assumed else "")
         detail = f"AWS Batch on {instance}: {cost['instance_seconds']:.0f} instance-seconds + {s3}"
     return f"{usd(cost['usd'])}  {detail} (list prices of {cost.get('prices')})"
+
+
+def cache_text(record: dict) -> str:
+    """What ``fnmap job`` and the dashboard say of a record's result-cache hits (its calls'
+    ``cached_from``): how many items, and the jobs whose entries answered them."""
+    jobs = sorted({job for c in record["calls"] for _first, _n, job in c.get("cached_from") or ()})
+    named = ", ".join(j[:12] for j in jobs[:5]) + (", ..." if len(jobs) > 5 else "")
+    s = record["summary"]
+    return f"{s['cache_hits']} of {s['items']} items from the result cache (no call sent), written by job(s) {named}"

@@ -13,20 +13,21 @@ from __future__ import annotations
 import json
 import struct
 
+from .wire import LENGTH
+
 #: Where a host that takes several invocations in one request (the emulator) takes them.
 MANY_PATH = "/invoke-many"
 #: The most calls one request may carry (the client sends far fewer: see ``fnmap.dispatch``).
 MAX_CALLS = 256
-_U32 = struct.Struct(">I")
 _ANSWER_HEAD = struct.Struct(">III")  # status, headers' length, body's length
 
 
 def pack_calls(calls: list[tuple[str | None, bytes]]) -> bytes:
     """One request body from ``(signature, envelope)`` pairs."""
-    parts = [_U32.pack(len(calls))]
+    parts = [LENGTH.pack(len(calls))]
     for signature, body in calls:
         signed = (signature or "").encode("ascii")
-        parts += [_U32.pack(len(signed)), signed, _U32.pack(len(body)), body]
+        parts += [LENGTH.pack(len(signed)), signed, LENGTH.pack(len(body)), body]
     return b"".join(parts)
 
 
@@ -80,9 +81,9 @@ def unpack_answers(data: bytes, count: int) -> list[tuple[int, dict, bytes]]:
 
 
 def _read_u32(view: memoryview, offset: int, what: str) -> tuple[int, int]:
-    if offset + _U32.size > len(view):
+    if offset + LENGTH.size > len(view):
         raise ValueError(f"the batch ends before {what}")
-    return _U32.unpack_from(view, offset)[0], offset + _U32.size
+    return LENGTH.unpack_from(view, offset)[0], offset + LENGTH.size
 
 
 def _read_bytes(view: memoryview, offset: int, what: str) -> tuple[bytes, int]:

@@ -217,3 +217,29 @@ def job_items_key(job_id: str) -> str:
 def job_name_key(name: str) -> str:
     """``job_name=`` of ``fnmap.map``: the job id it names, its function and inputs (JSON)."""
     return f"names/{name}.json"
+
+
+#: Where the result cache lives (``fnmap.map(..., cache=True)``): ``cache/<function>/<item>``, shared by
+#: every job of the storage; ``fnmap gc`` leaves it alone unless asked (``fnmap cache clear``).
+CACHE_PREFIX = "cache/"
+
+
+def cache_key(function_digest: str, item_digest: str) -> str:
+    """The cached result of one call: the function's digest (its code, what it reads, the options
+    that change results) and the item's (:mod:`fnmap.cache.key`), spread over 16 sub-prefixes by
+    the item digest's first digit (S3 rates are per prefix; a file store's folders are locked per
+    write)."""
+    return f"cache/{function_digest}/{item_digest[:1]}/{item_digest}"
+
+
+def cache_function_key(function_digest: str) -> str:
+    """The name and first job of a cached function (JSON), for ``fnmap cache ls``."""
+    return f"cache/{function_digest}.json"
+
+
+def cache_function_of(key: str) -> str | None:
+    """The function digest of a :func:`cache_key` or :func:`cache_function_key`, else None."""
+    if not key.startswith(CACHE_PREFIX):
+        return None
+    rest = key[len(CACHE_PREFIX):]
+    return rest.split("/", 1)[0].removesuffix(".json") or None

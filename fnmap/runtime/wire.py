@@ -19,7 +19,9 @@ from . import keys
 MODE_ONE = "one"  # func(item)
 MODE_ARGS = "args"  # func(*args, **kwargs) for (args, kwargs) items
 
-_LEN = struct.Struct(">I")
+#: A 4-byte big-endian length or count: how every byte format a call travels in over HTTP is framed
+#: (this envelope, and :mod:`.batch_frames`).
+LENGTH = struct.Struct(">I")
 
 
 @dataclass
@@ -99,20 +101,20 @@ def encode(header: Any, payload: bytes = b"") -> bytes:
         meta = f'{rest[:-1]}, "stats": {stats.text}}}'.encode()
     else:
         meta = json.dumps(vars(header)).encode()
-    return b"".join((_LEN.pack(len(meta)), meta, payload))
+    return b"".join((LENGTH.pack(len(meta)), meta, payload))
 
 
 def decode_header(body: bytes) -> tuple[dict, int]:
     """Parse the JSON header; return it with the payload's offset.  Raises ValueError when malformed."""
-    if len(body) < _LEN.size:
+    if len(body) < LENGTH.size:
         raise ValueError("body too short for an fnmap envelope")
-    (n,) = _LEN.unpack_from(body)
-    if n > len(body) - _LEN.size:
+    (n,) = LENGTH.unpack_from(body)
+    if n > len(body) - LENGTH.size:
         raise ValueError("envelope header length exceeds the body")
-    header = json.loads(body[_LEN.size : _LEN.size + n])
+    header = json.loads(body[LENGTH.size : LENGTH.size + n])
     if not isinstance(header, dict):
         raise ValueError("envelope header is not a JSON object")
-    return header, _LEN.size + n
+    return header, LENGTH.size + n
 
 
 def decode_request(body: bytes, header: dict | None = None, offset: int = 0) -> tuple[CallRequest, memoryview]:
@@ -195,3 +197,6 @@ ERROR_KIND_HEADER = "X-Fnmap-Error-Kind"
 #: HTTP header naming the client session whose workers run a call on a shared emulator
 #: (:mod:`fnmap.emulator.sessions`); every other host ignores it.
 SESSION_HEADER = "X-Fnmap-Session"
+#: HTTP status of a shared emulator's answer to a request naming a session it does not have (its
+#: client's socket closed, or another emulator made it): the client attaches again.
+SESSION_GONE_STATUS = 410

@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import STORAGE_REFUSED_ERRNOS, storage_fix
 from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
-from . import compression, forks, keys, setup, signing
+from . import compression, forks, keys, processes, setup, signing
 from .capture import captured as _captured
 from .items import Deadline, Expired, run_items
 from .local_modules import ModuleFiles
@@ -102,21 +102,9 @@ def note_init() -> None:
     """Called by a handler whose platform bills its start-up (the Lambda handler, as it is imported):
     the time since this process started is its INIT phase, reported with the first call."""
     global _init_seconds
-    started = process_started()
+    started = processes.started_at()
     if started is not None:
         _init_seconds = max(0.0, time.time() - started)
-
-
-def process_started() -> float | None:
-    """When this process started (Unix time), from ``/proc``; None where there is no ``/proc``."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command's name
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 def handle(body: bytes, signature: str | None, secret: bytes | None,

@@ -5,7 +5,7 @@
 
 const fnmap = {
   STATUSES: ["running", "succeeded", "failed", "cancelled", "capped", "incomplete", "abandoned"],
-  STATES: ["succeeded", "done", "failed", "cancelled", "abandoned", "running"],
+  STATES: ["succeeded", "done", "failed", "retried", "cancelled", "abandoned", "running"],
   POLL_MS: 2000,
 
   // An element with attributes (never innerHTML) and children (strings become text nodes).

@@ -19,12 +19,13 @@
     document.title = `fnmap job ${s.job_id.slice(0, 12)} ${s.function || ""}`;
     $("title").textContent = `${s.function || "?"}  ·  ${s.job_id}`;
     $("status").replaceWith(Object.assign(fnmap.statusBadge(s.status), {id: "status"}));
-    const client = s.client || {};
+    const client = s.started_by || s.client || {};
     const d = s.duration_seconds || {};
     facts($("facts"), [
       ["kind / backend", `${s.kind || "?"} on ${s.backend || "?"}`],
       ["calls", `${fnmap.statesText(s.states || {})} of ${s.calls}`],
-      ["items", `${s.items}` + (s.failed_items ? ` (${s.failed_items} failed)` : "")],
+      ["items", `${s.items}` + (s.failed_items ? ` (${s.failed_items} failed)` : "")
+        + (s.cache_hits ? ` (${s.cache_hits} from the result cache)` : "")],
       ["retries", `${s.retries} (${s.calls_retried} calls retried)`],
       ["started", fnmap.time(s.created)],
       ["wall", fnmap.wall(s.status, s.wall_seconds, s.created)],

@@ -17,7 +17,8 @@
                                 title: job.job_id, text: job.job_id.slice(0, 12)});
     const calls = fnmap.el("td", {}, fnmap.el("div", {text: `${fnmap.statesText(job.states)} of ${job.calls}`}),
                            fnmap.stateBar(job.states, job.calls));
-    const items = job.failed_items ? `${job.items} (${job.failed_items} failed)` : String(job.items);
+    const items = (job.failed_items ? `${job.items} (${job.failed_items} failed)` : String(job.items))
+      + (job.cache_hits ? ` (${job.cache_hits} cached)` : "");
     const who = [job.host, job.pid ? "pid " + job.pid : null].filter(Boolean).join(" ");
     return fnmap.el("tr", {"data-job": job.job_id},
       fnmap.el("td", {}, link),

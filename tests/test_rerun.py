@@ -1,0 +1,236 @@
+"""Running it again: a named map killed at each stage of its start, then the same script run again;
+a failed named job fixed and run again; ``fnmap redrive --failed``; a capped job redriven twice;
+what a redrive keeps of the job's record; a notebook's named map after a kernel restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import fnmap
+
+#: A named map over ``N`` items of ``SIZE`` bytes (item i's bytes are all i), that SIGKILLs itself at
+#: the stage ``KILL`` names: ``created`` (the job exists, no call is stored yet), ``mid-store`` (the
+#: first calls, three at most, stored and sent and done, the rest never stored), or ``none`` (it runs
+#: to its end and prints its results as JSON).  Each run of ``work`` appends its item to the file ``RUNS``.
+CLIENT = """
+import json, os, signal, sys, time
+import fnmap, fnmap.client
+
+RUNS, KILL, CHUNK, NAME = sys.argv[1], sys.argv[2], sys.argv[5], sys.argv[6]
+N, SIZE = int(sys.argv[3]), int(sys.argv[4])
+
+def work(item):
+    fd = os.open(RUNS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, f"{item[0]}\\n".encode())
+    os.close(fd)
+    return item[0] * 10, len(item)
+
+submit = fnmap.client.Client.submit
+
+def killing_submit(self, job, states, sent=[]):
+    if KILL == "mid-store" and not sent:  # the first batch only (a feed's next batch: killed at once)
+        sent.append(job)
+        submit(self, job, states[:3])  # a first batch of large inputs may hold fewer: those stored so far
+        while fnmap.job(job.id).summary()["calls_done"] < len(states[:3]):
+            time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if KILL != "none":
+    fnmap.client.Client.submit = killing_submit
+items = [bytes([i]) * SIZE for i in range(N)]
+out = fnmap.map(work, items, job_name=NAME, chunksize=None if CHUNK == "auto" else int(CHUNK))
+print(json.dumps(out))
+"""
+
+
+def _run(tmp_path, kill: str, n: int, size: int, chunk: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    name = tmp_path.name  # one name per test, the same for each run of it
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "runs.txt"), kill, str(n), str(size), chunk,
+                           name],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def _runs(tmp_path) -> list[int]:
+    path = tmp_path / "runs.txt"
+    return sorted(int(line) for line in path.read_text().split()) if path.exists() else []
+
+
+@pytest.mark.parametrize(("kill", "n", "size", "chunk"), [
+    ("created", 40, 1, "1"),  # the job exists, no call stored (chunksize: no items stored either)
+    ("created", 40, 1, "auto"),  # the items stored at the start, no call
+    ("mid-store", 40, 1, "1"),  # three calls stored and done, the rest never stored
+    ("mid-store", 45, 400_000, "auto"),  # 18 MB of items: over the limit of what a map stores at its start
+    ("mid-store", 45, 400_000, "1"),
+])
+def test_a_named_map_killed_at_each_stage_of_its_start_is_finished_by_running_it_again(
+        tmp_path, use_emulator, kill, n, size, chunk):
+    use_emulator()
+    killed = _run(tmp_path, kill, n, size, chunk)
+    assert killed.returncode == -9, killed.stderr
+    ran = _runs(tmp_path)
+    assert ran == list(range(len(ran))) and len(ran) <= (3 if kill == "mid-store" else 0), ran
+    again = _run(tmp_path, "none", n, size, chunk)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout.splitlines()[-1]) == [[i * 10, size] for i in range(n)]
+    assert _runs(tmp_path) == list(range(n))  # each item ran to its end exactly once
+    assert _run(tmp_path, "none", n, size, chunk).stdout == again.stdout  # and never again
+    assert _runs(tmp_path) == list(range(n))
+
+
+#: A named map whose function fails on item 3 (``BUGGY``) or does not (the bug fixed), each run
+#: appending its item to ``RUNS``.
+FIXED = """
+import os, sys, fnmap
+
+RUNS = sys.argv[1]
+
+def parse(x):
+    fd = os.open(RUNS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, f"{x}\\n".encode())
+    os.close(fd)
+    if BUGGY and x == 3:
+        raise RuntimeError(f"bad item {x}")
+    return x * 10
+
+print(fnmap.map(parse, range(8), chunksize=1, job_name=sys.argv[2]))
+"""
+
+
+def _script(tmp_path, buggy: bool) -> subprocess.CompletedProcess:
+    script = tmp_path / "parse.py"
+    script.write_text(f"BUGGY = {buggy}\n" + FIXED)
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "runs.txt"), tmp_path.name],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def _named_job(name: str):
+    from fnmap.client import get_client
+    from fnmap.config import resolve
+    from fnmap.runtime import keys
+
+    store = get_client(resolve()).store
+    return fnmap.job(json.loads(store.get(keys.job_name_key(name)))["job_id"])
+
+
+def test_a_failed_named_job_run_again_with_the_bug_fixed_runs_its_failed_item_and_keeps_its_history(
+        tmp_path, use_emulator):
+    use_emulator()
+    first = _script(tmp_path, buggy=True)
+    assert first.returncode == 1 and "RuntimeError: bad item 3" in first.stderr, first.stderr
+    job = _named_job(tmp_path.name)
+    assert job.status == "failed" and job.summary()["states"]["failed"] == 1
+    assert job.summary()["states"]["succeeded"] == 7
+    assert _runs(tmp_path) == list(range(8))
+    fixed = _script(tmp_path, buggy=False)
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed.stdout.strip() == str([x * 10 for x in range(8)])
+    assert _runs(tmp_path) == sorted([*range(8), 3])  # only the failed item ran again
+    record = job.record()
+    assert record["summary"]["status"] == "succeeded", record["summary"]
+    assert record["summary"]["states"] == {"succeeded": 8, "failed": 0, "retried": 1, "cancelled": 0,
+                                           "abandoned": 0, "running": 0}
+    assert [c["status"] for c in record["calls"]] == ["ok"] * 3 + ["error"] + ["ok"] * 5  # call 3 as it ran
+    assert "bad item 3" in record["calls"][3]["error"] and record["calls"][8]["first_item"] == 3
+    assert job.results() == [x * 10 for x in range(8)]
+    again = _script(tmp_path, buggy=False)  # the fixed function is this name's now: nothing runs again
+    assert again.stdout == fixed.stdout and _runs(tmp_path) == sorted([*range(8), 3])
+
+
+def test_a_changed_function_under_the_name_of_a_job_that_succeeded_is_refused(tmp_path, use_emulator):
+    use_emulator()
+    assert _script(tmp_path, buggy=False).returncode == 0
+    refused = _script(tmp_path, buggy=True)
+    assert "JobNameTaken" in refused.stderr and "function parse has changed" in refused.stderr, refused.stderr
+    assert "a changed function is taken only to run again the items of a job that failed" in refused.stderr
+
+
+def _flaky(x, gate=None):
+    if x == 2 and not os.path.exists(gate):
+        raise ValueError(f"item {x}: no {gate} yet")
+    return x + 100
+
+
+def test_fnmap_redrive_failed_runs_the_failed_items_again_and_plain_redrive_says_how(tmp_path, use_emulator):
+    import functools
+
+    use_emulator()
+    gate = tmp_path / "gate"
+    job = fnmap.map(functools.partial(_flaky, gate=str(gate)), range(5), chunksize=1, return_job=True)
+    assert isinstance(job.results(return_exceptions=True)[2], ValueError)
+    gate.touch()
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    plain = subprocess.run([sys.executable, "-m", "fnmap", "redrive", job.id[:10]], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert plain.returncode != 0 and f"`fnmap redrive {job.id[:12]} --failed` runs" in plain.stderr, plain.stderr
+    shown = subprocess.run([sys.executable, "-m", "fnmap", "job", job.id], capture_output=True, text=True, env=env)
+    assert fnmap.job(job.id).status == "failed", shown.stdout
+    again = subprocess.run([sys.executable, "-m", "fnmap", "redrive", job.id[:10], "--failed"], capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "succeeded" in again.stdout and "retried 1" in again.stdout.replace("   ", " "), again.stdout
+    assert fnmap.job(job.id).results() == [100, 101, 102, 103, 104]
+    with pytest.raises(fnmap.FnmapError, match="succeeded: every call has its result"):
+        fnmap.job(job.id).redrive(failed=True)
+
+
+def test_a_redrive_keeps_who_started_the_job_and_from_where(tmp_path, use_emulator):
+    use_emulator()
+    assert _run(tmp_path, "created", 6, 1, "1").returncode == -9
+    job = _named_job(tmp_path.name)
+    started = job.summary()
+    assert started["origin"].endswith("client.py")
+    shown = subprocess.run([sys.executable, "-m", "fnmap", "job", job.id], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert "abandoned" in shown.stdout and f"`fnmap redrive {job.id[:12]}` runs the 6 item(s) left" in shown.stdout
+    out = subprocess.run([sys.executable, "-m", "fnmap", "redrive", job.id], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=120)
+    assert out.returncode != 0 and "with the same job_name" in out.stderr, out.stderr  # it stored no call
+    assert _run(tmp_path, "none", 6, 1, "1").returncode == 0
+    after = job.summary()
+    assert after["status"] == "succeeded"
+    assert after["origin"] == started["origin"] and after["started_by"] == started["client"]
+    assert after["redriven"][0]["client"]["pid"] != started["client"]["pid"]
+
+
+def test_a_capped_job_redriven_twice_ends_succeeded_with_every_result(tmp_path, use_emulator):
+    """A first redrive under a small cap stops again; a second with room finishes: the job says
+    ``succeeded`` and every call's state is what happened to it, not ``cancelled`` for a call whose
+    result was committed by an earlier run."""
+    from fnmap.cost.pricing import Pricing
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_cost_cap import _counted
+
+    emu = use_emulator()
+    pricing, sleep, memory, n = Pricing.of("emulator", {}), 0.2, 10240, 24
+    per_call = pricing.attempt(sleep, memory_mb=memory, gets=3)
+    with pytest.raises(fnmap.CostCapReached) as caught:
+        fnmap.map(_counted(str(tmp_path), sleep), range(n), chunksize=1, memory=memory,
+                  max_cost=pricing.job_overhead() + 6 * per_call)
+    job_id = caught.value.job_id
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "FNMAP_SPECULATION": "false", "FNMAP_SECRET": emu.secret}
+    job = fnmap.job(job_id)
+    for calls in (2, n + 6):  # room for a few more calls, then for all of them
+        before = {c["call"]: max([a["attempt"] for a in c["attempts"]], default=0) for c in job.record()["calls"]}
+        cap = 2 * pricing.job_overhead() + calls * per_call
+        done = subprocess.run([sys.executable, "-m", "fnmap", "redrive", job_id, "--max-cost", str(cap)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert "redriving job" in done.stderr, done.stderr
+        # Each attempt of a call has a number of its own: a stop the emulator remembers for an attempt
+        # of the run before (stopped before it arrived) does not stop the redrive's.
+        assert all(a["attempt"] > before[c["call"]] for c in job.record()["calls"] for a in c["attempts"])
+        assert job.status == ("capped" if calls == 2 else "succeeded"), job.summary()["states"]
+    assert job.results() == [x * 2 for x in range(n)]
+    summary = job.summary()
+    assert summary["status"] == "succeeded", json.dumps([c for c in job.record()["calls"] if c["status"] != "ok"])
+    assert summary["states"]["succeeded"] == n and summary["states"]["cancelled"] == 0, summary["states"]
+    shown = subprocess.run([sys.executable, "-m", "fnmap", "job", job_id], capture_output=True, text=True, env=env)
+    assert "fnmap redrive" not in shown.stdout, shown.stdout  # no advice to finish a finished job
