@@ -116,12 +116,10 @@ def test_a_worker_killed_in_a_coalesced_request_loses_no_call_and_runs_none_twic
 
 def test_a_straggler_of_a_coalesced_request_gets_its_own_copy(use_emulator, tmp_path):
     emu = use_emulator(workers=2)
-    t0 = time.monotonic()
     job = fnmap.map(_sleeps_once(str(tmp_path)), range(N), chunksize=1, progress=False, return_job=True)
     assert job.results() == list(range(N))
-    assert time.monotonic() - t0 < 30, "the map waited for the straggler: no copy of it won"
     assert _first_attempt(emu, ODD).get("together", 1) > 1
-    original, copy = job.attempts_summary()[ODD]
+    original, copy = job.attempts_summary()[ODD]  # a map that waited for the straggler has one
     assert copy[3] == "ok" and original[3] in (None, "superseded"), (original, copy)
     assert job.run.calls[ODD].speculated
 
