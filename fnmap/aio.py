@@ -13,7 +13,6 @@ most that many ahead of the results taken).  Cancelling the awaiting task (``tas
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import CancelledError
@@ -31,6 +30,8 @@ _CREDIT_CHECK_SECONDS = 0.25
 async def map(func: Callable, items, **kwargs: Any):
     """``await fnmap.map.aio(func, items, **options)``: :func:`fnmap.map` without blocking the loop
     (``items`` may be an async iterable)."""
+    import asyncio  # here, not at the top: a plain fnmap.map, whose twin this is, loads no asyncio
+
     stopped = threading.Event()
     try:
         return await run_blocking(api.map, func, sync_items(items, asyncio.get_running_loop(), stopped), **kwargs)
@@ -40,6 +41,8 @@ async def map(func: Callable, items, **kwargs: Any):
 
 async def starmap(func: Callable, iterable, **kwargs: Any):
     """``await fnmap.starmap.aio(func, iterable, **options)``: :func:`fnmap.starmap` without blocking the loop."""
+    import asyncio
+
     stopped = threading.Event()
     try:
         return await run_blocking(api.starmap, func, sync_items(iterable, asyncio.get_running_loop(), stopped),
@@ -69,6 +72,8 @@ def imap_unordered(func: Callable, items, *, return_exceptions: bool = False, bu
 async def _stream(func, items, options: dict, ordered: bool, return_exceptions: bool, buffersize):
     """The results of an ``imap`` job run by a thread of fnmap's: batched into this loop, or one
     at a time as they are asked for with ``buffersize`` (then the job reads ahead at most that)."""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     inbox = Inbox(loop)
     stopped = threading.Event()

@@ -12,18 +12,16 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import named, policy, stream
+from . import policy, stream
 from .blocking import warn_if_in_coroutine
 from .client import get_client
 from .config import resolve
-from .cost.forecast import check_cap
-from .cost.shared import SharedCap
 from .errors import ConfigError, RemoteTraceback
 from .feed import ChunkFeed
 from .jobs import ResultSlot
 from .kinds import KINDS
 from .observe.progress import make_progress
-from .redrive import StorageRecorder
+from .recorder import StorageRecorder
 from .runtime import keys
 from .runtime.wire import MODE_ARGS, MODE_ONE
 
@@ -259,6 +257,8 @@ def start_map(func: Callable, items: Iterable, config, mode: str = MODE_ONE):
 
 def _start_named(func: Callable, items: Iterable, config, name: str, mode: str = MODE_ONE):
     """The job named ``name`` (:mod:`fnmap.named`): started now, re-attached, or redriven; refused if it differs."""
+    from . import named  # with its re-attach and redrive machinery: loaded by a named job only
+
     named.check_name(name)
     client = get_client(config)
     items = items if isinstance(items, list) else list(items)
@@ -297,6 +297,7 @@ def _start(
             make_items = lambda _job_id, items=items: items  # noqa: E731
             hits = _look_up_cache(client, job, func, mode, items)  # hits are answered, never sent
         if config.max_cost is not None:  # refused before any call runs if even its least is above the cap
+            from .cost.forecast import check_cap  # with the price tables: loaded by a capped job only
             check_cap(job, func_key, len(items) - hits)
         if config.chunksize is None:
             items = make_items(job.id)
@@ -420,6 +421,7 @@ def map_reduce(
     >>> fnmap.map_reduce(lambda x: x * x, range(4), sum)
     14
     """
+    from .cost.shared import SharedCap
     from .runtime.reduce import MapStage, ReduceStage
 
     config = resolve(**options)

@@ -38,7 +38,7 @@ INPUT_THREADS = 4
 
 class Recorder(Protocol):
     """What stores a job's calls and items as they are sent, so that they can be run again from
-    another process (:class:`fnmap.redrive.StorageRecorder`): the front-end that starts the job hands
+    another process (:class:`fnmap.recorder.StorageRecorder`): the front-end that starts the job hands
     one to :meth:`Client.new_job`, and the client calls it beside the send path."""
 
     def record_items(self, job: Job, mode: str, parts: list) -> None:

@@ -70,13 +70,13 @@ class Dispatch:
         #: Calls waiting to be sent together to a backend that batches calls (see ``_coalesce``).
         self._pending: dict = {}
         self._pending_lock = threading.Lock()
-        # A fixed set of daemon threads over one queue of sends; lighter than a ThreadPoolExecutor,
-        # which allocates a Future per step (100,000 queued calls carried 100,000 of them).
+        # Daemon threads over one queue of sends; lighter than a ThreadPoolExecutor, which allocates
+        # a Future per step (100,000 queued calls carried 100,000 of them).  Each send queued starts
+        # one more, up to ``max_workers``: a one-call map starts one, not all (each start waits for
+        # the new thread to run, 0.4 - 2 ms on a loaded machine).
         self._sends: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._dispatch_loop, name=f"fnmap-dispatch_{i}", daemon=True)
-                         for i in range(self.max_workers)]
-        for thread in self._threads:
-            thread.start()
+        self._threads: list[threading.Thread] = []
+        self._threads_lock = threading.Lock()
 
     def submit(self, job, states: list) -> None:
         """Send these calls of ``job``: one by one, or together where the backend batches calls
@@ -96,9 +96,10 @@ class Dispatch:
 
     def close(self) -> None:
         """Stop the dispatch threads; calls queued later fail as cancelled instead of waiting."""
-        self.closed = True
-        for _ in self._threads:
-            self._sends.put(None)
+        with self._threads_lock:
+            self.closed = True
+            for _ in self._threads:
+                self._sends.put(None)
 
     def _queue(self, send, job, target) -> None:
         if self.closed:  # no thread would take it: fail the call(s) rather than leave them pending
@@ -107,6 +108,16 @@ class Dispatch:
                 self._decide(job, state, 0, fault, final=True)
             return
         self._sends.put((send, job, target))
+        if len(self._threads) < self.max_workers:
+            self._add_thread()
+
+    def _add_thread(self) -> None:
+        with self._threads_lock:
+            if len(self._threads) < self.max_workers and not self.closed:
+                thread = threading.Thread(target=self._dispatch_loop, name=f"fnmap-dispatch_{len(self._threads)}",
+                                          daemon=True)
+                thread.start()
+                self._threads.append(thread)
 
     def _dispatch_loop(self) -> None:
         """Body of each dispatch thread.  An unexpected error in fnmap's own code fails the

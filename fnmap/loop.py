@@ -19,16 +19,19 @@ cell, ``asyncio.run``) without ``nest_asyncio``.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures
 import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from .errors import RemoteTraceback
 from .runtime import forks
 from .scopes import Scope
+
+if TYPE_CHECKING:
+    import asyncio
 
 #: Threads that run the blocking steps of awaited calls (one for each call waiting on its job).
 POOL_THREADS = 256
@@ -40,6 +43,8 @@ class _Runner:
     """fnmap's event loop, running in a daemon thread, and its pool of threads for blocking work."""
 
     def __init__(self):
+        import asyncio  # here, not at the top: a plain fnmap.map, which hangs the twins, loads no asyncio
+
         self.loop = asyncio.new_event_loop()
         self.pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="fnmap-aio")
         self.loop.set_default_executor(self.pool)
@@ -81,6 +86,8 @@ def from_the_caller(exc: BaseException) -> BaseException:
 async def run_blocking(fn, /, *args, **kwargs):
     """Await ``fn(*args, **kwargs)`` (a blocking front end) run by fnmap's loop on one of its
     threads; cancelling the awaiting task stops the jobs it made, then raises ``CancelledError``."""
+    import asyncio
+
     scope = Scope("the task awaiting it was cancelled")
     run = runner()
     done = concurrent.futures.Future()
@@ -107,6 +114,8 @@ async def run_blocking(fn, /, *args, **kwargs):
 
 async def _on_a_thread(scope: Scope, fn, args: tuple, kwargs: dict):
     """fnmap's task for one awaited call: ``fn`` on a pool thread; a cancel stops the scope's jobs."""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     try:
         return await loop.run_in_executor(None, lambda: scope.run(fn, *args, **kwargs))
@@ -201,6 +210,8 @@ def sync_items(items, loop: asyncio.AbstractEventLoop, stopped: threading.Event)
 
 
 def _pulled(iterator, loop: asyncio.AbstractEventLoop, stopped: threading.Event):
+    import asyncio
+
     while True:
         pending = asyncio.run_coroutine_threadsafe(_next(iterator), loop)
         while True:

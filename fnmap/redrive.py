@@ -2,8 +2,9 @@
 have no committed result, reusing the function and inputs the job stored.
 
 What a map stores so that it can be redriven (both sealed with the deployment's secret, as results
-are, so a redrive unpickles nothing it did not write), through the :class:`StorageRecorder` its front-end
-hands the client with the job (a job of a kind that is not recorded, :mod:`fnmap.kinds`, gets none):
+are, so a redrive unpickles nothing it did not write), through the
+:class:`fnmap.recorder.StorageRecorder` its front-end hands the client with the job (a job of a kind
+that is not recorded, :mod:`fnmap.kinds`, gets none):
 
 * before a batch of calls is sent, what they run: per call its id, first item, item count,
   function key, stored-input key or inline input (``keys.call_inputs_key``; one PUT per batch: a
@@ -27,12 +28,10 @@ Jobs of ``fnmap.Executor`` and the Dask shim store nothing and cannot be redrive
 from __future__ import annotations
 
 import math
-import pickle
 import types
-import warnings
 from typing import NamedTuple
 
-from . import lease
+from . import lease, recorder
 from .client import get_client
 from .config import resolve
 from .errors import FnmapError
@@ -42,70 +41,17 @@ from .observe import records, report
 from .observe.progress import make_progress
 from .observe.report import usd
 from .policy import chunks
+from .recorder import CallRecord, StorageRecorder
 from .runtime import keys, signing
-from .runtime.serialization import loads, parts_size
-
-#: An automatically chunked map stores its items for a redrive only up to this many bytes: larger
-#: items would be stored twice (their calls store them too) and copied once more in memory.  A
-#: redrive of such a map runs the calls it stored; items in no call yet are refused, saying so.
-ITEMS_STORE_LIMIT = 16 << 20
+from .runtime.serialization import loads
 
 
 class RedriveError(FnmapError, RuntimeError):
     """A job cannot be redriven: it still runs elsewhere, or it stored no inputs."""
 
 
-class CallRecord(NamedTuple):
-    """What one call runs, as stored before it is sent: enough to send it again under its own id."""
-
-    call_id: int
-    first_index: int
-    n_items: int
-    func_key: str
-    #: Where its input is stored, or None: it travels inline, as ``payload``.
-    items_key: str | None
-    payload: bytes
-
-
-class StorageRecorder:
-    """Stores what a job's calls run, and an automatically chunked map's items, in the job's storage
-    sealed with the deployment's secret: the :class:`fnmap.client.Recorder` that the front-ends
-    hand the client for the jobs of a recorded kind (:mod:`fnmap.kinds`)."""
-
-    def __init__(self, store, secret: bytes):
-        self.store = store
-        self.secret = secret
-
-    def record_items(self, job, mode: str, parts: list) -> None:
-        """Store the pickle of every item of ``job`` (``parts``), unless it is over ``ITEMS_STORE_LIMIT``:
-        large items are stored by their calls, content-addressed, not a second time here."""
-        if parts_size(parts) > ITEMS_STORE_LIMIT:
-            return
-        key = keys.job_items_key(job.id)
-        self.store.put(key, signing.seal(self.secret, key, b"".join(parts)))
-
-    def record_calls(self, job, states: list) -> None:
-        """Store what these calls of ``job`` run, before they are sent (one PUT); a failure is
-        warned about, and the job runs on: only a later redrive of these calls is refused."""
-        if not states:
-            return
-        entries = [CallRecord(s.call_id, s.first_index, s.n_items, s.func_key, s.items_key, bytes(s.payload or b""))
-                   for s in states]
-        try:
-            _put_record(self.store, self.secret, keys.call_inputs_key(job.id, states[0].call_id), entries)
-        except Exception as e:
-            warnings.warn(f"fnmap: could not store the inputs of job {job.id} for a redrive: {e}",
-                          RuntimeWarning, stacklevel=3)
-
-
 def _get_sealed(store, secret: bytes, key: str):
     return loads(signing.unseal(secret, key, store.get(key)))
-
-
-def _put_record(store, secret: bytes, key: str, entries: list) -> None:
-    """Store ``entries`` (call records) at ``key``, as plain tuples: unpickling them needs no class."""
-    data = pickle.dumps([tuple(entry) for entry in entries], protocol=5)
-    store.put(key, signing.seal(secret, key, data))
 
 
 def _records(store, job_id: str, secret: bytes):
@@ -271,7 +217,7 @@ def _plan(store, job_id: str, secret: bytes, n_items: int, calls: dict, held: He
         raise RedriveError(
             f"job {job_id} has {n_items} items but {missing} of them are in no stored call: its client stopped "
             f"before it sent them, and the map stores its items only when automatically chunked and under "
-            f"{ITEMS_STORE_LIMIT >> 20} MiB; run the map again with the same job_name (it holds the items and "
+            f"{recorder.ITEMS_STORE_LIMIT >> 20} MiB; run the map again with the same job_name (it holds the items and "
             "finishes this job), or without one to run them all anew") from None
     return ordered, [(mode, first, items[first:first + n]) for first, n in gaps]
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 import time
 
 from . import policy
-from .cost.budget import WAIT
 from .dispatch import ACCEPTED, COALESCE_MAX_SECONDS, COALESCE_SECONDS, Dispatch, Outcomes
 from .errors import FaultKind, PlatformFault
 from .locks import YieldingLock
@@ -275,6 +274,8 @@ class Scheduler:
             return (_ABANDONED if state.in_flight == 0 else _SKIP), 0
         reserved = None
         if run.budget is not None:
+            from .cost.budget import WAIT  # loaded with the budget of a capped job (max_cost)
+
             steps = job.config.memory_steps
             reserved = run.budget.admit(steps[state.memory_step] if steps else None)
             if reserved == WAIT:  # the first wave is out: sent again when its first attempt is priced

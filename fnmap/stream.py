@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from .client import get_client
 from .errors import ConfigError
 from .jobs import ResultSlot
-from .redrive import StorageRecorder
+from .recorder import StorageRecorder
 
 
 class _TakenSlot(ResultSlot):

@@ -151,8 +151,8 @@ def nap(x):
     return x
 
 if sys.argv[3] == "auto-unstored":  # as if the items were over the limit of what is stored for a redrive
-    import fnmap.redrive
-    fnmap.redrive.ITEMS_STORE_LIMIT = 0
+    import fnmap.recorder
+    fnmap.recorder.ITEMS_STORE_LIMIT = 0
 chunksize = None if sys.argv[3].startswith("auto") else int(sys.argv[3])
 job = fnmap.map(nap, range(12), return_job=True, chunksize=chunksize, workers=2)
 while job.summary()["done"] < 1:

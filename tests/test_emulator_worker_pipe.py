@@ -71,3 +71,16 @@ def test_an_emulator_sharing_its_workers_secret_verifies_once_and_runs_the_call(
         assert _runs(marks) == 1
     finally:
         pool.close()
+
+
+def test_a_pools_first_call_goes_to_the_worker_it_started_first():
+    """A starting pool (a session's, as its client attaches) hands its first call to the worker it
+    started first, so the call waits for one worker to start, not for all of them: on top of the idle
+    workers, the last one started made the first call wait for every fork before it."""
+    pool = WorkerPool(4, env=dict(os.environ, **{SECRET_ENV: "worker-secret"}))
+    try:
+        first = min(pool._all, key=lambda worker: worker.started)
+        outcome, _status, _out, info = pool.execute("v2.1.2.bad", b"x", 30)
+        assert outcome == "ok" and info["pid"] == first.pid, (info, sorted((w.started, w.pid) for w in pool._all))
+    finally:
+        pool.close()

@@ -1,4 +1,5 @@
 """No import circle in ``fnmap/``: the modules form layers, each readable and testable without those above it.
+And a plain map imports only what a map needs (:func:`test_a_plain_map_imports_only_what_a_map_needs`).
 
 Every ``import`` counts, at module level and inside functions alike.  An import inside a function
 is still a dependency of its module; fnmap defers one only to keep ``import fnmap`` light (boto3,
@@ -11,8 +12,12 @@ line's subcommands) are no edge: choosing among them by name is what a registry 
 
 from __future__ import annotations
 
+import os
 import pathlib
+import subprocess
+import sys
 
+import pytest
 from test_layout import ROOT, fnmap_imports
 
 
@@ -104,3 +109,32 @@ def test_the_check_finds_a_circle_behind_an_import_inside_a_function():
     assert "fnmap.lease" in import_graph()["fnmap.attach"]
     probe = {"fnmap/lease.py": lease + "\n\ndef _probe():\n    from . import attach\n"}
     assert circles(import_graph(probe)) == [["fnmap.attach", "fnmap.lease", "fnmap.attach"]]
+
+
+#: Modules a plain ``fnmap.map`` has no use for: each loads where its feature is used (a job name, a
+#: redrive or re-attach, a cost cap, a ``map_reduce``'s shared cap, a plot, an Executor, the
+#: dashboard, the command line, an awaited twin's ``asyncio``).  Every fresh script and command
+#: paid for them at its first map.
+NOT_FOR_A_PLAIN_MAP = ("fnmap.named", "fnmap.redrive", "fnmap.attach", "fnmap.cost.forecast", "fnmap.cost.shared",
+                       "fnmap.cost.budget", "fnmap.observe.plot", "fnmap.executor", "fnmap.dashboard", "fnmap.cli",
+                       "asyncio")
+
+PLAIN_MAP = """
+import sys, fnmap
+assert fnmap.map(abs, [-1, -2, -3]) == [1, 2, 3]
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("backend, idle", [("emulator", "120"), ("local", "0")])
+def test_a_plain_map_imports_only_what_a_map_needs(backend, idle):
+    """A fresh process's ``import fnmap; fnmap.map(...)``, on the emulator its processes share and on
+    ``local``, loads none of :data:`NOT_FOR_A_PLAIN_MAP` (nor a module of theirs)."""
+    env = dict(os.environ, FNMAP_BACKEND=backend, FNMAP_EMULATOR_IDLE=idle)
+    done = subprocess.run([sys.executable, "-c", PLAIN_MAP], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    assert "fnmap.client" in loaded, loaded  # the map ran in this process
+    needless = [m for m in loaded if any(m == name or m.startswith(name + ".") for name in NOT_FOR_A_PLAIN_MAP)]
+    assert not needless, (f"a plain map on {backend} imported {needless}: import each where its feature is used "
+                          "(the option that asks for it, the failure that needs it), not at module level")

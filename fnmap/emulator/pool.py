@@ -257,6 +257,13 @@ class _IdleStack:
             if self._waiting:
                 self._ready.notify()
 
+    def put_under(self, item) -> None:
+        """Put ``item`` below the others: given out after them."""
+        with self._lock:
+            self._items.insert(0, item)
+            if self._waiting:
+                self._ready.notify()
+
     def get(self):
         with self._lock:
             while not self._items:
@@ -326,10 +333,12 @@ class WorkerPool:
             if self._started:
                 return
             self._started = True
-        for _ in range(self.size):
-            self._add()
+        # The first call waits for one worker, not for all: the first started is handed out first,
+        # the others go under it (on top, the last started was the first call's, which waited for it).
+        for n in range(self.size):
+            self._add(under=n > 0)
 
-    def _add(self, ready_first: bool = False) -> None:
+    def _add(self, ready_first: bool = False, under: bool = False) -> None:
         # Started under the lock: close() waits for a start in progress and then stops the new
         # worker too.  A child whose parent exited in the middle of its start printed the fork
         # server's EOFError tracebacks on the user's terminal after a Ctrl-C.
@@ -346,7 +355,10 @@ class WorkerPool:
                 worker.wait_ready()
             except (WorkerDied, WorkerHung):
                 pass  # its first call reports the crash, and it is replaced in turn
-        self._idle.put(worker)
+        if under:
+            self._idle.put_under(worker)
+        else:
+            self._idle.put(worker)
 
     def _replace(self, worker: WorkerProcess) -> None:
         with self._lock:

@@ -54,12 +54,13 @@ def _real_path(file: str) -> str:
 
 def _is_local_module(name: str, module: Any) -> bool:
     file = getattr(module, "__file__", None)
-    if not file or name == "__main__" or _real_path(file).startswith(install_roots()):
+    top = name.split(".")[0]
+    # fnmap's own modules first: from a checkout they are outside the install folders, each a path to resolve.
+    if not file or name == "__main__" or top in ("fnmap", "handlers") or _real_path(file).startswith(install_roots()):
         return False
     # Only modules outside the install folders need the metadata scan (editable installs): it
     # reads every distribution's RECORD, 0.3-0.6 s of a cold first job.
-    top = name.split(".")[0]
-    return top not in ("fnmap", "handlers") and top not in _installed_top_level()
+    return top not in _installed_top_level()
 
 
 def _installed_top_level() -> set[str]:
