@@ -3,7 +3,8 @@
 ``python benchmarks/chunking.py [--items 100000] [--aws-items 2000] [--reps 3]``
 
 * **tiny items**: ``map(ident, range(--items))`` with ``multiprocessing.Pool(2).map`` and with
-  ``fnmap.map`` on the embedded emulator, chunksize unset (automatic).  *cold* is a fresh process
+  ``fnmap.map`` on the embedded emulator, chunksize unset (automatic), over the range and over a
+  generator of the same items.  *cold* is a fresh process
   that starts the pool or the emulator (start included); *warm* is a second map in that process
   (the median of ``--warm-maps`` maps after the first); *warm CPU* the CPU seconds of the process
   and its children (pool workers; the emulator and its workers) in a warm map, with psutil, a
@@ -77,13 +78,14 @@ import fnmap
 def ident(x): return x
 if __name__ == "__main__":
     n, chunksize = {n}, {chunksize}
-    job = fnmap.map(ident, range(n), chunksize=chunksize, return_job=True)
+    items = (lambda: (i for i in range(n))) if {generator} else (lambda: range(n))
+    job = fnmap.map(ident, items(), chunksize=chunksize, return_job=True)
     assert job.results() == list(range(n))
     t1 = time.perf_counter()
     warm, cpu, calls = [], [], []
     for _ in range({warm_maps}):
         c0, t2 = tree_cpu(), time.perf_counter()
-        job2 = fnmap.map(ident, range(n), chunksize=chunksize, return_job=True)
+        job2 = fnmap.map(ident, items(), chunksize=chunksize, return_job=True)
         assert job2.results() == list(range(n))
         warm.append(time.perf_counter() - t2)
         cpu.append(tree_cpu() - c0)
@@ -125,16 +127,19 @@ def tiny_items(n: int, reps: int, baseline: str | None = None, warm_maps: int = 
     if baseline:
         trees[f"fnmap.map (emulator, automatic), {baseline}"] = dict(env, PYTHONPATH=os.path.abspath(baseline))
     pool: list = []
-    auto: dict = {name: [] for name in trees}
+    # each tree over a list (a range) and over a generator of the same items (its length unknown)
+    auto: dict = {(name, gen): [] for name in trees for gen in (False, True)}
     for _ in range(reps):  # alternate, so load on a shared machine hits both alike
         pool.append(_run(_POOL.format(n=n, warm_maps=warm_maps, tree_cpu=_TREE_CPU), env))
-        for name, tree_env in trees.items():
-            auto[name].append(_run(_FNMAP.format(n=n, chunksize=None, warm_maps=warm_maps, tree_cpu=_TREE_CPU),
-                                   tree_env, cwd=tree_env["PYTHONPATH"]))
+        for (name, gen), runs in auto.items():
+            tree_env = trees[name]
+            runs.append(_run(_FNMAP.format(n=n, chunksize=None, warm_maps=warm_maps, tree_cpu=_TREE_CPU,
+                                           generator=gen), tree_env, cwd=tree_env["PYTHONPATH"]))
     rows = [{"system": "multiprocessing.Pool(2).map", "cold_s": _median(pool, "cold"),
              "warm_s": _median(pool, "warm"), "warm_cpu_s": _median(pool, "cpu"), "calls": None}]
-    rows += [{"system": name, "cold_s": _median(runs, "cold"), "warm_s": _median(runs, "warm"),
-              "warm_cpu_s": _median(runs, "cpu"), "calls": _median(runs, "calls_warm")} for name, runs in auto.items()]
+    rows += [{"system": name + (", generator" if gen else ""), "cold_s": _median(runs, "cold"),
+              "warm_s": _median(runs, "warm"), "warm_cpu_s": _median(runs, "cpu"), "calls": _median(runs, "calls_warm")}
+             for (name, gen), runs in auto.items()]
     for row in rows:
         row["cold_x_pool"] = row["cold_s"] / rows[0]["cold_s"]
         row["warm_x_pool"] = row["warm_s"] / rows[0]["warm_s"]

@@ -126,10 +126,19 @@ def test_event_fan_out_gathers_results_from_s3(aws, s3_env):
 
 
 def test_auto_uses_both_invocation_types(aws):
-    assert fnmap.map(nap_square, range(40), workers=8, speculation=False, chunksize=1) == [x * x for x in range(40)]
+    # 4 dispatch threads: 1 synchronous slot, fewer than the emulator's 2 environments run at once
+    assert fnmap.map(nap_square, range(40), workers=4, speculation=False, chunksize=1) == [x * x for x in range(40)]
     stats = aws.stats()
     assert stats["RequestResponse"] >= 1 and stats["Event"] >= 1
     assert stats["RequestResponse"] + stats["Event"] - stats.get("spawners", 0) == 40  # a spawner is no call
+
+
+def test_auto_goes_synchronous_where_the_platform_is_the_bound(aws):
+    # 8 dispatch threads: 2 synchronous slots, as many as the emulator's 2 environments run at once:
+    # an Event would only wait in the platform's queue, so every call is synchronous, none via storage
+    assert fnmap.map(nap_square, range(40), workers=8, speculation=False, chunksize=1) == [x * x for x in range(40)]
+    stats = aws.stats()
+    assert stats["RequestResponse"] == 40 and not stats.get("Event") and not stats.get("spawners"), stats
 
 
 def test_request_over_the_payload_limit_travels_by_reference(aws):

@@ -354,6 +354,28 @@ def test_large_results_are_compressed_in_storage(tmp_path):
     assert sealed[len(signing.SEALED_MAGIC) + 32:].startswith(compression.MAGIC)  # after the SHA-256 MAC
 
 
+def test_results_on_a_local_folder_are_compressed_only_where_they_shrink_several_times(tmp_path):
+    """A chunk of small ints' results (a pickle that zlib halves) is written as it is to a ``file://``
+    store, where the worker writes to the reader's own disk: compressing it cost more than it saved."""
+    job = fnmap.map(abs, range(60_000), chunksize=60_000, storage=tmp_path.as_uri(), return_job=True, **EMU)
+    assert job.results() == list(range(60_000))
+    stored = [p for p in tmp_path.rglob("*") if p.is_file() and "/out/" in p.as_posix()]
+    assert len(stored) == 1
+    sealed = stored[0].read_bytes()
+    assert not sealed[len(signing.SEALED_MAGIC) + 32:].startswith(compression.MAGIC)
+
+
+def test_compression_bar_by_where_the_result_goes():
+    """The same data that travels (S3) is compressed; to a local folder it is not (it only halves);
+    data that shrinks many times is compressed for both."""
+    halves = pickle.dumps(list(range(100_000)), protocol=5)
+    assert compression.worth_it("file:///tmp/fnmap") == compression.LOCAL_WORTH_IT
+    assert compression.worth_it("s3://bucket/prefix") == compression.WORTH_IT
+    assert compression.pack(halves, worth=compression.worth_it("s3://bucket/prefix")).startswith(compression.MAGIC)
+    assert compression.pack(halves, worth=compression.worth_it("file:///tmp/fnmap")) is halves
+    repeated = b"x" * 300_000
+    assert compression.pack(repeated, worth=compression.LOCAL_WORTH_IT).startswith(compression.MAGIC)
+
 # -- S3 (moto and SeaweedFS on loopback) ------------------------------------------------------------------
 
 

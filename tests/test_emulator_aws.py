@@ -119,3 +119,26 @@ def test_without_moto_the_error_names_the_extra_to_install(tmp_path):
                           text=True, env=env, cwd=tmp_path, timeout=60)
     assert done.returncode != 0 and done.stdout == ""
     assert "pip install 'fnmap[aws-offline]'" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_offline_s3_takes_a_put_over_the_emulators_body_limit_and_serves_the_other_services_too():
+    from fnmap.emulator.offline_aws import MotoServer
+
+    server = MotoServer()
+    try:
+        keys = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1",
+                "endpoint_url": server.url}
+        s3 = boto3.client("s3", **keys)
+        bucket = f"fnmap-big-{os.getpid()}-{time.monotonic_ns()}"
+        s3.create_bucket(Bucket=bucket)
+        data = bytes(65 << 20) + b"end"  # over the 64 MiB the emulator's own API takes; one PutObject takes 5 GiB
+        s3.put_object(Bucket=bucket, Key="big", Body=data)
+        assert s3.head_object(Bucket=bucket, Key="big")["ContentLength"] == len(data)
+        # IAM and STS (fnmap deploy aws) go through moto's dispatcher, not its S3 application
+        iam = boto3.client("iam", **keys)
+        role = f"fnmap-offline-{os.getpid()}-{time.monotonic_ns()}"
+        iam.create_role(RoleName=role, AssumeRolePolicyDocument="{}")
+        assert iam.get_role(RoleName=role)["Role"]["RoleName"] == role
+        assert boto3.client("sts", **keys).get_caller_identity()["Account"]
+    finally:
+        server.close()

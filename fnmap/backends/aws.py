@@ -8,7 +8,10 @@ With ``lambda_invocation="auto"`` (the default) a call goes ``RequestResponse``
 while fewer than a quarter of the dispatch threads hold synchronous calls, so a
 small job's results ride back in the responses; beyond that calls go ``Event`` (asynchronous, 202 at once), so a
 fan-out of thousands is not bounded by the client's threads, and their results
-are gathered from storage by the client's monitor (one LIST per poll).
+are gathered from storage by the client's monitor (one LIST per poll).  Where the platform runs
+no more calls at once than that quarter (``platform_concurrency``: a reserved concurrency, the
+offline emulator's environments) every call goes ``RequestResponse``: the platform, not the
+client's threads, is the bound, and an ``Event`` would only wait in its queue.
 
 A request over Lambda's payload limit (``lambda_sync_limit`` 6 MiB,
 ``lambda_async_limit`` 1 MiB; base64 included) is written to the job's storage
@@ -302,10 +305,18 @@ class AwsBackend(BaseBackend):
         if self.invocation != "auto":
             return self.invocation
         with self._lock:
-            if self._sync_in_flight < self._sync_slots:
+            if self._sync_in_flight < self._sync_slots or self._platform_bound():
                 self._sync_in_flight += 1
                 return "RequestResponse"
         return "Event"
+
+    def _platform_bound(self) -> bool:
+        """Whether the platform, not the client's threads, bounds the calls running at once: it runs
+        no more than the synchronous slots.  Calls beyond them would wait in Lambda's event queue
+        as ``Event``s; as ``RequestResponse`` they wait as long (on Lambda, throttled: the scheduler
+        lowers the calls in flight) and their results ride back in the answers, not through storage."""
+        platform = self.platform_concurrency
+        return isinstance(platform, int) and 0 < platform <= self._sync_slots
 
     def _payload(self, invocation: Invocation, kind: str) -> bytes:
         """The event, inline when it fits the payload limit, else by reference through storage."""

@@ -52,6 +52,7 @@ make room.
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures
 import importlib.metadata
 import itertools
@@ -97,7 +98,14 @@ class LambdaRuntime:
         self._idle: list[Environment] = []
         self._all: set[Environment] = set()
         self._count = 0
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        #: Invocations waiting for an environment, by function: each function's waiters on a condition
+        #: of their own (of the one lock), the longest-waiting of each woken as an environment frees
+        #: up.  Waking every waiter on every release cost more CPU than the invocations with 64 calls
+        #: in flight.
+        self._waiting: dict[str, threading.Condition] = {}
+        self._waiters: collections.Counter = collections.Counter()
         self._default_code: str | None = None
         self._folders = itertools.count()
         self._closed = False
@@ -149,7 +157,7 @@ class LambdaRuntime:
                 memory if memory is not None else current.memory,
                 dict(variables) if variables is not None else current.variables,
                 resolved if resolved is not None else current.layers, current.revision + 1)
-            self._cond.notify_all()
+            self._wake_all()
             return self.functions[name]
 
     def delete_function(self, name: str) -> bool:
@@ -162,7 +170,7 @@ class LambdaRuntime:
                 if env.function.name == name:
                     self._idle.remove(env)
                     self._retire(env)
-            self._cond.notify_all()
+            self._wake_all()
             return True
 
     # -- invocations ---------------------------------------------------------------------
@@ -196,14 +204,14 @@ class LambdaRuntime:
                 # for it rather than start another (a client's next call follows its last answer at once).
                 finishing = any(e.function is function and not e.busy and e.alive for e in self._all)
                 if finishing and time.monotonic() < grace_until:
-                    self._cond.wait(max(0.0, grace_until - time.monotonic()))
+                    self._wait(function.name, max(0.0, grace_until - time.monotonic()))
                     continue
                 if self._count < self.max_environments:
                     break
                 if self._idle:  # make room: stop an idle environment of another function or revision
                     self._retire(self._idle.pop(0))
                     continue
-                self._cond.wait(1.0)
+                self._wait(function.name, 1.0)
             self._count += 1
             self.stats["cold_starts"] += 1
         try:
@@ -211,7 +219,7 @@ class LambdaRuntime:
         except BaseException:
             with self._cond:
                 self._count -= 1
-                self._cond.notify_all()
+                self._wake()
             raise
         with self._cond:
             self._all.add(env)
@@ -223,16 +231,17 @@ class LambdaRuntime:
             if env.alive and not self._closed and self.functions.get(env.function.name) is env.function:
                 if env.waiting:  # else it becomes idle when its runtime asks for the next event
                     self._idle.append(env)
+                    self._wake()
             else:
                 self._retire(env)
-            self._cond.notify_all()
+                self._wake()
 
     def _ready(self, env: Environment) -> None:
         """The runtime of ``env`` waits in ``/next``: an environment no Invoke holds becomes idle."""
         with self._cond:
             if not env.busy and not env.retired and env.alive and env not in self._idle:
                 self._idle.append(env)
-                self._cond.notify_all()
+                self._wake()
 
     def _exited(self, env: Environment) -> None:
         """The process of ``env`` ended; one no Invoke holds is stopped here (a held one on release)."""
@@ -241,7 +250,32 @@ class LambdaRuntime:
                 if env in self._idle:
                     self._idle.remove(env)
                 self._retire(env)
-                self._cond.notify_all()
+                self._wake()
+
+    def _wait(self, name: str, timeout: float) -> None:
+        """Wait (holding the lock) until an environment of function ``name`` may be free, or ``timeout``."""
+        cond = self._waiting.get(name)
+        if cond is None:
+            cond = self._waiting[name] = threading.Condition(self._lock)
+        self._waiters[name] += 1
+        try:
+            cond.wait(timeout)
+        finally:
+            self._waiters[name] -= 1
+
+    def _wake(self) -> None:
+        """Wake the longest-waiting invocation of each function (the caller holds the lock): an
+        environment is idle, or there is room for a new one.  One per function, not all of them: the
+        one of the freed environment's function takes it; one of another may stop it to make room,
+        as any waiting invocation may.  Each woken one looks again and waits again if it found nothing."""
+        for name, cond in self._waiting.items():
+            if self._waiters[name] > 0:
+                cond.notify(1)
+
+    def _wake_all(self) -> None:
+        """Wake every waiting invocation: functions changed, or the emulator is stopping."""
+        for cond in self._waiting.values():
+            cond.notify_all()
 
     def _retire(self, env: Environment) -> None:
         """Stop ``env`` and stop counting it (the caller holds the lock; ``env`` is in no idle list)."""
@@ -267,7 +301,7 @@ class LambdaRuntime:
                 return
             self._closed = True
             envs, self._idle = list(self._all), []
-            self._cond.notify_all()
+            self._wake_all()
         for env in envs:
             env.kill()
         self._launcher.shutdown(wait=False)

@@ -185,8 +185,9 @@ def _run(req: CallRequest, payload: bytes | memoryview, secret: bytes) -> tuple[
             func, error = _set_up(func, req)  # the initializer, once per worker process
         outcomes = run_items(func, items, mode, req.timeout, req.first_index) \
             if error is None else [from_exception(error)] * max(1, len(items or ()))
-    # Large results compressed; sealed with the secret, so the reader checks before unpickling.
-    data = signing.seal(secret, result_key, compression.pack(dump_all(outcomes)))
+    # Large results compressed where it pays; sealed with the secret, so the reader checks before unpickling.
+    packed = compression.pack(dump_all(outcomes), worth=compression.worth_it(req.store_url))
+    data = signing.seal(secret, result_key, packed)
     observed = (req, started, time.time(), cold, len(payload), loaded_at, logs, outcomes)
     if _wants_retry(req, outcomes):  # the client re-runs it: commit nothing, answer inline
         resp.error_kind, resp.committed, resp.inline = "retry_on", False, True
