@@ -1,6 +1,7 @@
 """Where a call's CPU goes on the emulator path: ``python benchmarks/emulator_cpu.py``.
 
-Runs warm noop and bigarg (1 MB) jobs on the auto-started emulator and splits
+Runs warm noop and bigarg (1 MB) jobs, and a loop of noop ``Executor.submit`` calls (``--submit``), on the
+auto-started emulator and splits
 the CPU seconds they cost (psutil) between the client process, the emulator's
 server process (its HTTP server + the WSGI app) and its worker processes, per call.  CPU time
 is far less sensitive than wall time to other load on a shared machine, so this
@@ -24,6 +25,15 @@ def _cpu(proc) -> float:
     return t.user + t.system
 
 
+def _submits(items: list) -> list:
+    """A loop of ``Executor.submit``, one call per item, in a new executor; the results."""
+    import fnmap
+
+    with fnmap.Executor(progress=False) as executor:
+        futures = [executor.submit(noop, x) for x in items]
+        return [f.result() for f in futures]
+
+
 def measure(kind: str, n: int, reps: int, chunksize: int | None = 1) -> dict:
     import os
 
@@ -39,12 +49,12 @@ def measure(kind: str, n: int, reps: int, chunksize: int | None = 1) -> dict:
     rows = []
     for _ in range(reps):
         # New bytes each repetition (a random head), so that no input is found stored already.
-        items = list(range(n)) if kind == "noop" else [os.urandom(16) + bytes([i % 256]) * ((1 << 20) - 16)
+        items = list(range(n)) if kind in ("noop", "submit") else [os.urandom(16) + bytes([i % 256]) * ((1 << 20) - 16)
                                                       for i in range(n)]
         workers = emulator.children(recursive=True)  # forked from a fork server
         c0, s0, w0 = _cpu(me), _cpu(emulator), sum(_cpu(w) for w in workers)
         t0 = time.perf_counter()
-        out = fnmap.map(func, items, chunksize=chunksize, progress=False)
+        out = _submits(items) if kind == "submit" else fnmap.map(func, items, chunksize=chunksize, progress=False)
         wall = time.perf_counter() - t0
         c1, s1, w1 = _cpu(me), _cpu(emulator), sum(_cpu(w) for w in workers)
         assert out == ([len(b) for b in items] if kind == "bigarg" else items), "wrong results"
@@ -57,6 +67,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--noop", type=int, default=3000, help="calls of the noop job (0: skip it)")
     ap.add_argument("--bigarg", type=int, default=300, help="calls of the 1 MB job (0: skip it)")
+    ap.add_argument("--submit", type=int, default=0, help="calls of the Executor.submit loop (0: skip it)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--chunksize", type=int, default=1,
                     help="items per call (default 1: one call per item, as compare.py's fnmap rows; 0: automatic)")
@@ -64,7 +75,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     chunksize = args.chunksize or None
     result = {kind: measure(kind, n, args.reps, chunksize)
-              for kind, n in (("noop", args.noop), ("bigarg", args.bigarg)) if n > 0}
+              for kind, n in (("noop", args.noop), ("bigarg", args.bigarg), ("submit", args.submit)) if n > 0}
     print("| job | calls/s | client µs/call | server µs/call | workers µs/call | total µs/call |")
     print("| --- | --- | --- | --- | --- | --- |")
     for kind, r in result.items():

@@ -85,7 +85,7 @@ def map(
     traceback as its cause and the item's index in a note; with
     ``return_exceptions=True`` exception objects take the failed items' places.
     With ``return_job=True`` the :class:`fnmap.jobs.Job` is returned instead; its
-    ``results()`` gives the list.
+    ``results()`` gives the list (it answers what ``fnmap.job(ID)`` does: :class:`fnmap.jobs.JobHandle`).
 
     ``job_name``: a name for the job in its storage (``"nightly-2026-12-04"``).  Run again with
     the same name and items, the map finishes that job: its results if it has them all, else it
@@ -176,7 +176,9 @@ def start_stream(func: Callable, items: Iterable, config, ordered: bool, return_
                  buffersize: int | None = None, mode: str = MODE_ONE) -> tuple:
     """Start the job of an ``imap``: ``(job, an iterator of its results as they come)``."""
     if buffersize is not None:
-        job, states = stream.start(func, _input_items(items, None, None), config, buffersize, ordered, mode)
+        client = get_client(config)
+        recorder = StorageRecorder(client.store, client.secret, redrive_job)
+        job, states = stream.start(func, _input_items(items, None, None), config, buffersize, ordered, mode, recorder)
     else:
         job = _start(get_client(config), config, func, "map", lambda _job_id: _input_items(items, None, None),
                      mode, stream=True)
@@ -285,7 +287,7 @@ def _start(
 
     With ``chunksize`` set, every chunk is made and pickled here; unset (automatic), the first
     calls are made here and a :class:`fnmap.feed.ChunkFeed` makes the rest as calls end."""
-    recorder = StorageRecorder(client.store, client.secret) if KINDS[kind].recorded else None
+    recorder = StorageRecorder(client.store, client.secret, redrive_job) if KINDS[kind].recorded else None
     job = client.new_job(config, kind, function=func, stream=stream, job_id=job_id, recorder=recorder,
                          first_run=first_run)
     index = 0
@@ -514,3 +516,10 @@ def _reduce_tree(client, config, stage, groups: dict, fanin: int | None, cap):
             else:
                 pending.setdefault(group, []).append(value)
     return {group: done[group] for group in groups}, job
+
+
+def redrive_job(job, **options):
+    """``job.redrive()`` of a map's job: its redrive machinery loads here, when asked, not with every map."""
+    from .redrive import redrive_job
+
+    return redrive_job(job, **options)

@@ -14,18 +14,14 @@ from concurrent.futures import CancelledError
 
 from .blocking import warn_if_in_coroutine
 from .errors import CallLost, CostCapReached, KeyNotFound, PlatformError
-from .jobs import remote_exception
+from .jobs import Job, JobHandle, remote_exception
 from .lease import ABANDONED
 from .observe import history, records, report
-from .observe.logs import logs_text
 from .observe.report import FINAL
 from .runtime import cancel, compression, keys, signing
 from .runtime import outcome as _outcome
 from .runtime.serialization import loads
 from .twins import with_aio
-
-#: Longest one wait of ``wait.aio`` holds a thread of fnmap's (it waits again until the job ends).
-_AIO_WAIT_SECONDS = 2.0
 
 
 def job(job_id: str, **options) -> AttachedJob:
@@ -39,9 +35,9 @@ def job(job_id: str, **options) -> AttachedJob:
     return AttachedJob(store, history.resolve_id(store, job_id), secret=config.secret)
 
 
-class AttachedJob:
-    """A job read back from storage: ``status``, ``wait()``, ``results()``, ``summary()``,
-    ``record()``, ``logs()``, ``cancel()``."""
+class AttachedJob(JobHandle):
+    """A job read back from storage, by id: it answers what the job ``fnmap.map(...,
+    return_job=True)`` returns answers (:class:`fnmap.jobs.JobHandle`), from its record."""
 
     def __init__(self, store, job_id: str, secret: str | None = None):
         self.store = store
@@ -55,37 +51,12 @@ class AttachedJob:
         """The job's record (a snapshot rebuilt from the workers' reports while it runs)."""
         return records.load(self.store, self.id)
 
-    def summary(self) -> dict:
-        """The record's summary; a job run with ``max_cost`` has its ``cost_cap`` there (the cap,
-        ``spent_usd``, ``reached``, ``calls_not_run``)."""
-        return self.record()["summary"]
-
     @property
-    def status(self) -> str:
-        """``running``, ``succeeded``, ``failed``, ``cancelled``, ``capped`` (stopped at its
-        ``max_cost``), ``incomplete`` or ``abandoned``."""
-        return self.summary()["status"]
-
     def done(self) -> bool:
+        """Whether the job has ended (its status is final: nothing about it changes any more)."""
         return self.status in FINAL
 
-    async def _wait_aio(self, timeout: float | None = None) -> bool:
-        from .loop import run_blocking
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:  # in short waits: a cancelled wait leaves no thread polling for long
-            left = _AIO_WAIT_SECONDS if deadline is None else min(_AIO_WAIT_SECONDS, deadline - time.monotonic())
-            if await run_blocking(self._wait, max(0.0, left)):
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-
-    async def _results_aio(self, return_exceptions: bool = False) -> list:
-        from .loop import run_blocking
-
-        return await run_blocking(self._results, return_exceptions)
-
-    @with_aio(_wait_aio)
+    @with_aio(JobHandle._wait_aio)
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the job has ended (polling its storage); False if ``timeout`` passed first.
         ``await job.wait.aio()`` waits without blocking the event loop."""
@@ -95,14 +66,14 @@ class AttachedJob:
     def _wait(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.2
-        while not self.done():
+        while not self.done:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
             delay = min(2.0, delay * 1.5)
         return True
 
-    @with_aio(_results_aio)
+    @with_aio(JobHandle._results_aio)
     def results(self, return_exceptions: bool = False) -> list:
         """Every item's result in input order, as ``fnmap.map`` returned them (waits for the job):
         one entry per item, always.  An item's exception is raised (or put in place with
@@ -148,7 +119,7 @@ class AttachedJob:
                 exc: BaseException = CostCapReached(
                     f"call {call['call']} of job {self.id} did not run: the job stopped at its cost cap "
                     f"max_cost=${cap['max_cost']:g} (`fnmap redrive {self.id[:12]} --max-cost USD` runs it)",
-                    job_id=self.id, cap=cap["max_cost"], spent=cap["spent_usd"])
+                    id=self.id, cap=cap["max_cost"], spent=cap["spent_usd"])
             elif call["status"] == "cancelled":
                 exc = CancelledError(f"call {call['call']} of job {self.id} was cancelled")
             else:
@@ -172,25 +143,17 @@ class AttachedJob:
             values.append(exc)
         return values
 
-    def logs(self, call: int | None = None) -> str:
-        """The captured output of every call (or of call ``call``), by attempt."""
-        return logs_text(self.store, self.id, call)
+    def _redrive_defaults(self) -> dict:
+        """The job's storage and the secret it was read with (the job's client may be gone, on any machine)."""
+        return {"storage": self.store.url, **({"secret": self._secret} if self._secret else {})}
 
-    def redrive(self, **options):
-        """Run the calls of this job that have no committed result, from this process (the job's
-        client may be gone, on any machine); the running :class:`fnmap.jobs.Job`, whose ``results()``
-        are every item's.  ``failed=True`` also runs again the calls whose items failed (under new
-        call ids; the failures stay in the record).  Options as for ``fnmap.map`` (this job's
-        storage and secret by default)."""
+    def _redrive(self, options: dict) -> Job:
         from .redrive import redrive
 
-        options.setdefault("storage", self.store.url)
-        if self._secret:
-            options.setdefault("secret", self._secret)
         return redrive(self.store, self.id, **options)
 
     def cancel(self) -> None:
-        """Ask the client running this job to cancel it (no effect on a job that has ended)."""
+        """Ask the client running this job to stop it, as Ctrl-C would (no effect on a job that has ended)."""
         cancel.request_cancel(self.store, self.id, "fnmap.job(...).cancel()")
 
     def __repr__(self) -> str:

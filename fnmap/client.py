@@ -47,6 +47,9 @@ class Recorder(Protocol):
     def record_calls(self, job: Job, states: list[CallRun]) -> None:
         """What these calls of ``job`` run, before they are sent; a failure is the recorder's to report."""
 
+    def redrive(self, job: Job, **options) -> Job:
+        """Run the calls of ``job`` that have no committed result, as ``fnmap redrive`` does; the running job."""
+
 
 class Client:
     def __init__(self, config):

@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from .backend_table import BACKEND_ALIASES, BACKEND_OPTIONS, BACKENDS
-from .errors import ConfigError, UnknownBackend
+from .errors import ConfigError, UnknownBackend, user_stacklevel
 from .options import Option, check_bool, check_int, did_you_mean, parse_age, parse_bool
 
 
@@ -417,7 +417,7 @@ def _warn_unknown_variables() -> None:
 
         hint = did_you_mean(name, sorted(_KNOWN_VARIABLES)).replace("'", "")
         warnings.warn(f"{name} is not a setting fnmap reads, so it is ignored; {hint}"
-                      "the settings are listed in fnmap.config.Config", UserWarning, stacklevel=3)
+                      "the settings are listed in fnmap.config.Config", UserWarning, stacklevel=user_stacklevel())
 
 
 def _read_config_file() -> tuple[dict, str | None]:

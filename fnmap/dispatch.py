@@ -167,8 +167,12 @@ class Dispatch:
 
     def _company(self, job) -> list:
         """Calls of ``job`` waiting in the queue that may go in one request with the one being sent:
-        the job's calls are short, the backend takes several a request, and enough are queued that
-        every dispatch thread has some (else none: the calls spread over the workers one by one)."""
+        the job's calls are short, the backend takes several a request, and more are queued than
+        the idle dispatch threads take one by one.  This thread takes its share of the queue over
+        the threads with no send in flight (this one among them): a loop of ``Executor.submit``
+        whose calls queue while every thread waits on an answer sends them together from the first
+        thread free, and a map's queue is shared by all the threads (else none: the calls spread
+        over the workers one by one)."""
         limit = self.backend.group_limit
         if limit < 2 or job.config.timeout is not None or job.config.memory:
             return []
@@ -178,7 +182,8 @@ class Dispatch:
         typical = sum(recent) / len(recent)
         if typical > BATCH_CALL_SECONDS:
             return []
-        wanted = min(limit - 1, int(BATCH_SECONDS / max(typical, 1e-4)), self._sends.qsize() // self.max_workers)
+        idle = max(1, self.max_workers - len(self._in_flight))
+        wanted = min(limit - 1, int(BATCH_SECONDS / max(typical, 1e-4)), -(-self._sends.qsize() // idle))
         company = []
         while len(company) < wanted:
             try:

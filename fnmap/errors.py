@@ -10,6 +10,20 @@ from __future__ import annotations
 
 import builtins
 import enum
+import os
+import sys
+
+#: The folder of fnmap's own modules: frames under it are fnmap's, not the user's.
+_FNMAP_ROOT = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the function calling this one name the
+    user's line: the first frame outside fnmap, whichever of fnmap's own functions led there."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_FNMAP_ROOT):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class FnmapError(Exception):
@@ -159,10 +173,11 @@ class CostCapReached(FnmapError):
     was reached still bill until they end (the emulator and Batch stop them, Lambda cannot).
     Finish the job later with ``fnmap redrive JOB_ID --max-cost USD``."""
 
-    def __init__(self, message: str, *, job_id: str | None = None, cap: float = 0.0, spent: float = 0.0,
+    def __init__(self, message: str, *, id: str | None = None, cap: float = 0.0, spent: float = 0.0,
                  calls_done: int = 0, calls_not_run: int = 0, estimate: dict | None = None):
         super().__init__(message)
-        self.job_id = job_id
+        #: The job's id, as every job object spells it (``fnmap.job(e.id)`` reads the job back).
+        self.id = id
         self.cap = cap
         self.spent = spent
         self.calls_done = calls_done
@@ -170,13 +185,17 @@ class CostCapReached(FnmapError):
         self.estimate = estimate
 
     def __reduce__(self):
-        return (_cost_cap_reached, (str(self), self.job_id, self.cap, self.spent, self.calls_done,
+        return (_cost_cap_reached, (str(self), self.id, self.cap, self.spent, self.calls_done,
                                     self.calls_not_run, self.estimate))
 
 
 def _cost_cap_reached(message, job_id, cap, spent, calls_done, calls_not_run, estimate):
-    return CostCapReached(message, job_id=job_id, cap=cap, spent=spent, calls_done=calls_done,
+    return CostCapReached(message, id=job_id, cap=cap, spent=spent, calls_done=calls_done,
                           calls_not_run=calls_not_run, estimate=estimate)
+
+
+class RedriveError(FnmapError, RuntimeError):
+    """A job cannot be redriven: it still runs elsewhere, or it stored no inputs."""
 
 
 class RemoteError(FnmapError):

@@ -19,6 +19,7 @@ from .errors import (
     OutOfMemory,
     PlatformError,
     PlatformFault,
+    RedriveError,
     RemoteExit,
     SignatureError,
     StorageError,
@@ -26,6 +27,7 @@ from .errors import (
     WorkerCrashed,
 )
 from .errors import TimeoutError as CallTimeout
+from .kinds import not_recorded
 from .observe import records, report
 from .observe.output import show_call_output
 from .observe.report import usd
@@ -33,6 +35,7 @@ from .run import ANSWERED, CallRun, JobRun
 from .runtime import keys
 from .runtime import outcome as _outcome
 from .runtime.serialization import unpack_exception
+from .twins import with_aio
 
 _PENDING, _RUNNING, _FINISHED, _FAILED, _CANCELLED = range(5)
 
@@ -94,6 +97,8 @@ class ResultSlot:
 #: Longest a waiting user thread sleeps at once: a SIGINT the kernel delivers to another thread of
 #: the process only sets CPython's flag, run when the main thread next wakes (then Ctrl-C works).
 SIGNAL_CHECK_SECONDS = 0.25
+#: Longest one wait of ``wait.aio`` holds a thread of fnmap's (it waits again until the job ends).
+_AIO_WAIT_SECONDS = 2.0
 #: Lines of a failing call's output added to its exception's notes.
 _LOG_NOTE_LINES = 20
 #: Stored outputs read per job for exception notes when results came without stats.
@@ -111,7 +116,92 @@ FAULT_ERRORS = {
 }
 
 
-class Job:
+class JobHandle:
+    """What every job object answers, the job of ``fnmap.map(..., return_job=True)`` (an Executor's
+    ``.job``, :class:`Job`) and the job read back by id (``fnmap.job(ID)``,
+    :class:`fnmap.attach.AttachedJob`) alike: ``id``, ``status``, ``done``, ``wait()``,
+    ``results()``, ``cancel()``, ``redrive()``, ``record()``, ``summary()``, ``cost``, ``plot()``,
+    ``logs()``.  What a member derives from the job's record is said here, once; each subclass says
+    how it waits, reads its results, cancels, and what a redrive defaults to."""
+
+    #: The job's id (32 hex digits; ``job_id`` in its record's JSON), under which its storage keeps it.
+    id: str
+
+    def record(self) -> dict:
+        """The job's record: per call its times, worker, cold start, attempts, bytes, memory, status
+        and error, plus ``record["summary"]``; while the job runs, a snapshot."""
+        raise NotImplementedError
+
+    def summary(self) -> dict:
+        """The record's summary: status, calls per state, items, failures, retries, durations
+        p50/p95/max, throughput, cost (and ``cost_cap`` for a job run with ``max_cost``)."""
+        return self.record()["summary"]
+
+    @property
+    def status(self) -> str:
+        """``running``, ``succeeded``, ``failed``, ``cancelled``, ``capped`` (stopped at its
+        ``max_cost``), ``incomplete`` or ``abandoned``."""
+        return self.summary()["status"]
+
+    @property
+    def cost(self) -> dict:
+        """Estimated cost: Lambda GB-seconds and requests (Batch: instance time); ``["usd"]``."""
+        return self.summary()["cost"]
+
+    def plot(self, path: str) -> str:
+        """Save a timeline (one row per call; queued, cold start, running, writing) and a histogram
+        of call durations to ``path`` (PNG, SVG or PDF by its extension); needs matplotlib."""
+        from .observe.plot import plot_record
+
+        return plot_record(self.record(), path)
+
+    def logs(self, call: int | None = None) -> str:
+        """The captured stdout and stderr of every call (or of call ``call``), by attempt."""
+        return records.logs_text(self.store, self.id, call)
+
+    def redrive(self, **options) -> Job:
+        """Run the calls of this job that have no committed result (stopped, never run, never
+        reported), from this process, under the same id; the running :class:`Job`, whose
+        ``results()`` are every item's.  ``failed=True`` also runs again the calls whose items failed
+        (under new call ids; the failures stay in the record).  Options as for ``fnmap.map``; what is not given is the
+        job's own (its storage and secret; for a job of this process, its keyword options but
+        ``max_cost``: a redrive's cap counts what the redrive spends, and is given or none)."""
+        for name, value in self._redrive_defaults().items():
+            options.setdefault(name, value)
+        return self._redrive(options)
+
+    def _redrive_defaults(self) -> dict:
+        raise NotImplementedError
+
+    def _redrive(self, options: dict) -> Job:
+        raise NotImplementedError
+
+    # -- the awaitable forms of wait() and results(): ``await job.wait.aio()`` (fnmap.twins) --
+
+    def _wait(self, timeout: float | None) -> bool:
+        raise NotImplementedError
+
+    def _results(self, return_exceptions: bool) -> list:
+        raise NotImplementedError
+
+    async def _wait_aio(self, timeout: float | None = None) -> bool:
+        from .loop import run_blocking
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:  # in short waits: a cancelled wait leaves no thread polling for long
+            left = _AIO_WAIT_SECONDS if deadline is None else min(_AIO_WAIT_SECONDS, deadline - time.monotonic())
+            if await run_blocking(self._wait, max(0.0, left)):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
+    async def _results_aio(self, return_exceptions: bool = False) -> list:
+        from .loop import run_blocking
+
+        return await run_blocking(self._results, return_exceptions)
+
+
+class Job(JobHandle):
     """The user's handle on one job: its calls' futures, results, summary, record, logs and cost.
 
     The :class:`fnmap.scheduler.Scheduler` decides everything about the calls and keeps what it
@@ -225,7 +315,7 @@ class Job:
             f"prices ({budget.pricing.describe()}) by {done} call(s) done; {len(not_run)} call(s) "
             f"({items} item(s)) not run.{out} Finish it with `fnmap redrive {self.id} --max-cost USD` "
             "(the new cap counts what the redrive spends).",
-            job_id=self.id, cap=budget.cap, spent=spent, calls_done=done, calls_not_run=len(not_run))
+            id=self.id, cap=budget.cap, spent=spent, calls_done=done, calls_not_run=len(not_run))
 
     # -- the job record ---------------------------------------------
 
@@ -314,7 +404,13 @@ class Job:
             return None
         return data.decode("utf-8", errors="replace")[-2000:]
 
+    @with_aio(JobHandle._wait_aio)
     def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every call of the job is decided; False if ``timeout`` passed first.
+        ``await job.wait.aio()`` waits without blocking the event loop."""
+        return self._wait(timeout)
+
+    def _wait(self, timeout: float | None) -> bool:
         if timeout is not None:
             return self._run.all_done.wait(timeout)
         while not self._run.all_done.wait(SIGNAL_CHECK_SECONDS):  # interruptible by Ctrl-C (see _wait_call)
@@ -325,8 +421,13 @@ class Job:
     def done(self) -> bool:
         return self._run.all_done.is_set()
 
+    @with_aio(JobHandle._results_aio)
     def results(self, return_exceptions: bool = False) -> list:
-        """Every item's result in input order; raises the first failure unless ``return_exceptions``."""
+        """Every item's result in input order; raises the first failure unless ``return_exceptions``.
+        ``await job.results.aio()`` waits and reads them without blocking the event loop."""
+        return self._results(return_exceptions)
+
+    def _results(self, return_exceptions: bool) -> list:
         out = []
         try:
             for state in self._in_input_order():
@@ -367,11 +468,13 @@ class Job:
     def _call_results(self, state: CallRun, return_exceptions: bool) -> list:
         try:
             outcomes = state.future.result()
-        except CancelledError:
-            if self._run.cancel_reason:
-                raise CancelledError(f"job {self.id} was cancelled from outside by `{self._run.cancel_reason}` "
-                                     "before all its calls had run") from None
-            raise
+        except CancelledError as stopped:  # in place with ``return_exceptions``, as fnmap.job(ID) reads it
+            cancelled = stopped if not self._run.cancel_reason else CancelledError(
+                f"job {self.id} was cancelled from outside by `{self._run.cancel_reason}` before all its "
+                "calls had run")
+            if not return_exceptions:
+                raise cancelled from None
+            return [cancelled] * state.n_items
         except BaseException as exc:  # the call failed at platform level
             if not return_exceptions:
                 raise
@@ -409,12 +512,14 @@ class Job:
         self._reached_caller(reason)
         self.cancel(stop_platform=True)
 
-    def cancel(self, stop_platform: bool = False) -> None:
-        """Stop starting this job's calls; those running end with their own results.  With
-        ``stop_platform`` the job is abandoned: no retries or copies, and the platform stops what
-        it can (see :meth:`fnmap.scheduler.Scheduler.cancel`), its progress bar ends now (nobody
-        watches it: the calls being stopped would draw it again, in a notebook's next cell), and a
-        job whose exception reached its caller records that it ended (:meth:`save_ended_record`)."""
+    def cancel(self, stop_platform: bool = True) -> None:
+        """Stop the job, as ``fnmap cancel`` and ``fnmap.job(ID).cancel()`` do: its calls not started
+        are cancelled, and it is abandoned: no retries or copies, and the platform stops what it can
+        (see :meth:`fnmap.scheduler.Scheduler.cancel`), its progress bar ends now (nobody watches
+        it: the calls being stopped would draw it again, in a notebook's next cell), and a job whose
+        exception reached its caller records that it ended (:meth:`save_ended_record`).  With
+        ``stop_platform=False`` (an Executor's ``shutdown(cancel_futures=True)``) only the calls not
+        started are cancelled; those running end with their own results."""
         self._scheduler.cancel(self, stop_platform)
         if not stop_platform:
             return
@@ -430,41 +535,22 @@ class Job:
             return {s.call_id: [a.as_list() for a in s.attempts] for s in self._run.calls}
 
     def summary(self) -> dict:
-        """Counts of the job as the scheduler recorded them: calls, calls decided (``done``) and
-        among them ``cancelled`` ones, failed items, retries (attempts after failed ones) and
-        speculative copies (calls that got one; ``copies``: copies sent) kept apart, and attempts
-        by how they ended (``ok``, ``crashed``, ``superseded``...; ``running`` only while the job runs)."""
+        """The record's summary (:meth:`JobHandle.summary`: what ``fnmap.job(ID).summary()`` reads),
+        and the counts only the scheduler running the job knows: calls decided (``done``) and among
+        them ``cancelled`` ones, speculative copies (calls that got one; ``copies``: copies sent),
+        late answers discarded as duplicates, and attempts by how they ended (``ok``, ``crashed``,
+        ``superseded``...; ``running`` only while the job runs)."""
         run = self._run
         with self._lock:
-            calls = len(run.calls)
-            retried = sum(1 for s in run.calls if any(a.number > s.first_attempt and not a.copy for a in s.attempts))
             speculative = sum(1 for s in run.calls if s.speculated)
             attempts: dict[str, int] = {}  # ending -> attempts (ok, crashed, server, throttled, ...)
             for s in run.calls:
                 for record in s.attempts:
                     ending = record.ending or "running"
                     attempts[ending] = attempts.get(ending, 0) + 1
-            counts = (run.done_count, run.cancelled_count, run.failed_count, run.retry_count, run.copy_count,
-                      run.duplicate_count)
-        end = run.finished or time.time()
-        done, cancelled, failed, retries, copies, duplicates = counts
-        return {
-            "job_id": self.id,
-            "kind": self.kind,
-            "backend": self.config.backend,
-            "storage": self.store.url,
-            "calls": calls,
-            "done": done,
-            "cancelled": cancelled,
-            "failed_items": failed,
-            "retries": retries,
-            "calls_retried": retried,
-            "duplicates_discarded": duplicates,
-            "speculative_copies": speculative,
-            "copies": copies,
-            "attempts": attempts,
-            "wall_seconds": end - self.created,
-        }
+            counts = {"done": run.done_count, "cancelled": run.cancelled_count, "copies": run.copy_count,
+                      "duplicates_discarded": run.duplicate_count}
+        return {**super().summary(), **counts, "speculative_copies": speculative, "attempts": attempts}
 
     # -- observability ---------------------------------------------
 
@@ -474,21 +560,18 @@ class Job:
         ``fnmap job ID --json`` prints; while the job runs, a snapshot."""
         return records.build(self)
 
-    def logs(self, call: int | None = None) -> str:
-        """The captured stdout and stderr of every call (or of call ``call``), by attempt."""
-        return records.logs_text(self.store, self.id, call)
+    def _redrive_defaults(self) -> dict:
+        """The options this job was given by keyword, but ``max_cost``, and its storage."""
+        cfg = self.config
+        given = {name: getattr(cfg, name) for name, source in cfg.sources.items()
+                 if source == "keyword" and name != "max_cost"}
+        return {**given, "storage": self.store.url}
 
-    @property
-    def cost(self) -> dict:
-        """Estimated cost: Lambda GB-seconds and requests (Batch: instance time); ``["usd"]``."""
-        return records.build(self)["summary"]["cost"]
-
-    def plot(self, path: str) -> str:
-        """Save a timeline (one row per call; queued, cold start, running, writing) and a histogram
-        of call durations to ``path`` (PNG, SVG or PDF by its extension); needs matplotlib."""
-        from .observe.plot import plot_record
-
-        return plot_record(records.build(self), path)
+    def _redrive(self, options: dict) -> Job:
+        """Through the job's recorder, which stored its calls; a job of a kind that stores none cannot be."""
+        if self.recorder is None:
+            raise RedriveError(not_recorded(self.id, self.kind))
+        return self.recorder.redrive(self, **options)
 
     def __repr__(self) -> str:
         return f"<fnmap.Job {self.id} {self._run.done_count}/{len(self._run.calls)} calls done>"

@@ -28,3 +28,9 @@ KINDS = {
     "executor": Kind(recorded=False, given_up_at_exit=False),  # fnmap.Executor, joblib, Cubed
     "dask": Kind(recorded=False, given_up_at_exit=False),  # fnmap.dask.get
 }
+
+
+def not_recorded(job_id: str, kind: str) -> str:
+    """Why a job of ``kind``, which is not recorded, cannot be redriven, and what to do instead."""
+    return (f"job {job_id} is an {kind!r} job, whose calls are not stored for a redrive: only maps "
+            "(fnmap.map, starmap, imap, map_reduce) store theirs; run its work again")

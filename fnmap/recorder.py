@@ -36,9 +36,15 @@ class StorageRecorder:
     sealed with the deployment's secret: the :class:`fnmap.client.Recorder` that the front-ends
     hand the client for the jobs of a recorded kind (:mod:`fnmap.kinds`)."""
 
-    def __init__(self, store, secret: bytes):
+    def __init__(self, store, secret: bytes, redrive):
         self.store = store
         self.secret = secret
+        self._redrive = redrive
+
+    def redrive(self, job, **options):
+        """Run the calls of ``job`` that have no committed result: the ``redrive`` this recorder was
+        given (:func:`fnmap.redrive.redrive_job`, loaded by the front end only when asked); the running job."""
+        return self._redrive(job, **options)
 
     def record_items(self, job, mode: str, parts: list) -> None:
         """Store the pickle of every item of ``job`` (``parts``), unless it is over ``ITEMS_STORE_LIMIT``:

@@ -34,9 +34,9 @@ from typing import NamedTuple
 from . import lease, recorder
 from .client import get_client
 from .config import resolve
-from .errors import FnmapError
+from .errors import RedriveError
 from .jobs import ResultSlot
-from .kinds import KINDS
+from .kinds import KINDS, not_recorded
 from .observe import records, report
 from .observe.progress import make_progress
 from .observe.report import usd
@@ -44,10 +44,6 @@ from .policy import chunks
 from .recorder import CallRecord, StorageRecorder
 from .runtime import keys, signing
 from .runtime.serialization import loads
-
-
-class RedriveError(FnmapError, RuntimeError):
-    """A job cannot be redriven: it still runs elsewhere, or it stored no inputs."""
 
 
 def _get_sealed(store, secret: bytes, key: str):
@@ -97,7 +93,7 @@ def redrive(store, job_id: str, config=None, *, failed: bool = False, held: Held
     function = held.func if held is not None else types.SimpleNamespace(__qualname__=summary.get("function")
                                                                         or "redrive")  # its name in `fnmap jobs`
     job = client.new_job(config, kind, function=function, job_id=job_id, created=summary["created"],
-                         recorder=StorageRecorder(client.store, client.secret), first_run=summary)
+                         recorder=StorageRecorder(client.store, client.secret, redrive_job), first_run=summary)
     try:
         func_key = client.upload_function(held.func, job) if held is not None else None
     except BaseException as e:
@@ -143,8 +139,7 @@ def _check_redrivable(store, job_id: str, record: dict, failed: bool) -> None:
                            "renewed in time): wait for it (fnmap.job(ID).wait()), or stop it with `fnmap cancel`")
     kind = summary.get("kind") or "map"
     if not KINDS[kind].recorded:
-        raise RedriveError(f"job {job_id} is an {kind!r} job, whose calls are not stored for a redrive: only maps "
-                           "(fnmap.map, starmap, imap, map_reduce) store theirs; run its work again")
+        raise RedriveError(not_recorded(job_id, kind))
     if summary["status"] == "succeeded":
         raise RedriveError(f"job {job_id} succeeded: every call has its result, nothing to redrive "
                            "(fnmap.job(ID).results() reads them)")
@@ -252,3 +247,8 @@ def _submit(client, job, plan: tuple, retry: list, config, func_key: str | None,
     client.seal(job)
     client.submit(job, states)
     return job
+
+
+def redrive_job(job, **options):
+    """``job.redrive(**options)`` of a job this process runs: :func:`redrive` of its id in its storage."""
+    return redrive(job.store, job.id, **options)

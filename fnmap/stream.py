@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable
 from .client import get_client
 from .errors import ConfigError
 from .jobs import ResultSlot
-from .recorder import StorageRecorder
 
 
 class _TakenSlot(ResultSlot):
@@ -43,13 +42,12 @@ def check_buffersize(buffersize, chunksize: int | None) -> int:
     return size
 
 
-def start(func: Callable, items: Iterable, config, buffersize: int, ordered: bool, mode: str) -> tuple:
+def start(func: Callable, items: Iterable, config, buffersize: int, ordered: bool, mode: str, recorder) -> tuple:
     """Start the job and send its first calls (up to ``buffersize`` items); ``(job, its calls in
     input order or as they are done)``, reading more items as each call is handed on."""
     chunksize = check_buffersize(buffersize, config.chunksize)
     client = get_client(config)
-    job = client.new_job(config, "map", function=func, stream=True,
-                         recorder=StorageRecorder(client.store, client.secret))
+    job = client.new_job(config, "map", function=func, stream=True, recorder=recorder)
     try:
         func_key = client.upload_function(func, job)
         feed = _Feed(client, job, func_key, iter(items), mode, chunksize, buffersize)

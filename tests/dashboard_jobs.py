@@ -12,6 +12,7 @@ import time
 
 import fnmap
 from fnmap.dashboard.server import Dashboard
+from fnmap.runtime import keys
 from fnmap.storage import open_store
 
 #: The name and the error of the job whose strings are markup: they must show as text.
@@ -82,6 +83,40 @@ def running_map(storage: str, release: str, timeout: float = 60.0):
     finally:
         open(release, "w").close()
         mapping.join(timeout)
+
+
+def fail_then_wait(release: str, timeout: float = 60.0):
+    """A function for a job that stays running after one of its calls failed: item 1 raises a
+    KeyError at once (printing nothing), item 2 returns once the file ``release`` exists, the others
+    return their item at once."""
+
+    def work(x):
+        if x == 1:
+            raise KeyError(f"no such thing as {x}")
+        deadline = time.time() + timeout
+        while x == 2 and not os.path.exists(release) and time.time() < deadline:
+            time.sleep(0.05)
+        return x
+
+    return work
+
+
+@contextlib.contextmanager
+def running_with_a_failure(storage: str, release: str, timeout: float = 60.0):
+    """A job of 3 calls (:func:`fail_then_wait`) still running once call 1 has failed and reported:
+    yields the job; at the end the file ``release`` is made and the job waited for."""
+    job = fnmap.map(fail_then_wait(release, timeout), range(3), chunksize=1, return_job=True,
+                    storage=storage, output="none")
+    store = open_store(storage, "the test's storage", create=False)
+    try:
+        deadline = time.time() + timeout
+        while len({keys.call_attempt_of(k)[0] for k in store.list(keys.status_prefix(job.id))}) < 2:
+            assert time.time() < deadline, "calls 0 and 1 never reported"
+            time.sleep(0.1)
+        yield job
+    finally:
+        open(release, "w").close()
+        job.wait(timeout)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import traceback
 import warnings
 
 import pytest
+from naps import nap_then_mark
 
 import fnmap
 from fnmap.observe import history
@@ -71,14 +72,6 @@ def test_a_remote_error_is_raised_at_the_await_as_the_blocking_form_raises_it():
     assert "fails_on_two" in str(info.value.__cause__)  # the remote traceback, as with fnmap.map
     frames = "".join(traceback.format_tb(info.value.__traceback__))
     assert "concurrent/futures" not in frames and "fnmap/api.py" not in frames, frames  # from the await
-
-
-def nap_then_mark(args):
-    seconds, path = args
-    time.sleep(seconds)
-    with open(path, "w"):
-        pass
-    return seconds
 
 
 @pytest.mark.parametrize("stream", ["imap", "imap_unordered"])

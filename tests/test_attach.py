@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ import pytest
 from conftest import until
 
 import fnmap
-from fnmap.errors import CallLost
+from fnmap.errors import CallLost, RedriveError
 from fnmap.runtime import keys
 from fnmap.storage import open_store
 
@@ -66,7 +67,7 @@ def test_a_running_job_of_another_process_is_followed_and_its_results_read(runni
     proc, job_id = running_job(n=8, sleep=0.4)
     handle = fnmap.job(job_id[:10])
     assert handle.id == job_id
-    assert handle.status == "running" and not handle.done()
+    assert handle.status == "running" and not handle.done
     assert "slow" in repr(handle)
     assert handle.wait(60)
     assert handle.status == "succeeded"
@@ -224,3 +225,62 @@ def test_a_client_killed_mid_job_leaves_results_in_place(tmp_path, n, sleep, opt
     assert summary["items_unreported"] == len(lost)
     shown = fnmap_cli("job", job_id).stdout
     assert f"abandoned {summary['states']['abandoned']}" in shown and f"no result {len(lost)} items" in shown
+
+
+#: What every job object answers (:class:`fnmap.jobs.JobHandle`): properties, then methods.
+JOB_PROPERTIES = ("id", "status", "done", "cost")
+JOB_METHODS = ("wait", "results", "cancel", "redrive", "record", "summary", "plot", "logs")
+
+
+def _held_from_two(release: str):
+    """Items 0 and 1 return at once, the others once the file ``release`` exists; each returns 2x."""
+
+    def held(x):
+        import time
+
+        deadline = time.time() + 300
+        while x >= 2 and not os.path.exists(release) and time.time() < deadline:
+            time.sleep(0.05)
+        return x * 2
+
+    return held
+
+
+def test_the_job_of_a_map_and_the_job_read_back_by_id_answer_the_same(tmp_path):
+    """``fnmap.map(..., return_job=True)`` and ``fnmap.job(ID)`` answer the same names with the same
+    meaning on real emulator jobs: one job cancelled through the first, one through the second, each
+    stops (its held calls stopped on the platform, not waited for), reads the same through both,
+    and is finished by ``redrive()`` of the object it was cancelled through."""
+    release = str(tmp_path / "release")
+    jobs = {}
+    for how in ("map", "by id"):
+        job = fnmap.map(_held_from_two(release), range(4), chunksize=1, workers=4, return_job=True, output="none")
+        until(lambda job=job: job.run.done_count == 2)  # items 0 and 1 returned; 2 and 3 are held
+        (job if how == "map" else fnmap.job(job.id)).cancel()
+        assert job.wait(60), f"the job cancelled through {how} went on running its held calls"
+        jobs[how] = job
+    for how, job in jobs.items():
+        live, attached = job, fnmap.job(job.id[:12])
+        for handle in (live, attached):
+            assert all(not callable(getattr(handle, name)) for name in JOB_PROPERTIES), type(handle)
+            assert all(callable(getattr(handle, name)) for name in JOB_METHODS), type(handle)
+            assert handle.id == job.id and handle.status == "cancelled" and handle.done and handle.wait(0)
+            results = handle.results(return_exceptions=True)
+            assert results[:2] == [0, 2] and all(isinstance(r, CancelledError) for r in results[2:]), results
+            awaited = asyncio.run(handle.results.aio(return_exceptions=True))  # the awaitable forms too
+            assert asyncio.run(handle.wait.aio(0)) and [type(r) for r in awaited] == [type(r) for r in results]
+            assert handle.logs() == live.logs()
+            assert os.path.getsize(handle.plot(str(tmp_path / f"{how}-{type(handle).__name__}.png")))
+        shared = ("job_id", "status", "calls", "calls_done", "items", "states", "failed_items", "retries")
+        assert {k: live.summary()[k] for k in shared} == {k: attached.summary()[k] for k in shared}
+        assert set(attached.summary()) <= set(live.summary())
+        assert live.cost.keys() == attached.cost.keys()
+        assert live.cost["usd"] == pytest.approx(attached.cost["usd"], rel=0.05)
+    open(release, "w").close()
+    for redriven in (jobs["map"].redrive(), fnmap.job(jobs["by id"].id).redrive()):
+        assert redriven.results() == [0, 2, 4, 6]
+        assert fnmap.job(redriven.id).status == redriven.status == "succeeded"
+    with fnmap.Executor() as executor:  # a job of a kind that stores no calls says so, as fnmap redrive does
+        assert executor.submit(abs, -1).result() == 1
+        with pytest.raises(RedriveError, match="is an 'executor' job, whose calls are not stored"):
+            executor.job.redrive()

@@ -315,3 +315,24 @@ def test_jobs_lists_past_index_entries_that_are_not_a_jobs(tmp_path):
     assert [j["job_id"] for j in json.loads(done.stdout)] == [job.id]
     text = fnmap_cli("jobs", storage=storage)
     assert text.returncode == 0 and job.id[:12] in text.stdout, text.stderr
+
+
+def test_a_running_jobs_failed_call_shows_its_error_and_traceback(tmp_path):
+    """While a job runs (call 2 waits), its call 1 that failed reads as it will when the job ends:
+    its error and remote traceback in `fnmap job`, `--json` and `fnmap logs --call 1`, from the
+    status record its worker committed (the client writes the job's record only at the end)."""
+    from dashboard_jobs import running_with_a_failure
+
+    storage = (tmp_path / "store").as_uri()
+    with running_with_a_failure(storage, str(tmp_path / "release")) as job:
+        record = json.loads(fnmap_cli("job", job.id, "--json", storage=storage).stdout)
+        shown = fnmap_cli("job", job.id, storage=storage).stdout
+        logs = fnmap_cli("logs", job.id, "--call", "1", storage=storage)
+    assert record["summary"]["status"] == "running"
+    (failed,) = [c for c in record["calls"] if c["call"] == 1]
+    assert (failed["status"], failed["error"]) == ("error", "KeyError: 'no such thing as 1'")
+    assert "raise KeyError" in failed["traceback"], failed
+    assert "call 1 (item 1): error: KeyError: 'no such thing as 1'" in shown, shown
+    assert "traceback of call 1" in shown
+    assert "--- call 1 traceback ---" in logs.stdout and "KeyError: 'no such thing as 1'" in logs.stdout, logs
+    assert "printed nothing" not in logs.stderr

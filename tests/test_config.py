@@ -109,6 +109,16 @@ def test_an_unknown_fnmap_variable_is_named_with_the_close_match(monkeypatch):
         resolve()
 
 
+def test_an_unknown_fnmap_variable_is_warned_at_the_users_line(monkeypatch):
+    """The warning names the line that called fnmap (here, this file), not fnmap's own frames
+    (``fnmap/api.py``) between it and where the settings are read."""
+    monkeypatch.setenv("FNMAP_CHUNK_SIZE", "10")
+    monkeypatch.setattr("fnmap.config._warned_variables", set())
+    with pytest.warns(UserWarning, match="FNMAP_CHUNK_SIZE is not a setting") as caught:
+        assert fnmap.map(abs, [-1]) == [1]
+    assert [w.filename for w in caught if "FNMAP_CHUNK_SIZE" in str(w.message)] == [__file__]
+
+
 def test_each_backend_option_is_a_keyword_a_variable_and_identifies_the_deployment(monkeypatch):
     """Declared once in fnmap.backend_table, an option of one backend is a keyword, an FNMAP_ variable,
     parsed by its type, and part of the deployment key (a change starts another client)."""

@@ -60,17 +60,17 @@ def test_a_cap_stops_the_map_after_about_as_many_calls_as_it_allows(module_emula
     assert e.calls_done <= len(ran) <= e.calls_done + 2, (ran, str(e))
     assert e.calls_done + e.calls_not_run == 30
     assert e.cap == cap and 0 < e.spent <= cap + 2 * per_call, str(e)
-    assert f"max_cost=${cap:g}" in str(e) and "not run" in str(e) and f"fnmap redrive {e.job_id}" in str(e)
-    summary = fnmap.job(e.job_id).summary()
+    assert f"max_cost=${cap:g}" in str(e) and "not run" in str(e) and f"fnmap redrive {e.id}" in str(e)
+    summary = fnmap.job(e.id).summary()
     assert summary["status"] == "capped"
-    record = fnmap.job(e.job_id).record()
+    record = fnmap.job(e.id).record()
     assert record["options"]["max_cost"] == cap
     capped = record["cost_cap"]
     assert capped["reached"] and capped["max_cost"] == cap
     assert e.spent <= capped["spent_usd"] <= cap + 2 * per_call  # and what the stopped calls ran, once they ended
     # The calls with no result: those never sent did not run, those in flight then were stopped.
     assert capped["calls_not_run"] - capped["calls_in_flight"] <= 30 - len(ran) <= capped["calls_not_run"]
-    results = fnmap.job(e.job_id).results(return_exceptions=True)
+    results = fnmap.job(e.id).results(return_exceptions=True)
     assert any(isinstance(r, fnmap.CostCapReached) for r in results)  # read later, the items not run say why
     # One entry per item; the calls done have their results (a call being stopped may have finished)
     assert len(results) == 30
@@ -87,7 +87,7 @@ def test_a_cap_below_the_least_the_map_costs_refuses_it_before_anything_runs(mod
     assert e.calls_done == 0 and e.calls_not_run == 20
     assert e.estimate["basis"] == "minimum" and e.estimate["usd"] == pytest.approx(least)
     assert "20 call(s) at the minimum billed duration" in str(e)
-    assert fnmap.job(e.job_id).summary()["status"] == "capped"
+    assert fnmap.job(e.id).summary()["status"] == "capped"
     # The least is a cap it fits under: the same map at that cap is not refused.
     assert fnmap.map(abs, range(-2, 1), chunksize=1, max_cost=least) == [2, 1, 0]
 

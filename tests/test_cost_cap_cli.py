@@ -58,7 +58,7 @@ def jobs(emulator, tmp_path_factory):
         fnmap.map(abs, range(50), chunksize=1, max_cost=LAMBDA.minimum(), **where)
     plain = fnmap.map(abs, [-1], return_job=True, **where)
     assert plain.results() == [1]
-    return {"storage": storage, "capped": capped, "under": under.id, "refused": refused.value.job_id,
+    return {"storage": storage, "capped": capped, "under": under.id, "refused": refused.value.id,
             "plain": plain.id}
 
 
@@ -76,12 +76,12 @@ def _row(listing: str, job_id: str) -> str:
 
 def test_fnmap_jobs_shows_capped_and_spent_of_cap(jobs):
     capped = jobs["capped"]
-    record = fnmap.job(capped.job_id, storage=jobs["storage"]).record()
+    record = fnmap.job(capped.id, storage=jobs["storage"]).record()
     done = fnmap_cli("jobs", storage=jobs["storage"])
     assert done.returncode == 0, done.stderr
     header = done.stdout.splitlines()[0]
     assert header.split()[-1] == "SPENT/CAP"
-    row = _row(done.stdout, capped.job_id)
+    row = _row(done.stdout, capped.id)
     assert " capped " in row
     assert row.endswith(f"{usd(record['cost_cap']['spent_usd'])}/{usd(capped.cap)}"), row
     under = fnmap.job(jobs["under"], storage=jobs["storage"]).summary()
@@ -100,17 +100,17 @@ def test_fnmap_jobs_has_no_cap_column_without_a_capped_job(emulator, tmp_path):
 
 def test_fnmap_job_says_where_the_cap_stopped_it_and_how_to_finish(jobs):
     capped = jobs["capped"]
-    summary = fnmap.job(capped.job_id, storage=jobs["storage"]).summary()  # the API shows the cap too
+    summary = fnmap.job(capped.id, storage=jobs["storage"]).summary()  # the API shows the cap too
     assert summary["status"] == "capped" and summary["cost_cap"]["max_cost"] == capped.cap
     assert summary["cost_cap"]["reached"]
-    done = fnmap_cli("job", capped.job_id[:10], storage=jobs["storage"])
+    done = fnmap_cli("job", capped.id[:10], storage=jobs["storage"])
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].endswith("capped")
     # Spent as the record says (the calls stopped in flight are priced after the exception was
     # made); the calls not run are the calls with no result, as the exception counted them.
     spent = summary["cost_cap"]["spent_usd"]
     line = (f"cost cap {usd(capped.cap)}: {usd(spent)} spent, stopped here ({capped.calls_not_run} calls "
-            f"not run; finish with fnmap redrive {capped.job_id[:12]} --max-cost USD)")
+            f"not run; finish with fnmap redrive {capped.id[:12]} --max-cost USD)")
     assert line in done.stdout.splitlines(), done.stdout
 
 
@@ -138,18 +138,18 @@ def test_redrive_help_names_max_cost_and_refuses_a_bad_one(tmp_path):
 def test_redrive_with_a_bigger_cap_finishes_every_item_once(emulator, tmp_path):
     storage, folder = (tmp_path / "storage").as_uri(), str(tmp_path)
     capped = _capped_map(storage, emulator, folder)
-    before = fnmap.job(capped.job_id, storage=storage, secret=emulator.secret).results(return_exceptions=True)
+    before = fnmap.job(capped.id, storage=storage, secret=emulator.secret).results(return_exceptions=True)
     kept = [i for i, r in enumerate(before) if r == i * 2]
     assert len(kept) == capped.calls_done and isinstance(before[-1], Exception)
     os.remove(os.path.join(folder, "ran"))
     bigger = 3 * LAMBDA.job_overhead() + ITEMS * LAMBDA.attempt(SLEEP, memory_mb=BIG, gets=3)
     # No speculative copy of the redrive's last call: it would run its item a second time (and
     # commit nothing), and this test counts runs.
-    done = fnmap_cli("redrive", capped.job_id[:10], "--max-cost", str(bigger), storage=storage, emu=emulator,
+    done = fnmap_cli("redrive", capped.id[:10], "--max-cost", str(bigger), storage=storage, emu=emulator,
                      FNMAP_SPECULATION="false")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"cost cap {usd(bigger)}: " in done.stdout and "(not reached)" in done.stdout, done.stdout
-    job = fnmap.job(capped.job_id, storage=storage, secret=emulator.secret)
+    job = fnmap.job(capped.id, storage=storage, secret=emulator.secret)
     assert job.status == "succeeded" and job.summary()["cost_cap"]["max_cost"] == bigger
     assert job.results() == [x * 2 for x in range(ITEMS)]
     # The redrive ran each item that had no result, once, and none that had one.
@@ -158,7 +158,7 @@ def test_redrive_with_a_bigger_cap_finishes_every_item_once(emulator, tmp_path):
 
 def test_the_dashboard_job_page_shows_the_cap(jobs):
     capped = jobs["capped"]
-    record = fnmap.job(capped.job_id, storage=jobs["storage"]).record()
+    record = fnmap.job(capped.id, storage=jobs["storage"]).record()
     page = views.job_page(record)
     assert page["summary"]["status"] == "capped"
     spent = record["cost_cap"]["spent_usd"]
@@ -166,7 +166,7 @@ def test_the_dashboard_job_page_shows_the_cap(jobs):
     assert any(note.startswith(said) for note in page["notes"]), page["notes"]
     assert said in page["cost_text"]
     redrive = [c["command"] for c in page["commands"] if c["command"].startswith("fnmap redrive")]
-    assert redrive == [f"fnmap redrive {capped.job_id[:12]} --max-cost USD"]
+    assert redrive == [f"fnmap redrive {capped.id[:12]} --max-cost USD"]
     under = views.job_page(fnmap.job(jobs["under"], storage=jobs["storage"]).record())
     assert under["cost_text"].endswith(" spent (not reached)") and under["notes"] == []
     # `capped` has a colour of its own, not the grey of an unknown status.

@@ -154,7 +154,7 @@ def test_a_dask_graph_stops_at_its_cap(tmp_path):
         dask.compute(*tasks, scheduler=fnmap.dask.get, max_cost=cap, num_workers=2)
     assert_capped(caught.value, cap, side)
     assert any("fnmap.dask" in note for note in caught.value.__notes__)
-    assert_recorded(caught.value.job_id, cap, side)
+    assert_recorded(caught.value.id, cap, side)
 
 
 def _cubed_chain(tmp_path, executor, ops: int = 5):
@@ -228,7 +228,7 @@ def test_fnmap_map_on_batch_under_a_third_of_its_minimum_is_refused_before_any_c
     assert ran(side) == 0
     assert caught.value.calls_done == 0 and caught.value.calls_not_run == n
     assert caught.value.estimate["usd"] > cap
-    record = fnmap.job(caught.value.job_id).record()
+    record = fnmap.job(caught.value.id).record()
     assert record["cost_cap"]["refused"]["calls"] == n and record["summary"]["status"] == "capped"
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import requests
-from dashboard_jobs import failed_job, running_map, serving, wait_for_file
+from dashboard_jobs import failed_job, running_map, running_with_a_failure, serving, wait_for_file
 from prometheus_client.parser import text_string_to_metric_families
 
 import fnmap
@@ -290,3 +290,14 @@ def test_a_running_job_page_offers_cancel_and_spans_every_call(dashboard, storag
         assert any(c["command"].startswith("fnmap cancel ") for c in page["commands"])
         assert page["timeline"]["last_call"] == 3
     assert results == [0, 1, 2, 3]
+
+
+def test_a_running_jobs_failed_call_shows_its_error_and_traceback(dashboard, storage, tmp_path):
+    """While a job runs (call 2 waits), its page lists call 1's failure with its error and remote
+    traceback (where the call's output answer sends the reader): not ``error: ?`` and ``null``."""
+    with running_with_a_failure(storage, str(tmp_path / "release")) as job:
+        page = _authed(dashboard, f"/api/jobs/{job.id}").json()
+    assert page["summary"]["status"] == "running"
+    (failed,) = page["failures"]["calls"]
+    assert (failed["call"], failed["error"]) == (1, "KeyError: 'no such thing as 1'")
+    assert "raise KeyError" in failed["traceback"]

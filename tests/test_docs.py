@@ -8,6 +8,7 @@ its links into docs/ are checked here against the pages' headings, slugged as Mk
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import subprocess
@@ -88,3 +89,23 @@ def test_the_readmes_links_lead_somewhere():
         elif anchor and anchor not in headings(target):
             broken.append(f"{link}: no heading #{anchor} in {path or 'README.md'}")
     assert not broken, broken
+
+
+def section_code(page: pathlib.Path, heading: str) -> str:
+    """The first ```python block under ``heading`` (a line ``## heading``) of ``page``, before the next heading."""
+    text = page.read_text().split(f"\n{heading}\n", 1)[1]
+    section = re.split(r"\n#{2,6} ", text, maxsplit=1)[0]  # not "# ": a comment in a code block
+    found = re.search(r"```python\n(.*?)```", section, re.S)
+    assert found, f"{page.name}: no python example under {heading!r}"
+    return found.group(1)
+
+
+def test_the_fault_example_of_the_operations_guide_runs(tmp_path):
+    """It plays an unreliable platform on a fresh emulator with chunksize=1: its retries must carry it
+    through (the default retries=2 failed one such run in five)."""
+    script = tmp_path / "faults.py"
+    script.write_text(section_code(DOCS / "operations.md", "## Faults on purpose"))
+    env = dict(os.environ, FNMAP_STORAGE=(tmp_path / "store").as_uri())  # its emulator ends with it (conftest)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

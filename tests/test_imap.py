@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from naps import nap_then_mark
 
 import fnmap
 
@@ -28,14 +29,6 @@ def test_imap_yields_in_input_order_and_unordered_as_they_finish(backend):
     first = next(iter(fnmap.imap_unordered(nap, delays, backend=backend, workers=4)))
     assert first == 0.0  # the slow first item does not hold the others back
     assert sorted(fnmap.imap_unordered(nap, delays, backend=backend, workers=4)) == sorted(delays)
-
-
-def nap_then_mark(args):
-    seconds, path = args
-    time.sleep(seconds)
-    with open(path, "w"):
-        pass
-    return seconds
 
 
 @pytest.mark.parametrize("backend", ["emulator", "local"])

@@ -211,6 +211,18 @@ def test_an_operation_the_emulator_does_not_serve_is_named_without_blaming_crede
     assert "Check the credentials" in explain_failure("deploy", "fnmap", denied)
 
 
+def test_a_deploy_with_neither_credentials_nor_a_region_names_both(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FNMAP_"))}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true")
+    neither = fnmap_cli("deploy", "aws", "deploy", env=env, cwd=tmp_path)
+    assert neither.returncode != 0 and "Unable to locate credentials" in neither.stderr, neither.stderr
+    assert "No AWS region is set either" in neither.stderr and "--region, or AWS_DEFAULT_REGION" in neither.stderr
+    with_region = fnmap_cli("deploy", "aws", "deploy", "--region", "eu-west-1", env=env, cwd=tmp_path)
+    assert with_region.returncode != 0 and "Check the credentials" in with_region.stderr, with_region.stderr
+    assert "region" not in with_region.stderr.lower()
+
+
 def test_a_lock_file_must_pin_every_package(tmp_path):
     lock = tmp_path / "requirements.lock"
     lock.write_text("requests==2.31.0 \\\n    --hash=sha256:abc\nnumpy>=1.24\n")

@@ -64,6 +64,8 @@ def test_a_module_imported_inside_the_function_is_named_with_the_fix(tmp_path):
     assert "ModuleNotFoundError: No module named 'helper3'" in done.stderr
     assert f"module 'helper3' is a local module here ({tmp_path / 'helper3.py'})" in done.stderr, done.stderr
     assert "Import it at module level" in done.stderr
+    # the local-file note alone: not the worker's advice to install a PyPI package of that name first
+    assert "pip install helper3" not in done.stderr and "helper3 is not installed" not in done.stderr, done.stderr
 
 
 def test_a_module_imported_at_module_level_ships_by_value(tmp_path):

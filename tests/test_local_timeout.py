@@ -3,19 +3,10 @@ call fails at its deadline and the thread's late result is ignored)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from naps import nap_then_mark
 
 import fnmap
-
-
-def nap_then_mark(args):
-    seconds, path = args
-    time.sleep(seconds)
-    with open(path, "w"):
-        pass
-    return seconds
 
 
 def test_a_call_past_its_timeout_fails_at_the_deadline(tmp_path):

@@ -89,7 +89,7 @@ def test_a_named_map_killed_at_each_stage_of_its_start_is_finished_by_running_it
 #: A named map whose function fails on item 3 (``BUGGY``) or does not (the bug fixed), each run
 #: appending its item to ``RUNS``.
 FIXED = """
-import os, sys, fnmap
+import os, sys, time, fnmap
 
 RUNS = sys.argv[1]
 
@@ -98,6 +98,11 @@ def parse(x):
     os.write(fd, f"{x}\\n".encode())
     os.close(fd)
     if BUGGY and x == 3:
+        # Fail once the other seven items ran (the job's first failure stops the calls not yet
+        # started: on a loaded machine some would never run, and this test is about its history).
+        deadline = time.monotonic() + 60
+        while len(open(RUNS).read().split()) < 8 and time.monotonic() < deadline:
+            time.sleep(0.02)
         raise RuntimeError(f"bad item {x}")
     return x * 10
 
@@ -216,7 +221,7 @@ def test_a_capped_job_redriven_twice_ends_succeeded_with_every_result(tmp_path, 
     with pytest.raises(fnmap.CostCapReached) as caught:
         fnmap.map(_counted(str(tmp_path), sleep), range(n), chunksize=1, memory=memory,
                   max_cost=pricing.job_overhead() + 6 * per_call)
-    job_id = caught.value.job_id
+    job_id = caught.value.id
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "FNMAP_SPECULATION": "false", "FNMAP_SECRET": emu.secret}
     job = fnmap.job(job_id)
     for calls in (2, n + 6):  # room for a few more calls, then for all of them

@@ -70,7 +70,7 @@ def test_cancelled_calls_are_counted_as_cancelled(sched):
     job = new_job(sched, n_calls=4)
     running = job.run.calls[0]
     attempt = sched._begin(job, running)
-    job.cancel()  # three calls never started
+    job.cancel(stop_platform=False)  # three calls never started
     sched._decide(job, running, attempt, ok("finished anyway"))
     assert job.done
     summary = job.summary()

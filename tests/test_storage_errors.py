@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import traceback
 
 import pytest
 
@@ -109,6 +110,9 @@ def test_s3_without_credentials_is_a_storage_error_with_the_fix(s3_env, monkeypa
     assert info.value.reason == "credentials"
     assert f"storage {url} (storage='{url}' (from keyword)): no AWS credentials" in message
     assert "AWS_ACCESS_KEY_ID" in message and "aws configure" in message
+    # One error: botocore's NoCredentialsError, which the message quotes, is not printed above it.
+    shown = "".join(traceback.format_exception(info.value))
+    assert "botocore" not in shown and shown.count("Traceback (most recent call last)") == 1, shown
 
 
 def test_an_unreachable_s3_endpoint_is_a_storage_error_with_the_fix(s3_env, monkeypatch):

@@ -145,6 +145,6 @@ def check_cap(job, func_key: str, n_items: int) -> None:
             f"job {job.id} refused before any call ran: max_cost=${config.max_cost:g} is below its estimate "
             f"{usd(found['usd'])} ({found['made_from']}). Raise max_cost, or run fewer items; "
             "fnmap.estimate(func, items, **options) gives the estimate without running anything.",
-            job_id=job.id, cap=config.max_cost, spent=budget.spent, calls_not_run=found["calls"], estimate=found)
+            id=job.id, cap=config.max_cost, spent=budget.spent, calls_not_run=found["calls"], estimate=found)
     if found["basis"] == "measured" and found["calls"]:
         budget.first_calls = (found["usd"] - budget.pricing.job_overhead()) / found["calls"]

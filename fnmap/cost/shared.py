@@ -52,7 +52,7 @@ class SharedCap:
         spent = self.spent()
         if spent >= self.cap:
             raise CostCapReached(self._stopped(spent, " before the next could start"),
-                                 job_id=self.jobs[-1].id if self.jobs else None, cap=self.cap, spent=spent)
+                                 id=self.jobs[-1].id if self.jobs else None, cap=self.cap, spent=spent)
         return self.cap - spent
 
     def reached(self, error: CostCapReached) -> CostCapReached:
@@ -60,7 +60,7 @@ class SharedCap:
         if self.cap is None or error.cap == self.cap:  # the first job had the whole cap
             return error
         spent = self.spent()
-        return CostCapReached(self._stopped(spent, f"; the last: {error}"), job_id=error.job_id, cap=self.cap,
+        return CostCapReached(self._stopped(spent, f"; the last: {error}"), id=error.id, cap=self.cap,
                               spent=spent, calls_done=error.calls_done, calls_not_run=error.calls_not_run,
                               estimate=error.estimate)
 

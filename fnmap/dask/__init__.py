@@ -447,7 +447,7 @@ class _Run:
         if self.job is None:
             return
         if failed:
-            self.job.cancel()
+            self.job.cancel(stop_platform=False)
             for call_id in self.sent:  # calls still running: delete what they store when they end
                 self.job.run.calls[call_id].future.add_done_callback(self._discard_late)
         self.client.seal(self.job)

@@ -448,7 +448,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "deployment; env: build the packages your functions import into a layer and attach it "
                         "(see below); destroy: remove what deploy created")
     p.add_argument("--name", default=d.name, help=f"function name, and prefix of the role's (default {d.name})")
-    p.add_argument("--region", default=None, help="AWS region (default: boto3's, e.g. AWS_REGION)")
+    p.add_argument("--region", default=None, help="AWS region (default: boto3's, e.g. AWS_DEFAULT_REGION)")
     p.add_argument("--bucket", default=None, help="S3 bucket for job data (default fnmap-<account>-<region>)")
     p.add_argument("--prefix", default=d.prefix, help=f"key prefix in the bucket (default {d.prefix})")
     p.add_argument("--memory", type=int, default=d.memory, help=f"MB per call; CPU grows with it (default {d.memory})")
@@ -498,12 +498,17 @@ AUTH_ERROR_CODES = {
 }
 
 
-def explain_failure(action: str, name: str, e: Exception) -> str:
-    """What stopped ``action``, with advice that fits the error: credentials only for auth errors."""
+def explain_failure(action: str, name: str, e: Exception, region: str | None = None) -> str:
+    """What stopped ``action``, with advice that fits the error: credentials only for auth errors,
+    and the region too when none is set either (``region``: the one given or configured, or None)."""
     from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 
     stopped = f"{action} of {name!r} stopped: {e}."
     again = "then run it again: every step is safe to repeat"
+    if isinstance(e, (NoCredentialsError, PartialCredentialsError)) and not region:
+        return (f"{stopped} No AWS region is set either. Set the credentials (AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) and a region (--region, or AWS_DEFAULT_REGION); "
+                f"`aws configure` sets both (docs/deploy.md, Run on AWS), {again}")
     if isinstance(e, (NoCredentialsError, PartialCredentialsError)) or (
             isinstance(e, ClientError) and e.response.get("Error", {}).get("Code") in AUTH_ERROR_CODES):
         return f"{stopped} Check the credentials and their permissions (docs/deploy.md, Run on AWS), {again}"
@@ -533,7 +538,10 @@ def run(args) -> int:
         else:
             deployment.deploy(update_only=args.action == "update")
     except (BotoCoreError, ClientError) as e:
-        raise FnmapError(explain_failure(args.action, settings.name, e)) from e
+        import boto3
+
+        region = settings.region or boto3.session.Session().region_name
+        raise FnmapError(explain_failure(args.action, settings.name, e, region)) from e
     return 0
 
 

@@ -445,6 +445,9 @@ def _apply_stats(call: dict, stats: dict) -> None:
         call[name] = stats.get(name)
     if call["status"] in ("error", "timeout") and stats.get("failed_items") is not None:
         call["failed_items"] = stats["failed_items"]
+    error = stats.get("error")  # a failing call's [status, "Type: message", traceback], as its worker saw it
+    if error and call["status"] in ("error", "timeout") and not call.get("error"):
+        call["error"], call["traceback"] = error[1], error[2] or None
 
 
 def _rebuild(store, job_id: str, status_keys: list[str], started: dict | None) -> dict:
@@ -496,12 +499,14 @@ def _rebuilt_call(call_id: int, reports: list[dict]) -> dict:
     ran = [s for s in attempts if not s.get("already_final")] or attempts
     last = ran[-1]
     failed = last.get("failed_items") or 0
+    error = last.get("error")  # [status, message, traceback] of a failing call (older workers: none)
     call = {
         "call": call_id,
         "first_item": last.get("first_item"),
         "items": last.get("items", 0),
-        "status": "error" if failed else "ok",
+        "status": (error[0] if error else "error") if failed else "ok",
         "error": None,
+        "traceback": None,
         "submitted": None,
         "ended": last.get("written"),
         "attempts": [{"attempt": s["attempt"], "sent": s.get("started"), "ended": s.get("written"),

@@ -16,6 +16,8 @@ from typing import Any
 import cloudpickle
 
 _local_seen: set[str] = set()
+#: ``sys.modules``' size and last name at :func:`ship_local_modules`' last look.
+_modules_seen: tuple | None = None
 _site_roots: tuple[str, ...] | None = None
 
 
@@ -69,7 +71,19 @@ def _installed_top_level() -> set[str]:
 
 
 def ship_local_modules() -> None:
-    """Register every loaded module that is not installed for pickling by value (cloudpickle)."""
+    """Register every loaded module that is not installed for pickling by value (cloudpickle).
+
+    Looks only when a module was imported since its last look: ``sys.modules`` is a dict, so a new
+    name goes last, and the same count and last name mean no name that is not seen already (every
+    ``Executor.submit`` pickles its function: a scan of a thousand modules was 15 % of a submit)."""
+    global _modules_seen
+    try:
+        now = (len(sys.modules), next(reversed(sys.modules)))
+    except (StopIteration, RuntimeError):  # emptied, or changed while read: look
+        now = None
+    if now is not None and now == _modules_seen:
+        return
+    _modules_seen = now
     for name, module in list(sys.modules.items()):
         if name in _local_seen or module is None:
             continue

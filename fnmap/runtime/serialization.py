@@ -400,16 +400,19 @@ def unpack_exception(data: bytes, tb: str) -> BaseException:
         exc = RemoteError("unknown", f"could not unpickle the remote exception ({e})")
     if not isinstance(exc, BaseException):
         exc = RemoteError(type(exc).__name__, repr(exc))
-    exc.__cause__ = RemoteTraceback(add_local_source_lines(tb))
     note = None
     if isinstance(exc, ModuleNotFoundError):
         note = explain_missing_module(exc.name)
-        if note and "is a local module here" in note:  # the worker's install advice does not apply
-            exc.__notes__ = [n for n in getattr(exc, "__notes__", []) if not n.startswith("fnmap: ")]
+        if note and "is a local module here" in note:  # the worker's install advice does not apply:
+            # gone from the exception's notes and from the remote traceback, which printed them
+            advice = {n for n in getattr(exc, "__notes__", []) if n.startswith("fnmap: ")}
+            exc.__notes__ = [n for n in getattr(exc, "__notes__", []) if n not in advice]
+            tb = "".join(line for line in tb.splitlines(keepends=True) if line.rstrip("\n") not in advice)
     elif isinstance(exc, AttributeError):
         note = explain_missing_attribute(str(exc))
     if note:
         exc.add_note(note)
+    exc.__cause__ = RemoteTraceback(add_local_source_lines(tb))
     return exc
 
 

@@ -27,6 +27,7 @@ from ..errors import STORAGE_REFUSED_ERRNOS, storage_fix
 from ..errors import TimeoutError as CallTimeout
 from ..storage import is_unreachable, open_store
 from . import compression, forks, keys, processes, setup, signing
+from .call_error import remote_error
 from .capture import captured as _captured
 from .items import Deadline, Expired, run_items
 from .local_modules import ModuleFiles
@@ -466,9 +467,19 @@ def _add_output(stats: dict, req: CallRequest, logs: io.StringIO | None) -> bool
     return False
 
 
+#: Characters of a failing call's traceback kept in its status record (its end, where the error is).
+TRACEBACK_CHARS = 20_000
+
+
 def _observed(loaded_at: float, logs: io.StringIO | None, outcomes) -> dict:
-    """Stats for job records: when loading ended, and the output tail of a failing call."""
+    """Stats for job records: when loading ended and, for a failing call, its error (the first
+    failing item's ``[status, "Type: message", traceback]``) and the tail of its output, so that a
+    reader of a running job, whose client has written no record yet, shows them."""
     extra: dict = {"loaded": loaded_at}
-    if logs is not None and logs.tell() and count_failed(outcomes):
+    if not count_failed(outcomes):
+        return extra
+    status, message, tb = remote_error(outcomes)
+    extra["error"] = [status, message, tb[-TRACEBACK_CHARS:]]
+    if logs is not None and logs.tell():
         extra["log_tail"] = logs.getvalue()[-LOG_TAIL_CHARS:]
     return extra

@@ -51,7 +51,10 @@ def _storage_errors(method):
         except Exception as e:
             if not type(e).__module__.startswith("botocore"):
                 raise
-            raise self._failure(e) from e
+            error = self._failure(e)
+            # Its message says what botocore said and the fix: botocore's own traceback (some 40
+            # lines of its internals) is kept only for a failure fnmap does not know.
+            raise error from (e if getattr(error, "reason", None) == "failed" else None)
 
     return checked
 
