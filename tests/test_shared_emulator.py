@@ -387,8 +387,13 @@ def test_python_python3_and_the_fnmap_command_share_one_emulator_whatever_their_
     runs = [([python, "-c", SCRIPT], {"FNMAP_EMULATOR_IDLE": "120"}),
             ([str(pathlib.Path(python).parent / "python3"), "-c", SCRIPT], {"FNMAP_EMULATOR_IDLE": "90"}),
             ([str(command)], {"FNMAP_EMULATOR_IDLE": "60", "FNMAP_WORKERS": "3"})]
+    # Every client imports this checkout's fnmap, whichever folder its interpreter puts first on the
+    # path (a script's own, or the working folder): another fnmap would rightly get its own emulator.
+    checkout = str(pathlib.Path(__file__).resolve().parents[1])
+    here = os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")]))
     for argv, extra in runs:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=dict(os.environ, **extra))
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, PYTHONPATH=here, **extra))
         assert done.returncode == 0, done.stderr
         assert done.stdout.split()[0] == "6"
     assert len(emulators(runtime)) == 1
