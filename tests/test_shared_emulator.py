@@ -17,6 +17,8 @@ import time
 import pytest
 from conftest import until
 
+from fnmap.errors import FnmapError
+
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock and a per-user runtime folder")
 
 SCRIPT = """
@@ -876,3 +878,23 @@ def test_an_emulator_that_stops_when_idle_leaves_its_successors_socket(short_run
     assert os.path.exists(new["socket"])
     run_script()
     assert emulators(short_runtime) == [new]
+
+
+def test_a_start_lock_held_for_ever_is_waited_on_for_a_bounded_time(tmp_path, monkeypatch):
+    """An emulator whose starter was killed holds the start lock until it is ready; one that hangs
+    while starting must not hold every later client for ever: they wait a bounded time, then say
+    what to do."""
+    from fnmap.emulator import shared
+
+    hold = ("import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(120)\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / "lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(shared, "STARTUP_TIMEOUT", 0.2)
+        with pytest.raises(FnmapError, match="has been starting for over .* kill the `fnmap emulator` process"):
+            with shared.locked(str(tmp_path)):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()

@@ -313,16 +313,35 @@ _lock_fds: set[int] = set()
 def locked(folder: str):
     """The start lock of the shared emulator whose folder is ``folder``, held (the lock's descriptor):
     starting one, withdrawing its state, and removing its socket happen under it."""
-    import fcntl
 
     fd = os.open(os.path.join(folder, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
     _lock_fds.add(fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _take(fd, folder)
         yield fd
     finally:
         _lock_fds.discard(fd)
         os.close(fd)
+
+
+def _take(fd: int, folder: str) -> None:
+    """Take the start lock, waiting at most twice :data:`STARTUP_TIMEOUT` (its holder is a starter,
+    or an emulator starting, which either is ready or is stopped in that time): an emulator whose
+    starter was killed and that then hangs while starting would otherwise hold every client for ever."""
+    import fcntl
+
+    deadline = time.monotonic() + 2 * STARTUP_TIMEOUT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise FnmapError(
+                    f"the shared fnmap emulator in {folder} has been starting for over {2 * STARTUP_TIMEOUT:.0f} s "
+                    f"(another process holds its start lock; its log: {os.path.join(folder, LOG_FILE)}): kill the "
+                    "`fnmap emulator` process that hangs (`pgrep -af 'fnmap emulator'`), then run again") from None
+            time.sleep(0.05)
 
 
 @forks.at_fork
