@@ -788,12 +788,6 @@ def _frozen_before_ready(client: subprocess.Popen, runtime) -> int:
     return pid
 
 
-def _waiting_on_a_lock(pid: int) -> bool:
-    """Whether ``pid`` waits for an ``flock`` (a ``->`` line of /proc/locks names the waiter)."""
-    with open("/proc/locks") as f:
-        return any("->" in line and line.split("->", 1)[1].split()[3] == str(pid) for line in f)
-
-
 @pytest.fixture
 def short_runtime(monkeypatch):
     """A runtime folder with a path short enough for the sessions socket to lie in the emulator's
@@ -823,8 +817,11 @@ def test_a_client_killed_while_it_starts_the_emulator_leaves_one_emulator(short_
     second = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
     try:
-        until(lambda: _waiting_on_a_lock(second.pid) or _emulator_processes(str(short_runtime), second.pid)
-              or second.poll() is not None, seconds=120)
+        # The second client waits on the start lock meanwhile (polling it: a bounded wait); without
+        # the lock passed on, it would start an emulator of its own within these seconds.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not _emulator_processes(str(short_runtime), second.pid):
+            time.sleep(0.1)
     finally:
         os.kill(orphan, signal.SIGCONT)
     out, err = second.communicate(timeout=120)
