@@ -1,4 +1,4 @@
-"""Functions the streaming and timeout tests map: a nap that leaves a mark when it ends."""
+"""Functions the streaming, async and timeout tests map: naps, one that leaves a mark, one that fails."""
 
 from __future__ import annotations
 
@@ -12,3 +12,16 @@ def nap_then_mark(args):
     with open(path, "w"):
         pass
     return seconds
+
+
+def nap(seconds):
+    """Sleep ``seconds``; return them."""
+    time.sleep(seconds)
+    return seconds
+
+
+def fails_on_two(x):
+    """``x``, but a ValueError for 2: an item's failure among successes."""
+    if x == 2:
+        raise ValueError("two")
+    return x

@@ -14,7 +14,7 @@ import traceback
 import warnings
 
 import pytest
-from naps import nap_then_mark
+from naps import fails_on_two, nap, nap_then_mark
 
 import fnmap
 from fnmap.observe import history
@@ -26,17 +26,6 @@ BlockingCallWarning = fnmap.BlockingCallWarning
 
 def square(x):
     return x * x
-
-
-def nap(seconds):
-    time.sleep(seconds)
-    return seconds
-
-
-def fails_on_two(x):
-    if x == 2:
-        raise ValueError("two")
-    return x
 
 
 async def numbers(n):

@@ -6,20 +6,9 @@ import os
 import time
 
 import pytest
-from naps import nap_then_mark
+from naps import fails_on_two, nap, nap_then_mark
 
 import fnmap
-
-
-def nap(seconds):
-    time.sleep(seconds)
-    return seconds
-
-
-def fails_on_two(x):
-    if x == 2:
-        raise ValueError("two")
-    return x
 
 
 @pytest.mark.parametrize("backend", ["emulator", "local"])
