@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 
+from chunking import offline_exports
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _CLIENT = """
@@ -66,15 +68,7 @@ def _offline_emulator(tree: str, workdir: str, workers: int) -> tuple[subprocess
                              "--workers", str(workers), "--env-file", env_file],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env=_clean_env(tree), cwd=tree)
-    settings = {}
-    for line in proc.stdout:
-        if line.startswith("export "):
-            name, _, value = line.split(None, 1)[1].strip().partition("=")
-            settings[name] = value.strip("'\"")
-        if "listening on" in line:
-            break
-    else:
-        raise RuntimeError("the offline AWS emulator did not start")
+    settings = offline_exports(proc)
     return proc, dict(_clean_env(tree), **settings)
 
 

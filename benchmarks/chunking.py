@@ -147,13 +147,9 @@ def tiny_items(n: int, reps: int, baseline: str | None = None, warm_maps: int = 
     return rows
 
 
-def _offline_aws(workdir: str) -> tuple[subprocess.Popen, dict]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FNMAP_", "AWS_"))}
-    env["PYTHONPATH"] = ROOT
-    env_file = os.path.join(workdir, "offline.env")
-    proc = subprocess.Popen([sys.executable, "-m", "fnmap", "emulator", "--aws", "--port", "0", "--workers", "2",
-                             "--env-file", env_file], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, env=env, cwd=workdir)
+def offline_exports(proc: subprocess.Popen) -> dict:
+    """The ``export NAME=value`` lines ``fnmap emulator --aws --env-file`` prints until it listens: the
+    settings a client sources to reach it."""
     settings = {}
     for line in proc.stdout:
         if line.startswith("export "):
@@ -163,6 +159,17 @@ def _offline_aws(workdir: str) -> tuple[subprocess.Popen, dict]:
             break
     else:
         raise RuntimeError("the offline AWS emulator did not start")
+    return settings
+
+
+def _offline_aws(workdir: str) -> tuple[subprocess.Popen, dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FNMAP_", "AWS_"))}
+    env["PYTHONPATH"] = ROOT
+    env_file = os.path.join(workdir, "offline.env")
+    proc = subprocess.Popen([sys.executable, "-m", "fnmap", "emulator", "--aws", "--port", "0", "--workers", "2",
+                             "--env-file", env_file], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=env, cwd=workdir)
+    settings = offline_exports(proc)
     client_env = dict(env, **settings, FNMAP_PROGRESS="false")
     return proc, client_env
 

@@ -7,6 +7,7 @@ it is the value itself, or the remote exception.
 
 from __future__ import annotations
 
+import abc
 import threading
 import time
 from concurrent.futures import CancelledError, Future
@@ -116,7 +117,7 @@ FAULT_ERRORS = {
 }
 
 
-class JobHandle:
+class JobHandle(abc.ABC):
     """What every job object answers, the job of ``fnmap.map(..., return_job=True)`` (an Executor's
     ``.job``, :class:`Job`) and the job read back by id (``fnmap.job(ID)``,
     :class:`fnmap.attach.AttachedJob`) alike: ``id``, ``status``, ``done``, ``wait()``,
@@ -127,10 +128,10 @@ class JobHandle:
     #: The job's id (32 hex digits; ``job_id`` in its record's JSON), under which its storage keeps it.
     id: str
 
+    @abc.abstractmethod
     def record(self) -> dict:
         """The job's record: per call its times, worker, cold start, attempts, bytes, memory, status
         and error, plus ``record["summary"]``; while the job runs, a snapshot."""
-        raise NotImplementedError
 
     def summary(self) -> dict:
         """The record's summary: status, calls per state, items, failures, retries, durations
@@ -170,19 +171,23 @@ class JobHandle:
             options.setdefault(name, value)
         return self._redrive(options)
 
+    @abc.abstractmethod
     def _redrive_defaults(self) -> dict:
-        raise NotImplementedError
+        """The options a redrive of this job takes from it when not given."""
 
+    @abc.abstractmethod
     def _redrive(self, options: dict) -> Job:
-        raise NotImplementedError
+        """Start the redrive with these options; the running job."""
 
     # -- the awaitable forms of wait() and results(): ``await job.wait.aio()`` (fnmap.twins) --
 
+    @abc.abstractmethod
     def _wait(self, timeout: float | None) -> bool:
-        raise NotImplementedError
+        """Block until the job ended or ``timeout`` passed; whether it ended."""
 
+    @abc.abstractmethod
     def _results(self, return_exceptions: bool) -> list:
-        raise NotImplementedError
+        """Every item's result, in input order (blocking)."""
 
     async def _wait_aio(self, timeout: float | None = None) -> bool:
         from .loop import run_blocking

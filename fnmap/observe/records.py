@@ -499,12 +499,11 @@ def _rebuilt_call(call_id: int, reports: list[dict]) -> dict:
     ran = [s for s in attempts if not s.get("already_final")] or attempts
     last = ran[-1]
     failed = last.get("failed_items") or 0
-    error = last.get("error")  # [status, message, traceback] of a failing call (older workers: none)
     call = {
         "call": call_id,
         "first_item": last.get("first_item"),
         "items": last.get("items", 0),
-        "status": (error[0] if error else "error") if failed else "ok",
+        "status": last["error"][0] if failed else "ok",  # a failing call's [status, message, traceback]
         "error": None,
         "traceback": None,
         "submitted": None,
