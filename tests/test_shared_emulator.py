@@ -482,6 +482,25 @@ def test_a_session_the_emulator_ended_is_attached_again(runtime):
     assert len(emulators(runtime)) == 1
 
 
+def test_a_handle_found_not_answering_is_replaced_though_it_reads_as_alive(runtime):
+    """A killed emulator closes its sockets some milliseconds before its process reads as ended: a
+    client that found it not answering asks for another (``gone=``) and must not get the same
+    handle back, or its replacements are spent in that window and the map fails (seen under load)."""
+    import fnmap
+    from fnmap.backends.emulator import embedded_emulator
+    from fnmap.config import resolve
+
+    assert fnmap.map(abs, [-1], chunksize=1) == [1]
+    config = resolve()
+    settings = dict(secret=config.secret, idle=config.emulator_idle)
+    first = embedded_emulator(config.workers, "", (), **settings)
+    assert first.alive() and embedded_emulator(config.workers, "", (), **settings) is first
+    second = embedded_emulator(config.workers, "", (), gone=first, **settings)
+    assert second is not first and second.alive()
+    assert embedded_emulator(config.workers, "", (), **settings) is second
+    second.stop()
+
+
 # -- fresh code, live output, memory given back, an emulator that outlives what it serves ----------
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from ..config import endpoint_environment
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 
 #: Emulators one backend may start or find in place of one that disappeared, before it gives up.
 MAX_REPLACEMENTS = 5
+#: How long an emulator that dropped a connection must stay up and listening to count as there (a
+#: killed one closes its connections first, its listening socket next, and reads as ended last).
+SETTLE_SECONDS = 0.25
 
 
 class SessionGone(PlatformFault):
@@ -82,10 +86,10 @@ class EmulatorBackend(HttpBackend):
         #: /invoke-many``: it injects faults, or its workers check every call's signature).
         self._cannot_batch = False
 
-    def _embedded_emulator(self) -> EmulatorHandle:
+    def _embedded_emulator(self, gone: EmulatorHandle | None = None) -> EmulatorHandle:
         config = self._config
         return embedded_emulator(config.workers, config.emulator_options, endpoint_environment(),
-                                 secret=config.secret, idle=config.emulator_idle)
+                                 secret=config.secret, idle=config.emulator_idle, gone=gone)
 
     def _use(self, emulator: EmulatorHandle) -> None:
         """Send calls to ``emulator`` (started or found by this backend), as this process's session."""
@@ -113,23 +117,22 @@ class EmulatorBackend(HttpBackend):
                 f"{fault.message}: the emulator at {self.url} ({self._config.describe('emulator_url')}) is not "
                 f"answering; if it stopped, start it again (`fnmap emulator`) and finish the job with "
                 f"`fnmap redrive {job_id}`")) from None
-        from ..emulator.shared import listening
-
         with self._replacing:
             if self._generation != generation:
                 return  # another thread replaced it already
             emulator = self.embedded
-            there = emulator.alive() and listening(emulator.url)
-            if there and not isinstance(fault, SessionGone):
+            gone = isinstance(fault, SessionGone)
+            there = _still_there(emulator, settle=0 if gone else SETTLE_SECONDS)
+            if there and not gone:
                 raise fault  # it is there: a fault of this call's, retried as any other
             if self._generation >= MAX_REPLACEMENTS:
                 raise PlatformFault(FaultKind.CONNECTION, f"{fault.message} (the emulator fnmap started was "
                                     f"replaced {self._generation} times already; its log says why)") from None
             if there:
                 emulator.attach()  # it is there but ended this process's session: a new one
-            else:
+            else:  # a new one, even where the old one's process has not yet read as ended
                 emulator.stop()
-                emulator = self._embedded_emulator()
+                emulator = self._embedded_emulator(gone=emulator)
             self._use(emulator)
             self._generation += 1
 
@@ -182,6 +185,18 @@ class EmulatorBackend(HttpBackend):
         return self.embedded is None or self.embedded.alive()
 
 
+def _still_there(emulator: EmulatorHandle, settle: float) -> bool:
+    """Whether ``emulator`` is up and listening, and stays so for ``settle`` seconds."""
+    from ..emulator.shared import listening
+
+    deadline = time.monotonic() + settle
+    while emulator.alive() and listening(emulator.url):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def _check_reachable(url: str, config) -> None:
     """Ask the emulator at ``url`` for its health; a ConfigError saying whether nothing answered there
     or an emulator answered and refused (its front door admits only the names it serves)."""
@@ -217,8 +232,10 @@ _lock = threading.Lock()
 
 
 def embedded_emulator(workers: int | None, options: str = "", environment: tuple = (),
-                      secret: str | None = None, idle: float = 0) -> EmulatorHandle:
-    """The emulator for these settings, started on first use (restarted if it died).
+                      secret: str | None = None, idle: float = 0,
+                      gone: EmulatorHandle | None = None) -> EmulatorHandle:
+    """The emulator for these settings, started on first use (restarted if it died, or if it is
+    ``gone``: a handle its caller found not answering, which may not read as ended yet).
 
     ``idle`` > 0 and no ``options``: the one shared by this user's processes
     (:mod:`fnmap.emulator.shared`), attached to or started, which stays up ``idle`` seconds after
@@ -233,7 +250,7 @@ def embedded_emulator(workers: int | None, options: str = "", environment: tuple
     key = (workers, options, environment, secret, idle)
     with _lock:
         emu = _embedded.get(key)
-        if emu is None or not emu.alive():
+        if emu is None or emu is gone or not emu.alive():
             if emu is not None:
                 emu.stop()  # reap the dead one
             if idle and not options and supported():

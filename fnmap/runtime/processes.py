@@ -38,8 +38,8 @@ def alive(pid: int, start: str | None = None) -> bool:
     except PermissionError:
         pass
     found = stat(pid)
-    if found is None:
-        return True  # no /proc (macOS): kill(0) said it is there
+    if found is None:  # reaped since kill(0), or no /proc (macOS): kill(0) said it is there
+        return not os.path.isdir("/proc/self")
     return found.state != "Z" and (start is None or found.start == start)
 
 
