@@ -17,7 +17,9 @@ when it is to run anew.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import json
 import re
 import time
@@ -27,7 +29,7 @@ from typing import Any
 from . import lease
 from .attach import AttachedJob
 from .chunk_pickle import dump_chunk
-from .errors import ConfigError
+from .errors import ConfigError, KeyNotFound
 from .observe.records import JobNotFound
 from .redrive import Held, clear_last_run, redrive, refused_at_start
 from .runtime import keys
@@ -75,26 +77,25 @@ def claim(client, config, name: str, func, items: list, mode: str = "one") -> Cl
         "items": len(items),
     }
     key = keys.job_name_key(name)
-    job_id = keys.new_job_id()
-    claimed = {"job_id": job_id, **identity, "created": time.time()}
+    claimed = {"job_id": keys.new_job_id(), **identity, "created": time.time()}
     with client.storage_errors(f"claim the job name {name!r}"):
-        if client.store.put_if_absent(key, json.dumps(claimed).encode()):
-            return Claim(job_id)
-        named = json.loads(client.store.get(key))
+        won = client.store.put_if_absent(key, json.dumps(claimed).encode())
+        named = claimed if won else json.loads(client.store.get(key))
     differs = _differs(named, identity)
     if named.get("inputs") != identity["inputs"]:
         raise _taken(name, named, differs)
-    job = _as_it_stands(client, config, named["job_id"], Held(func, mode, items), changed=bool(differs))
-    if job is False:
-        raise _taken(name, named, differs)
-    if isinstance(job, dict):  # refused at its start: this map starts it, its estimate checked against this max_cost
-        clear_last_run(client.store, named["job_id"])
-        return Claim(named["job_id"], first_run=job)
+    job_id, held = named["job_id"], Held(func, mode, items)
+    found = _start_run(client, config, job_id, None, held) if won else None
+    while found is None:  # as it stands, until this process runs it, or another does and is followed
+        job = _as_it_stands(client, job_id, changed=bool(differs))
+        if job is False:
+            raise _taken(name, named, differs)
+        found = Claim(job_id, job) if isinstance(job, AttachedJob) else _start_run(client, config, job_id, job, held)
     if differs:  # a function run again over the job's failed items: the name accepts it from now on
         named["functions"] = [*named.get("functions", []), identity["function"]]
         with client.storage_errors(f"update the job name {name!r}"):
             client.store.put(key, json.dumps(named).encode())
-    return Claim(named["job_id"], job)
+    return found
 
 
 def function_identity(func) -> str:
@@ -147,12 +148,11 @@ def _taken(name: str, named: dict, differs: list) -> JobNameTaken:
         f"(e.g. {name + '-2'!r}), or leave job_name out to run anew")
 
 
-def _as_it_stands(client, config, job_id: str, held: Held, changed: bool):
-    """The named job as it stands: its results if it succeeded or a live client runs it, else a
-    redrive of what has no result and of its failed items (with ``held``'s function and items);
-    None if the process that claimed the name stopped before the job started; its summary if its
-    cost estimate refused it at its start (nothing ran, nothing was stored: the map is started
-    again); False if ``changed`` (another function) and the job has no failed items to run again."""
+def _as_it_stands(client, job_id: str, changed: bool):
+    """The named job as it stands: its handle if it succeeded or a live client runs it; its summary
+    if it is to run again (its client stopped, its items failed, or its cost estimate refused it at
+    its start); None if there is no job yet (the process that claimed the name has not started it,
+    or stopped first); False if ``changed`` (another function) and the job has no failed items to run again."""
     try:
         attached = AttachedJob(client.store, job_id, secret=client.secret.decode())
     except JobNotFound:
@@ -164,6 +164,64 @@ def _as_it_stands(client, config, job_id: str, held: Held, changed: bool):
         return False if changed else attached
     if changed and not summary.get("failed_items"):
         return False
-    if refused_at_start(summary):
-        return summary
-    return redrive(client.store, job_id, config=config, failed=True, held=held)
+    return summary
+
+
+def _run_of(summary: dict | None) -> int:
+    """The number of the job's run after the one ``summary`` tells of (None: no run yet): each run
+    under its id, its first and each redrive or start again, adds itself to its ``redriven``."""
+    return 0 if summary is None else 1 + len(summary.get("redriven") or ())
+
+
+def _start_run(client, config, job_id: str, summary: dict | None, held: Held) -> Claim | None:
+    """Run the job again from where ``summary`` leaves it (None: start it), if this process is the
+    first to claim that run (``keys.job_start_key``, first-writer-wins, as a lease that lasts
+    ``config.lease``: a client that stopped before it started the run is passed over): started now
+    under its id, its estimate checked against this ``max_cost`` if that refused it, else redriven.
+    If a live client claimed it first, that run once it has started, followed; None if that client
+    stopped before it started it (the job is to be looked at again)."""
+    run = _run_of(summary)
+    for attempt in itertools.count():
+        key = keys.job_start_key(job_id, run, attempt)
+        now = time.time()
+        mine = {"holder": lease.holder(), "renewed": now, "expires": now + float(config.lease)}
+        with client.storage_errors(f"claim the start of job {job_id}"):
+            if client.store.put_if_absent(key, json.dumps(mine).encode()):
+                break
+            theirs = _read(client.store, key)
+        if lease.live(theirs):
+            return _follow(client, job_id, run, key)
+    try:
+        if summary is None:
+            return Claim(job_id)
+        if refused_at_start(summary):  # this map starts it, its estimate checked against this max_cost
+            clear_last_run(client.store, job_id)
+            return Claim(job_id, first_run=summary)
+        return Claim(job_id, redrive(client.store, job_id, config=config, failed=True, held=held))
+    except BaseException:
+        with contextlib.suppress(Exception):  # nothing started: the next client claims the run (else it expires)
+            client.store.delete([key])
+        raise
+
+
+def _follow(client, job_id: str, run: int, key: str) -> Claim | None:
+    """The job once its run ``run``, claimed at ``key`` by another client, has started: that
+    client's run, which this map waits for; None if the client stopped before it started the run."""
+    delay = 0.1
+    while lease.live(_read(client.store, key)):
+        try:
+            attached = AttachedJob(client.store, job_id, secret=client.secret.decode())
+            if _run_of(attached.summary()) > run:
+                return Claim(job_id, attached)
+        except JobNotFound:
+            pass
+        time.sleep(delay)
+        delay = min(1.0, delay * 1.5)
+    return None
+
+
+def _read(store, key: str) -> dict | None:
+    try:
+        return json.loads(store.get(key))
+    except KeyNotFound:
+        return None
