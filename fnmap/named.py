@@ -13,6 +13,13 @@ differ only to run again the items of a job that failed (a bug fixed); the name 
 too.  Other items, or another function for a job with no failed items, are refused, saying which
 differs.  :func:`claim` says which of these holds; the caller (:mod:`fnmap.api`) starts the map
 when it is to run anew.
+
+Clients that run one named job at the same moment, on any machines, start (or redrive) it once:
+each run of the job under its id (the first, and each start again or redrive) is claimed
+first-writer-wins before it starts (``keys.job_start_key``, numbered by the runs the job's record
+counts), and a client that finds the run claimed by a live client waits until that run has
+started and follows it.  A claim is held as a lease is (:func:`fnmap.lease.live`): a client that
+stopped before it started the run, or took longer than the ``lease`` option to, is passed over.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ class Claim:
     #: The id of the job the name stands for.
     job_id: str
     #: That job as it stands (its results if it succeeded or a live client runs it, else its
-    #: redrive), or None: the map is to be started under ``job_id`` (the name was claimed now, or
+    #: redrive), or None: this map is to start it under ``job_id`` (the name was claimed now, or
     #: the process that claimed it stopped before the job started, or its estimate refused it).
     job: Any = None
     #: The summary of the job's earlier run when the map starts again under ``job_id`` (refused at
@@ -88,13 +95,21 @@ def claim(client, config, name: str, func, items: list, mode: str = "one") -> Cl
     found = _start_run(client, config, job_id, None, held) if won else None
     while found is None:  # as it stands, until this process runs it, or another does and is followed
         job = _as_it_stands(client, job_id, changed=bool(differs))
-        if job is False:
-            raise _taken(name, named, differs)
-        found = Claim(job_id, job) if isinstance(job, AttachedJob) else _start_run(client, config, job_id, job, held)
-    if differs:  # a function run again over the job's failed items: the name accepts it from now on
-        named["functions"] = [*named.get("functions", []), identity["function"]]
-        with client.storage_errors(f"update the job name {name!r}"):
-            client.store.put(key, json.dumps(named).encode())
+        if job is False:  # unless another client took this function for the job's failed items meanwhile
+            with client.storage_errors(f"read the job name {name!r}"):
+                named = json.loads(client.store.get(key))
+            differs = _differs(named, identity)
+            if differs:
+                raise _taken(name, named, differs)
+        elif isinstance(job, AttachedJob):
+            found = Claim(job_id, job)
+        else:
+            if differs:  # a function run again over the job's failed items: the name accepts it from now on
+                named["functions"] = [*named.get("functions", []), identity["function"]]
+                with client.storage_errors(f"update the job name {name!r}"):
+                    client.store.put(key, json.dumps(named).encode())
+                differs = []
+            found = _start_run(client, config, job_id, job, held)
     return found
 
 
@@ -167,20 +182,19 @@ def _as_it_stands(client, job_id: str, changed: bool):
     return summary
 
 
-def _run_of(summary: dict | None) -> int:
-    """The number of the job's run after the one ``summary`` tells of (None: no run yet): each run
-    under its id, its first and each redrive or start again, adds itself to its ``redriven``."""
+def _runs(summary: dict | None) -> int:
+    """How many runs of the job under its id have started, as ``summary`` tells (None: no job yet):
+    its first, and each start again or redrive, which adds itself to its ``redriven``."""
     return 0 if summary is None else 1 + len(summary.get("redriven") or ())
 
 
-def _start_run(client, config, job_id: str, summary: dict | None, held: Held) -> Claim | None:
+def _start_run(client, config, job_id: str, summary: dict | None, held: Held) -> Claim:
     """Run the job again from where ``summary`` leaves it (None: start it), if this process is the
     first to claim that run (``keys.job_start_key``, first-writer-wins, as a lease that lasts
-    ``config.lease``: a client that stopped before it started the run is passed over): started now
-    under its id, its estimate checked against this ``max_cost`` if that refused it, else redriven.
-    If a live client claimed it first, that run once it has started, followed; None if that client
-    stopped before it started it (the job is to be looked at again)."""
-    run = _run_of(summary)
+    ``config.lease``): started now under its id, its estimate checked against this ``max_cost`` if
+    that refused it, else redriven.  If another client claimed it first, that client's run once it
+    has started, to follow; a claim whose client stopped before it started the run is passed over."""
+    run = _runs(summary)
     for attempt in itertools.count():
         key = keys.job_start_key(job_id, run, attempt)
         now = time.time()
@@ -188,9 +202,9 @@ def _start_run(client, config, job_id: str, summary: dict | None, held: Held) ->
         with client.storage_errors(f"claim the start of job {job_id}"):
             if client.store.put_if_absent(key, json.dumps(mine).encode()):
                 break
-            theirs = _read(client.store, key)
-        if lease.live(theirs):
-            return _follow(client, job_id, run, key)
+        followed = _follow(client, job_id, run, key)
+        if followed is not None:
+            return followed
     try:
         if summary is None:
             return Claim(job_id)
@@ -205,22 +219,26 @@ def _start_run(client, config, job_id: str, summary: dict | None, held: Held) ->
 
 
 def _follow(client, job_id: str, run: int, key: str) -> Claim | None:
-    """The job once its run ``run``, claimed at ``key`` by another client, has started: that
-    client's run, which this map waits for; None if the client stopped before it started the run."""
+    """The job once run ``run``, claimed at ``key`` by another client, has started: that client's
+    run, which this map waits for; None if the client stopped (or its claim expired) first."""
     delay = 0.1
-    while lease.live(_read(client.store, key)):
-        try:
-            attached = AttachedJob(client.store, job_id, secret=client.secret.decode())
-            if _run_of(attached.summary()) > run:
-                return Claim(job_id, attached)
-        except JobNotFound:
-            pass
+    while True:
+        with client.storage_errors(f"read the start of job {job_id}"):
+            live = lease.live(_read(client.store, key))  # read first: a client gone then starts nothing after
+            try:
+                attached = AttachedJob(client.store, job_id, secret=client.secret.decode())
+                if _runs(attached.summary()) > run:
+                    return Claim(job_id, attached)
+            except JobNotFound:
+                pass
+        if not live:
+            return None
         time.sleep(delay)
         delay = min(1.0, delay * 1.5)
-    return None
 
 
 def _read(store, key: str) -> dict | None:
+    """The JSON object at ``key``, or None if there is none (a claim deleted by its client)."""
     try:
         return json.loads(store.get(key))
     except KeyNotFound:

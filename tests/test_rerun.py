@@ -313,16 +313,19 @@ def test_a_named_map_its_estimate_refused_runs_under_its_name_with_a_larger_max_
 
 #: A named map over ``N`` items by two racing clients (``race``), after a first run that left the
 #: job at ``STAGE``: refused by its estimate (``refused``), killed before any call was stored
-#: (``created``) or after three (``mid-store``), or failed on its last item (``failed``: the
-#: function then raises there; run again, it does not).  Every run of ``work`` appends its item to
+#: (``created``) or after three (``mid-store``), killed once it had claimed the job's start and
+#: before it started it (``claimed``), or failed on its last item (``failed``: the function then
+#: raises there; run again, it does not).  Every run of ``work`` appends its item to
 #: ``runs.txt``.  The racers' hooks make the race the same every time: each touches ``looked.<pid>``
 #: once it has read the job as it stands (or found none), and no client starts the job (``new_job``)
 #: until ``LOOKERS`` clients have read it, so both decide on the same stored state; the last item
-#: runs until it has run twice or a racer re-attached (read the job again: ``attached``), so two
-#: starts of it are both seen running.
+#: runs until it has run twice or a racer has read the other's run (a summary that counts one run
+#: more than when it looked: ``attached``), so two starts of it are both seen running, and a racer
+#: that follows the other's run reads it while it runs.  The racers write no lease (as a run is before its first
+#: lease is written): a reader judges the run by its record and by the lease a killed client left.
 RACE = """
 import json, os, signal, sys, time
-import fnmap, fnmap.attach, fnmap.client
+import fnmap, fnmap.attach, fnmap.client, fnmap.lease
 from fnmap.observe.records import JobNotFound
 
 DIR, STAGE, NAME, LOOKERS = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -350,20 +353,25 @@ def wait_for_lookers():
     while sum(f.startswith("looked.") for f in os.listdir(DIR)) < LOOKERS and time.monotonic() < deadline:
         time.sleep(0.02)
 
-looked = []
+looked = []  # how many runs the job had when this client first read it
 
 def watched_summary(self, summary=fnmap.attach.AttachedJob.summary):
     out = summary(self)
-    mark("attached" if looked else f"looked.{os.getpid()}")
-    looked.append(True)
+    runs = 1 + len(out.get("redriven") or ())
+    if not looked:
+        mark(f"looked.{os.getpid()}")
+        looked.append(runs)
+    elif runs > looked[0]:
+        mark("attached")
     return out
 
 def watched_init(self, *args, init=fnmap.attach.AttachedJob.__init__, **kwargs):
     try:
         init(self, *args, **kwargs)
     except JobNotFound:
-        mark(f"looked.{os.getpid()}")
-        looked.append(True)
+        if not looked:
+            mark(f"looked.{os.getpid()}")
+            looked.append(0)
         raise
 
 def gated_new_job(self, *args, new_job=fnmap.client.Client.new_job, **kwargs):
@@ -380,6 +388,9 @@ def killing_submit(self, job, states, submit=fnmap.client.Client.submit):
 if STAGE == "race":
     fnmap.attach.AttachedJob.summary, fnmap.attach.AttachedJob.__init__ = watched_summary, watched_init
     fnmap.client.Client.new_job = gated_new_job
+    fnmap.lease.hold = lambda job: None
+elif STAGE == "claimed":
+    fnmap.client.Client.new_job = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
 elif STAGE in ("created", "mid-store"):
     fnmap.client.Client.submit = killing_submit
 cap = 1e-9 if STAGE == "refused" else 100.0
@@ -395,20 +406,21 @@ def _race(tmp_path, stage: str, lookers: int = 2) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": os.getcwd(), "FNMAP_SPECULATION": "false"})
 
 
-@pytest.mark.parametrize("stage", ["fresh", "refused", "created", "mid-store", "failed"])
+@pytest.mark.parametrize("stage", ["fresh", "refused", "created", "mid-store", "claimed", "failed"])
 def test_two_clients_running_one_named_job_at_the_same_moment_start_it_once(tmp_path, use_emulator, stage):
     """Two processes run the same named map at once, on a job left at ``stage`` (or none yet: both
     then read the job before either starts it): one starts (or redrives) it, the other re-attaches
-    and waits for it; no item runs twice, and both return every result, in order."""
+    and waits for it; no item runs twice, and both return every result, in order.  A client killed
+    after it claimed the start (``claimed``) holds neither up."""
     use_emulator()
     if stage != "fresh":
         first = _race(tmp_path, stage)
-        first.communicate(timeout=300)
+        first.communicate(timeout=120)
         assert first.returncode == {"refused": 1, "failed": 1}.get(stage, -9), first.stderr
     before = _runs(tmp_path)
     racers = [_race(tmp_path, "race", lookers=1 if stage == "fresh" else 2) for _ in range(2)]
     try:
-        outs = [racer.communicate(timeout=300) for racer in racers]
+        outs = [racer.communicate(timeout=120) for racer in racers]
     finally:
         for racer in racers:
             racer.kill()
