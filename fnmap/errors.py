@@ -240,7 +240,7 @@ class FaultKind(str, enum.Enum):
     TIMEOUT = "timeout"  # the call ran past its timeout
     VERSION = "version"  # the worker's Python/cloudpickle cannot load the client's pickles
     STORAGE = "storage"  # the worker cannot read or write the job's storage
-    CANCELLED = "cancelled"  # the job was cancelled or abandoned before this call could run again
+    CANCELLED = "cancelled"  # the job was cancelled or abandoned, or the platform stopped the attempt (POST /cancel)
     CLIENT = "client"  # a bug in fnmap's own client code, reported on the call instead of lost
     RETRY_ON = "retry_on"  # the user's exception, in ``retry_on``: the call runs again
 

@@ -159,6 +159,8 @@ def charges_retry(kind: str, throttle_at_floor: bool) -> bool:
     and the platform still refuses, though, slowing down no longer helps, so a
     429 then counts like any other fault and ``retries`` bounds it.
     """
+    if kind == "cancelled":  # another run's stop of an attempt of this number (Scheduler._judge): nothing ran
+        return False
     return kind != "throttled" or throttle_at_floor
 
 

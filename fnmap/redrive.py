@@ -118,7 +118,9 @@ def _attempts_seen(store, job_id: str, record: dict) -> dict[int, int]:
     """Call id -> the highest attempt number any earlier run of the job used (the record's
     attempts, the workers' status records): a redrive numbers its attempts after them, so neither a
     status record nor a stop the platform remembers (an attempt stopped before it arrived) of an
-    earlier attempt applies to a new one."""
+    earlier attempt applies to a new one.  A killed client's attempts answered from a committed
+    result or stopped leave neither: a stop of one of those that stops a new attempt is sent again
+    (``Scheduler._judge``)."""
     seen: dict[int, int] = {}
     for call in record["calls"]:
         numbers = [a["attempt"] for a in call["attempts"] if a.get("attempt")]

@@ -371,8 +371,11 @@ class Scheduler:
             return None
         retryable = fault.retryable and not (fault.kind == FaultKind.CRASHED
                                              and policy.deterministic_crash(state.crash_exits))
+        # A platform's stop this client did not ask for (its own end superseded or abandoned above):
+        # another run of the job (a killed client) stopped an attempt of this number; a fresh one
+        # takes the call's committed result, or runs it.
         return not final and not job.run.abandoned and (
-            fault.kind == FaultKind.RETRY_ON or climbed
+            fault.kind in (FaultKind.RETRY_ON, FaultKind.CANCELLED) or climbed
             or policy.retry_fault(retryable, state.charged, job.config.retries))
 
     @staticmethod

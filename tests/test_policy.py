@@ -32,6 +32,7 @@ def test_throttling_is_charged_only_at_the_floor():
     assert policy.charges_retry("throttled", throttle_at_floor=True)
     for kind in ("server", "crashed", "lost", "connection"):
         assert policy.charges_retry(kind, throttle_at_floor=False)
+    assert not policy.charges_retry("cancelled", throttle_at_floor=True)  # another run's stop: nothing ran
 
 
 def test_retry_outcome_matches_bases_and_is_bounded():

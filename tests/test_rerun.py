@@ -311,6 +311,71 @@ def test_a_named_map_its_estimate_refused_runs_under_its_name_with_a_larger_max_
     assert after["origin"] == started["origin"] and after["client"]["pid"] != started["client"]["pid"]
 
 
+#: A named map of two calls whose item 1 holds while the file ``RUNS.hold`` exists.  Its first run
+#: (``first``), once call 0 is committed by attempt 1, asks the emulator to stop attempt 2 of call 0,
+#: as its scheduler does for a copy still out when another attempt decided the call (one not arrived
+#: yet, or just ended: the emulator then stops it on arrival), and is SIGKILLed before it records it.
+STOPPED = """
+import json, os, signal, sys, threading, time
+import fnmap
+from fnmap.client import get_client
+from fnmap.config import resolve
+from fnmap.runtime import keys
+
+RUNS, NAME = sys.argv[1], sys.argv[2]
+
+def work(x):
+    fd = os.open(RUNS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, f"{x}\\n".encode())
+    os.close(fd)
+    while x == 1 and os.path.exists(RUNS + ".hold"):
+        time.sleep(0.01)
+    return x * 10
+
+def stop_a_copy_then_die():
+    client = get_client(resolve())
+    while not client.store.exists(keys.job_name_key(NAME)):
+        time.sleep(0.01)
+    job_id = json.loads(client.store.get(keys.job_name_key(NAME)))["job_id"]
+    while not client.store.list(keys.call_status_prefix(job_id, 0)):
+        time.sleep(0.01)
+    client.backend.stop_attempts(job_id, [(0, 2)], client.secret)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if sys.argv[3] == "first":
+    threading.Thread(target=stop_a_copy_then_die, daemon=True).start()
+print(fnmap.map(work, range(2), chunksize=1, job_name=NAME))
+"""
+
+
+def test_an_attempt_a_killed_run_had_stopped_takes_the_call_result_when_the_named_map_runs_again(
+        tmp_path, use_emulator):
+    """The run again numbers call 0's attempts after the one its status record shows (1), so its
+    first is 2, which the emulator remembers as stopped: that stop is the killed run's, not this
+    one's, so a fresh attempt takes the committed result; the map does not raise."""
+    use_emulator()
+    script = tmp_path / "stopped.py"
+    script.write_text(STOPPED)
+    hold = tmp_path / "runs.txt.hold"
+    hold.touch()
+
+    def run(which: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), str(tmp_path / "runs.txt"), tmp_path.name, which],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+    killed = run("first")
+    assert killed.returncode == -9, killed.stderr
+    hold.unlink()  # the killed run's attempt of call 1 ends; its first commit is the result
+    again = run("again")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == "[0, 10]"
+    assert _runs(tmp_path).count(0) == 1  # call 0's result taken from storage, not run again
+    job = _named_job(tmp_path.name)
+    assert job.status == "succeeded" and job.results() == [0, 10]
+    assert [a["outcome"] for a in job.record()["calls"][0]["attempts"]][-2:] == ["cancelled", "ok"]
+
+
 #: A named map over ``N`` items by two racing clients (``race``), after a first run that left the
 #: job at ``STAGE``: refused by its estimate (``refused``), killed before any call was stored
 #: (``created``) or after three (``mid-store``), killed once it had claimed the job's start and

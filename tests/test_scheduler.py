@@ -102,6 +102,17 @@ def test_a_429_does_not_use_a_retry_until_the_throttle_is_at_its_floor(sched):
         call.future.result(0)
 
 
+def test_a_stop_this_client_did_not_ask_for_sends_the_call_again_using_no_retry(sched):
+    """The emulator stopped an attempt because an earlier, killed run of the job asked it to stop
+    one of that number: the next attempt takes the call's result."""
+    job = new_job(sched, retries=0, unwrap=True)
+    call = job.run.calls[0]
+    sched._decide(job, call, sched._begin(job, call), PlatformFault("cancelled", "409: stopped (POST /cancel)"))
+    assert not call.done and call.charged == 0 and timers_for(sched, call)
+    sched._decide(job, call, sched._begin(job, call), ok("committed"))
+    assert call.future.result(0) == "committed"
+
+
 def test_while_a_copy_is_out_a_fault_of_the_other_attempt_decides_nothing(sched):
     job = new_job(sched, retries=0, unwrap=True)
     call = job.run.calls[0]
