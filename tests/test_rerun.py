@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from conftest import until
+from s3servers import *  # noqa: F403 -- the S3 server fixtures
 
 import fnmap
 
@@ -478,6 +479,20 @@ def test_two_clients_running_one_named_job_at_the_same_moment_start_it_once(tmp_
     and waits for it; no item runs twice, and both return every result, in order.  A client killed
     after it claimed the start (``claimed``) holds neither up."""
     use_emulator()
+    _race_twice(tmp_path, stage)
+
+
+@pytest.mark.parametrize("stage", ["fresh", "mid-store"])
+def test_two_clients_racing_on_s3_storage_start_a_named_job_once(tmp_path, use_emulator, s3_env, monkeypatch,
+                                                                  stage):
+    """The same race with the job's storage in S3 (moto's and SeaweedFS's servers), whose
+    conditional write claims the start."""
+    monkeypatch.setenv("FNMAP_STORAGE", f"s3://{s3_env('fnmap-race')}/{tmp_path.name}")
+    use_emulator()
+    _race_twice(tmp_path, stage)
+
+
+def _race_twice(tmp_path, stage: str) -> None:
     if stage != "fresh":
         first = _race(tmp_path, stage)
         first.communicate(timeout=120)
