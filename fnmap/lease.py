@@ -252,8 +252,6 @@ class _Leases:
                 continue
             if job is not None and not job.done and not KINDS[job.kind].given_up_at_exit:
                 continue  # an Executor finishes its pending work at exit (as the standard library's); else it expires
-            if job is not None and not job.done and job.raised is None and _ended_by_ctrl_c():
-                job.stop(KeyboardInterrupt())  # interrupted in the loop reading it (imap): the user's Ctrl-C
             if job is not None and not job.done and job.raised is not None:
                 job.save_ended_record()  # with what settled meanwhile; nobody renews the lease any more
                 job = None
@@ -289,20 +287,6 @@ class _Leases:
         self._lock, self._writing, self._wake = threading.Lock(), threading.Lock(), threading.Event()
         self._held, self._thread, self._holder, self._exiting = {}, None, None, False
         self._interrupted = []
-
-
-def _ended_by_ctrl_c() -> bool:
-    """Whether this script ends with an uncaught KeyboardInterrupt (Python sets ``sys.last_exc``, or
-    ``sys.last_value`` before 3.12, before the exit handlers run): a Ctrl-C that reached the script's
-    own code, such as the body of a loop over ``imap``'s results, stopped the jobs it was reading.
-    Never in an interactive session or a notebook kernel (IPython sets these for every cell's
-    error), where an interrupt stays there after it ended."""
-    import sys
-
-    ipython = sys.modules.get("IPython")
-    if sys.flags.interactive or hasattr(sys, "ps1") or (ipython is not None and ipython.get_ipython() is not None):
-        return False
-    return isinstance(getattr(sys, "last_exc", None) or getattr(sys, "last_value", None), KeyboardInterrupt)
 
 
 def _kernel_shutting_down() -> bool:
