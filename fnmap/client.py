@@ -143,16 +143,31 @@ class Client:
         """Add to ``job`` a call of items ``first_index..`` that the result cache answered (their
         values are taken from ``job.cache``): never sent, it is decided when :meth:`submit` sees it.
         Its outcomes are committed as its result, as a worker's would be (one PUT for the run of
-        hits), so ``fnmap.job(ID).results()``, a named job's re-attach and a redrive find them."""
+        hits), so ``fnmap.job(ID).results()``, a named job's re-attach and a redrive find them; a
+        recorded job records the call first (its items' range, answered by the cache), so a redrive
+        never sends its id over other items (:mod:`fnmap.redrive`)."""
         from .runtime import compression, outcome, signing
         from .runtime.outcome import dump_all
 
         cache = job.cache
         state = CallRun.answered(len(job.run.calls), first_index, n_items, func_key, future or Future(), unwrap,
                                  cache.origins(first_index, n_items), outcome.all_ok(cache.take(first_index, n_items)))
+        if job.recorder is not None:
+            job.recorder.record_calls(job, [state])
         key = keys.result_key(job.id, state.call_id)
         with self.storage_errors("store the result of a call the cache answered"):
             self.store.put_if_absent(key, signing.seal(self.secret, key, compression.pack(dump_all(state.result))))
+        self.scheduler.add(job, state)
+        return state
+
+    def add_answered_call(self, job: Job, call: tuple, result, future: Future | None = None) -> CallRun:
+        """Add to ``job``, under its own id, a call of an earlier run that the result cache answered
+        (``call``: its :class:`fnmap.recorder.CallRecord`), with ``result``, its committed outcomes: a
+        redrive's, never sent."""
+        if call.call_id != len(job.run.calls):
+            raise ValueError(f"call {call.call_id} of job {job.id} added as call {len(job.run.calls)}: add them in order")
+        state = CallRun.answered(call.call_id, call.first_index, call.n_items, call.func_key, future or Future(),
+                                 False, call.cached, result)
         self.scheduler.add(job, state)
         return state
 

@@ -29,6 +29,9 @@ class CallRecord(NamedTuple):
     #: Where its input is stored, or None: it travels inline, as ``payload``.
     items_key: str | None
     payload: bytes
+    #: A call the result cache answered (never sent, no input): where its items' values came from
+    #: (``[[first item, count, job id], ...]``); its result is committed once this is stored.
+    cached: list | None = None
 
 
 class StorageRecorder:
@@ -59,8 +62,8 @@ class StorageRecorder:
         warned about, and the job runs on: only a later redrive of these calls is refused."""
         if not states:
             return
-        entries = [CallRecord(s.call_id, s.first_index, s.n_items, s.func_key, s.items_key, bytes(s.payload or b""))
-                   for s in states]
+        entries = [CallRecord(s.call_id, s.first_index, s.n_items, s.func_key, s.items_key, bytes(s.payload or b""),
+                              s.cached) for s in states]
         try:
             _put_record(self.store, self.secret, keys.call_inputs_key(job.id, states[0].call_id), entries)
         except Exception as e:

@@ -42,7 +42,7 @@ from .observe.progress import make_progress
 from .observe.report import usd
 from .policy import chunks
 from .recorder import CallRecord, StorageRecorder
-from .runtime import keys, signing
+from .runtime import compression, keys, signing
 from .runtime.serialization import loads
 
 
@@ -96,6 +96,9 @@ def redrive(store, job_id: str, config=None, *, failed: bool = False, held: Held
                          recorder=StorageRecorder(client.store, client.secret, redrive_job), first_run=summary)
     try:
         func_key = client.upload_function(held.func, job) if held is not None else None
+        if held is not None and config.cache is not None:  # what it runs is cached, as a fresh run's is
+            client.use_cache(job, held.func)
+            job.cache.key_items(held.mode, held.items)
     except BaseException as e:
         client.setup_failed(job, e)
         raise
@@ -201,19 +204,24 @@ def _retry_call(client, job, call: CallRecord, chunk, func_key: str):
     return client.add_call(job, func_key, chunk, call.first_index, call.n_items, ResultSlot())
 
 
-def _plan(store, job_id: str, secret: bytes, n_items: int, calls: dict, held: Held | None) -> tuple[list, list]:
-    """The job's stored calls in id order, and its items in no stored call as ``(mode, first, items)``
-    runs (from ``held``, else from the items the job stored at its start)."""
-    unknown = sorted(set(range(max(calls) + 1)) - set(calls)) if calls else []
+def _plan(store, job_id: str, secret: bytes, n_items: int, calls: dict, held: Held | None) -> tuple:
+    """The job's stored calls in id order, its items in no stored call as ``(mode, first, items)``
+    runs (from ``held``, else from the items the job stored at its start), and what answers each
+    call the cache answered (:func:`_cache_answers`).  A call id with a committed result but no
+    record (its record was refused) is refused: a new call under it would be answered with it."""
+    committed = {keys.call_id_from_key(k) for k in store.list(keys.results_prefix(job_id))}
+    unknown = sorted((set(range(max(calls) + 1)) if calls else set()) - set(calls) | committed - set(calls))
     if unknown:
         raise RedriveError(f"calls {unknown[:10]} of job {job_id} have no stored inputs (the storage refused "
-                           "them when they were sent): the job cannot be redriven; run the map again")
+                           "them when they were sent): the job cannot be redriven; run the map again with "
+                           "another job_name, or without one, to run it anew")
     ordered = [calls[i] for i in range(len(calls))]
+    answers = _cache_answers(store, job_id, secret, ordered, committed, held)
     gaps = records.uncovered([(c.first_index, c.n_items) for c in ordered], n_items)
     if not gaps:
-        return ordered, []
+        return ordered, [], answers
     if held is not None:
-        return ordered, [(held.mode, first, held.items[first:first + n]) for first, n in gaps]
+        return ordered, [(held.mode, first, held.items[first:first + n]) for first, n in gaps], answers
     if not ordered:
         raise RedriveError(f"job {job_id} stored no calls to redrive: its client stopped before it sent any; run the "
                            "map again with the same job_name (it holds the function and items and finishes this job), "
@@ -227,16 +235,45 @@ def _plan(store, job_id: str, secret: bytes, n_items: int, calls: dict, held: He
             f"before it sent them, and the map stores its items only when automatically chunked and under "
             f"{recorder.ITEMS_STORE_LIMIT >> 20} MiB; run the map again with the same job_name (it holds the items and "
             "finishes this job), or without one to run them all anew") from None
-    return ordered, [(mode, first, items[first:first + n]) for first, n in gaps]
+    return ordered, [(mode, first, items[first:first + n]) for first, n in gaps], answers
+
+
+def _cache_answers(store, job_id: str, secret: bytes, ordered: list, committed: set, held: Held | None) -> dict:
+    """Call id -> ``("answered", outcomes)`` for each call the result cache answered (recorded before
+    its result was committed), its committed outcomes read back; ``("run", (mode, items))`` for one
+    whose client stopped before it committed them: its items run again, from ``held``."""
+    answers = {}
+    for call in ordered:
+        if call.cached is None:
+            continue
+        if call.call_id in committed:
+            key = keys.result_key(job_id, call.call_id)
+            answers[call.call_id] = ("answered", loads(compression.unpack(signing.unseal(secret, key, store.get(key)))))
+        elif held is not None:
+            answers[call.call_id] = ("run", (held.mode, held.items[call.first_index:call.first_index + call.n_items]))
+        else:
+            raise RedriveError(f"call {call.call_id} of job {job_id} was answered by the result cache, but its client "
+                               "stopped before it stored the result: run the map again with the same job_name (it "
+                               "holds the items and finishes this job)")
+    return answers
 
 
 def _submit(client, job, plan: tuple, retry: list, config, func_key: str | None, seen: dict):
     """Add the stored calls under their own ids (their attempts numbered after ``seen``), then new
     calls for the items in none and for those to run again (``retry``), and send them all."""
-    ordered, rest = plan
-    states = [client.add_stored_call(job, call_id, first, n_items, stored_key, items_key, payload,
-                                     ResultSlot(), first_attempt=seen.get(call_id, 0) + 1)
-              for call_id, first, n_items, stored_key, items_key, payload in ordered]
+    ordered, rest, answers = plan
+    states = []
+    for call in ordered:
+        how, answer = answers.get(call.call_id, (None, None))
+        if how == "answered":  # by the result cache, in an earlier run: never sent
+            states.append(client.add_answered_call(job, call, answer, ResultSlot()))
+        elif how == "run":
+            states.append(client.add_call(job, func_key or call.func_key, answer, call.first_index, call.n_items,
+                                          ResultSlot()))
+        else:
+            states.append(client.add_stored_call(job, call.call_id, call.first_index, call.n_items, call.func_key,
+                                                 call.items_key, call.payload, ResultSlot(),
+                                                 first_attempt=seen.get(call.call_id, 0) + 1))
     func_key = func_key or (ordered[0].func_key if ordered else None)
     for mode, first, items in rest:
         size = config.chunksize or max(1, math.ceil(len(items) / (4 * client.max_workers)))

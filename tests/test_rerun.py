@@ -511,3 +511,82 @@ def _race_twice(tmp_path, stage: str) -> None:
     again = [x for x in set(ran) if ran.count(x) > before.count(x) + 1]
     assert not again, f"items {again} ran twice in the race: {ran} (before it: {before})"
     assert set(ran) == set(range(6))
+
+
+#: A cached map over ``range(8)``, one item a call, named ``NAME`` unless ``MODE`` is ``plain``,
+#: after a plain cached map warmed the cache for the items ``WARM`` names.  ``MODE`` ``kill``:
+#: SIGKILL the client once its calls are sent and two of those sent have committed (items 6 and 7
+#: wait while the file ``RUNS.hold`` is there: in flight), having printed the items whose results
+#: it has; else run to the end and print the results.  Each item ``work`` runs to its end appends
+#: it to ``RUNS``.
+CACHED = """
+import json, os, signal, sys, time
+import fnmap, fnmap.client
+
+RUNS, NAME, MODE, WARM = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+
+def work(x):
+    deadline = time.monotonic() + 120
+    while x >= 6 and os.path.exists(RUNS + ".hold") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    fd = os.open(RUNS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, f"{x}\\n".encode())
+    os.close(fd)
+    return x * x
+
+submit = fnmap.client.Client.submit
+
+def killing_submit(self, job, states):
+    submit(self, job, states)
+    if job.kind == "map" and job.id == NAMED[0]:
+        while sum(1 for s in job.run.calls if s.done and s.cached is None) < 2:
+            time.sleep(0.02)
+        done = [s.first_index + i for s in job.run.calls if s.done and s.cached is None for i in range(s.n_items)]
+        print(json.dumps(done), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+NAMED = [None]
+if WARM:
+    fnmap.map(work, WARM, cache=True)
+if MODE == "kill":
+    open(RUNS + ".hold", "w").close()
+    from fnmap import named
+    claim = named.claim
+    def noting_claim(*args, **kwargs):
+        found = claim(*args, **kwargs)
+        NAMED[0] = found.job_id
+        return found
+    named.claim = noting_claim
+    fnmap.client.Client.submit = killing_submit
+print(json.dumps(fnmap.map(work, range(8), cache=True, chunksize=1, job_name=None if MODE == "plain" else NAME)))
+"""
+
+
+def _cached(tmp_path, mode: str, warm: list) -> subprocess.CompletedProcess:
+    script = tmp_path / "cached.py"
+    script.write_text(CACHED)
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "runs.txt"), tmp_path.name, mode,
+                           json.dumps(warm)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+@pytest.mark.parametrize("warm", [[0, 1, 4, 5], [6, 7]])  # hits between calls sent, and as the last call
+def test_a_named_cached_map_killed_after_cache_hits_is_finished_by_running_it_again(tmp_path, use_emulator, warm):
+    """The calls the cache answered are recorded with the items they cover, so running the map
+    again finishes it: each result in its place, no committed or cached item run again, and the
+    items it runs cached."""
+    use_emulator()
+    killed = _cached(tmp_path, "kill", warm)
+    assert killed.returncode == -9, killed.stderr
+    committed = json.loads(killed.stdout.splitlines()[-1])
+    (tmp_path / "runs.txt.hold").unlink()
+    again = _cached(tmp_path, "none", [])
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout.splitlines()[-1]) == [x * x for x in range(8)]
+    runs = _runs(tmp_path)
+    assert set(runs) == set(range(8)), runs
+    assert all(runs.count(x) == 1 for x in [*warm, *committed]), (runs, committed)  # never run again
+    assert all(runs.count(x) <= 2 for x in range(8)), runs  # in flight when killed: once more at most
+    assert _cached(tmp_path, "none", []).stdout == again.stdout and _runs(tmp_path) == runs  # and never again
+    plain = _cached(tmp_path, "plain", [])  # every item's value is cached now: the redrive's too
+    assert plain.stdout == again.stdout and _runs(tmp_path) == runs, (plain.stderr, _runs(tmp_path))

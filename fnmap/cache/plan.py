@@ -92,8 +92,7 @@ class JobCache:
 
     def look_up(self, mode: str, items: list, first: int = 0) -> dict[int, tuple]:
         """Key ``items`` (indexes from ``first``) and read their entries; the hits, by index."""
-        for offset, item in enumerate(items):
-            self.keys[first + offset] = self.key_of(mode, item)
+        self.key_items(mode, items, first)
         indexes = list(range(first, first + len(items)))
         if self.settings.refresh:
             self.replace.update(indexes)
@@ -104,6 +103,12 @@ class JobCache:
             found.update((index, hit) for index, hit in zip(batch, hits, strict=True) if hit is not None)
         self.hits.update(found)
         return found
+
+    def key_items(self, mode: str, items: list, first: int = 0) -> None:
+        """Key ``items`` (indexes from ``first``) without reading their entries: a redrive's, whose
+        calls store the values of what they run as a fresh run's would."""
+        for offset, item in enumerate(items):
+            self.keys[first + offset] = self.key_of(mode, item)
 
     def _read_all(self, indexes: list[int]) -> list:
         return [self._read(index) for index in indexes]
