@@ -515,19 +515,20 @@ def _race_twice(tmp_path, stage: str) -> None:
 
 #: A cached map over ``range(8)``, one item a call, named ``NAME`` unless ``MODE`` is ``plain``,
 #: after a plain cached map warmed the cache for the items ``WARM`` names.  ``MODE`` ``kill``:
-#: SIGKILL the client once its calls are sent and two of those sent have committed (items 6 and 7
-#: wait while the file ``RUNS.hold`` is there: in flight), having printed the items whose results
-#: it has; else run to the end and print the results.  Each item ``work`` runs to its end appends
+#: SIGKILL the client once its calls are sent and two of those sent have committed (the items
+#: ``HELD`` names wait while the file ``RUNS.hold`` is there: in flight), having printed the items
+#: whose results it has; else run to the end and print the results.  Each item ``work`` runs to its end appends
 #: it to ``RUNS``.
 CACHED = """
 import json, os, signal, sys, time
 import fnmap, fnmap.client
 
-RUNS, NAME, MODE, WARM = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+RUNS, NAME, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
+WARM, HELD = json.loads(sys.argv[4]), json.loads(sys.argv[5])
 
 def work(x):
     deadline = time.monotonic() + 120
-    while x >= 6 and os.path.exists(RUNS + ".hold") and time.monotonic() < deadline:
+    while x in HELD and os.path.exists(RUNS + ".hold") and time.monotonic() < deadline:
         time.sleep(0.02)
     fd = os.open(RUNS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     os.write(fd, f"{x}\\n".encode())
@@ -562,31 +563,51 @@ print(json.dumps(fnmap.map(work, range(8), cache=True, chunksize=1, job_name=Non
 """
 
 
-def _cached(tmp_path, mode: str, warm: list) -> subprocess.CompletedProcess:
+def _cached(tmp_path, mode: str, warm: list, held: list) -> subprocess.CompletedProcess:
     script = tmp_path / "cached.py"
     script.write_text(CACHED)
     return subprocess.run([sys.executable, str(script), str(tmp_path / "runs.txt"), tmp_path.name, mode,
-                           json.dumps(warm)], capture_output=True, text=True, timeout=300,
+                           json.dumps(warm), json.dumps(held)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": os.getcwd()})
 
 
-@pytest.mark.parametrize("warm", [[0, 1, 4, 5], [6, 7]])  # hits between calls sent, and as the last call
-def test_a_named_cached_map_killed_after_cache_hits_is_finished_by_running_it_again(tmp_path, use_emulator, warm):
+@pytest.mark.parametrize(("warm", "held"), [([0, 1, 4, 5], [6, 7]),  # hits between calls sent
+                                           ([6, 7], [4, 5])])  # hits as the last call
+def test_a_named_cached_map_killed_after_cache_hits_is_finished_by_running_it_again(tmp_path, use_emulator, warm,
+                                                                                     held):
     """The calls the cache answered are recorded with the items they cover, so running the map
     again finishes it: each result in its place, no committed or cached item run again, and the
     items it runs cached."""
-    use_emulator()
-    killed = _cached(tmp_path, "kill", warm)
+    use_emulator(workers=6)  # a worker for each call sent: none waits behind a held one
+    killed = _cached(tmp_path, "kill", warm, held)
     assert killed.returncode == -9, killed.stderr
     committed = json.loads(killed.stdout.splitlines()[-1])
     (tmp_path / "runs.txt.hold").unlink()
-    again = _cached(tmp_path, "none", [])
+    again = _cached(tmp_path, "none", [], held)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout.splitlines()[-1]) == [x * x for x in range(8)]
     runs = _runs(tmp_path)
     assert set(runs) == set(range(8)), runs
     assert all(runs.count(x) == 1 for x in [*warm, *committed]), (runs, committed)  # never run again
     assert all(runs.count(x) <= 2 for x in range(8)), runs  # in flight when killed: once more at most
-    assert _cached(tmp_path, "none", []).stdout == again.stdout and _runs(tmp_path) == runs  # and never again
-    plain = _cached(tmp_path, "plain", [])  # every item's value is cached now: the redrive's too
+    assert _cached(tmp_path, "none", [], held).stdout == again.stdout and _runs(tmp_path) == runs  # and never again
+    plain = _cached(tmp_path, "plain", [], held)  # every item's value is cached now: the redrive's too
     assert plain.stdout == again.stdout and _runs(tmp_path) == runs, (plain.stderr, _runs(tmp_path))
+
+
+def test_a_named_cached_map_whose_cache_hit_was_not_recorded_is_refused_not_misaligned(tmp_path, use_emulator):
+    """A call the cache answered whose record the storage lost (refused) has its result committed
+    under its id: running the map again says so, and never gives that id to other items."""
+    from fnmap.client import get_client
+    from fnmap.config import resolve
+    from fnmap.runtime import keys
+
+    use_emulator(workers=6)
+    killed = _cached(tmp_path, "kill", [6, 7], [4, 5])
+    assert killed.returncode == -9, killed.stderr
+    (tmp_path / "runs.txt.hold").unlink()
+    job_id = _named_job(tmp_path.name).id
+    get_client(resolve()).store.delete([keys.call_inputs_key(job_id, 6)])  # call 6: items 6 and 7, from the cache
+    again = _cached(tmp_path, "none", [], [4, 5])
+    assert again.returncode == 1 and f"calls [6] of job {job_id} have no stored inputs" in again.stderr, \
+        (again.stdout, again.stderr)
