@@ -165,7 +165,8 @@ class Client:
         (``call``: its :class:`fnmap.recorder.CallRecord`), with ``result``, its committed outcomes: a
         redrive's, never sent."""
         if call.call_id != len(job.run.calls):
-            raise ValueError(f"call {call.call_id} of job {job.id} added as call {len(job.run.calls)}: add them in order")
+            raise ValueError(f"call {call.call_id} of job {job.id} added as call {len(job.run.calls)}: "
+                             "add them in order")
         state = CallRun.answered(call.call_id, call.first_index, call.n_items, call.func_key, future or Future(),
                                  False, call.cached, result)
         self.scheduler.add(job, state)

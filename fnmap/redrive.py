@@ -10,6 +10,9 @@ that is not recorded, :mod:`fnmap.kinds`, gets none):
   function key, stored-input key or inline input (``keys.call_inputs_key``; one PUT per batch: a
   map with ``chunksize`` writes one, an automatically chunked map one per batch of calls its
   feed makes); a call is never sent before its inputs are stored;
+* a call the result cache answered (never sent, no input): its id, items and where their values
+  came from, before its result is committed (one PUT each, :meth:`fnmap.client.Client.add_cached_call`):
+  a redrive answers it from that result, and never gives its id to other items;
 * an automatically chunked map's items, at its start (``keys.job_items_key``; the pickle made to
   check every item pickles, stored instead of dropped): the items in no call yet when the client
   stopped are only there.
@@ -22,6 +25,7 @@ Items in no stored call get new calls: from the items a map run again holds (a n
 :class:`Held`), else from the items the job stored.  ``failed=True`` also runs again, each under a
 new call id over the same items, the calls whose items failed: their entries in the record stay
 as they ran, and the later call's outcomes stand for those items (:func:`fnmap.observe.report.retried`).
+A map run again with ``cache=`` stores cache entries for the items it runs, as a fresh run does.
 Jobs of ``fnmap.Executor`` and the Dask shim store nothing and cannot be redriven.
 """
 
