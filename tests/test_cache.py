@@ -457,6 +457,17 @@ def test_a_map_returns_once_its_entries_are_written(module_emulator, tmp_path):
     assert fnmap.map(abs, [-1, -2], cache=True, storage=storage, return_job=True).summary()["attempts"] == {}
 
 
+def test_an_imap_returns_once_its_entries_are_written_whichever_thread_waits_for_them(module_emulator, tmp_path):
+    """The job's own end waits for its entries on a dispatch thread while imap's last ``next()`` waits
+    on the caller's: each must wait for every write, not only those it took (one that found them
+    taken returned at once, before they were in storage, 7 rounds in 10)."""
+    for round_ in range(6):
+        storage = (tmp_path / f"store{round_}").as_uri()
+        assert list(fnmap.imap(abs, [-1, -2], cache=True, storage=storage)) == [1, 2]
+        written = [key for key in open_store(storage).list(keys.CACHE_PREFIX) if not key.endswith(".json")]
+        assert len(written) == 2, (round_, written)
+
+
 class Scaler:
     """A callable object: its state is part of what it computes."""
 

@@ -15,7 +15,7 @@ import inspect
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from ..runtime import compression, keys, signing
 from ..runtime import outcome as _outcome
@@ -195,12 +195,14 @@ class JobCache:
         """Wait until every entry handed to :meth:`delivered` so far is written (a failure is warned
         about: the results matter more than the cache)."""
         with self._lock:
-            pending, self._pending = self._pending, []
-        for future in pending:
-            try:
-                future.result()
-            except Exception as e:
-                self._warn(e)
+            pending = list(self._pending)  # kept there until written: another thread's flush waits for them too
+        wait(pending)
+        with self._lock:
+            written = [future for future in self._pending if future.done()]
+            self._pending = [future for future in self._pending if not future.done()]
+        for future in written:  # each taken out once, by one flush: its failure is warned about once
+            if future.exception() is not None:
+                self._warn(future.exception())
 
     def _warn(self, e: Exception) -> None:
         warnings.warn(f"fnmap: could not write cache entries of job {self.job_id} to {self.store.url}: "
