@@ -196,14 +196,17 @@ def _results_as_they_come(job, states, return_exceptions: bool):
             job.cache.flush()
     except Exception as e:
         finished = False
+        job.stop(e)  # it reached the caller's loop: the job ended for it (failed), as a map's
         if not isinstance(e.__cause__, RemoteTraceback):
             raise
         raise e.with_traceback(None) from e.__cause__  # from the caller's loop, as in map
-    except BaseException:
+    except BaseException as e:
         finished = False
+        if not isinstance(e, GeneratorExit):  # Ctrl-C while it waited: ended for its caller (cancelled)
+            job.stop(e)
         raise
     finally:
-        if not finished or not job.done:  # an error, or the reader stopped early (close(), break)
+        if job.raised is None and (not finished or not job.done):  # the reader stopped early (close(), break)
             job.cancel(stop_platform=True)
 
 

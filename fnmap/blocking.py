@@ -45,6 +45,26 @@ def warn_if_in_coroutine(what: str, rewrite: str, options: dict | None = None) -
     )
 
 
+def warn_if_you_wait(what: str, rewrite: str, enabled: bool = True) -> None:
+    """:func:`warn_if_in_coroutine` for a wait that fnmap's front ends and the standard library make
+    too (a job's ``results()``, an Executor future's ``result()``): only when the line calling the
+    method that waits (``sys._getframe(2)``) is neither fnmap's (``fnmap.map``'s own wait on its job:
+    it warned already) nor ``concurrent.futures``' or ``asyncio``'s (a future that is done waits for
+    nothing there).  ``enabled``: the ``blocking_warning`` option of the job waited on."""
+    if not enabled:
+        return
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") == "fnmap.twins":  # a with_aio method's call
+        frame = frame.f_back
+    if frame is None or _is_fnmap(frame) or frame.f_globals.get("__name__", "").startswith(_WAITERS):
+        return
+    warn_if_in_coroutine(what, rewrite)
+
+
+#: Modules whose calls of ``Future.result()`` are not yours to rewrite.
+_WAITERS = ("concurrent.futures", "asyncio")
+
+
 def _user_frame():
     """The innermost frame outside fnmap: the line that called the blocking form."""
     frame = sys._getframe(1)

@@ -451,12 +451,20 @@ def _read_toml(path: str) -> dict:
 #: a misspelling of one reaches :func:`resolve` as an unknown option, and is hinted at too.
 FRONT_END_KEYWORDS = ("return_exceptions", "return_job", "job_name", "obj_chunk_size", "obj_chunk_number",
                       "reduce_fanin", "reduce_by_key")
+#: The front ends that take each of them: a keyword given to a call that does not take it is named so.
+_TAKEN_BY = {"return_exceptions": "map, starmap, imap and imap_unordered",
+             "return_job": "map, starmap and map_reduce", "job_name": "map and starmap",
+             "obj_chunk_size": "map and map_reduce", "obj_chunk_number": "map and map_reduce",
+             "reduce_fanin": "map_reduce", "reduce_by_key": "map_reduce"}
 
 
 def _unknown_options(names: list[str]) -> str:
     """``unknown option 'chunk_size' (did you mean 'chunksize'?); `` for each name fnmap does not know."""
     parts = []
     for name in names:
+        if name in _TAKEN_BY:  # right, but for another front end (job_name= of an imap)
+            parts.append(f"{name!r} (a keyword of fnmap's {_TAKEN_BY[name]} only, not of this call)")
+            continue
         hint = did_you_mean(name, (*OPTIONS, *FRONT_END_KEYWORDS)).strip()
         parts.append(f"{name!r}" + (f" ({hint})" if hint else ""))
     return f"unknown option{'s' if len(names) > 1 else ''} {', '.join(parts)}; "

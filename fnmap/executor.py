@@ -28,6 +28,7 @@ from concurrent import futures
 from concurrent.futures import Future
 
 from . import policy
+from .blocking import warn_if_you_wait
 from .client import get_client
 from .config import resolve
 from .observe.output import show_call_output
@@ -167,6 +168,11 @@ class AwaitableFuture(Future):
     also ``await`` (and ``asyncio.wait``, ``as_completed`` and ``gather`` take).  Awaited, it is
     wrapped in the awaiting loop (``asyncio.wrap_future``): cancelling the awaiting task cancels the
     call if it has not started, as ``future.cancel()`` does."""
+
+    def result(self, timeout=None):
+        if not self.done():
+            warn_if_you_wait("future.result()", "await future")
+        return super().result(timeout)
 
     def __await__(self):
         import asyncio

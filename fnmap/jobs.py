@@ -13,6 +13,7 @@ import time
 from concurrent.futures import CancelledError, Future
 
 from . import lease
+from .blocking import warn_if_you_wait
 from .errors import (
     CallLost,
     CostCapReached,
@@ -413,6 +414,8 @@ class Job(JobHandle):
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every call of the job is decided; False if ``timeout`` passed first.
         ``await job.wait.aio()`` waits without blocking the event loop."""
+        if not self.done:
+            warn_if_you_wait("job.wait()", "await job.wait.aio()", self.config.blocking_warning)
         return self._wait(timeout)
 
     def _wait(self, timeout: float | None) -> bool:
@@ -430,6 +433,8 @@ class Job(JobHandle):
     def results(self, return_exceptions: bool = False) -> list:
         """Every item's result in input order; raises the first failure unless ``return_exceptions``.
         ``await job.results.aio()`` waits and reads them without blocking the event loop."""
+        if not self.done:
+            warn_if_you_wait("job.results()", "await job.results.aio()", self.config.blocking_warning)
         return self._results(return_exceptions)
 
     def _results(self, return_exceptions: bool) -> list:

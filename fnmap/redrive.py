@@ -104,8 +104,9 @@ def redrive(store, job_id: str, config=None, *, failed: bool = False, held: Held
 
 def clear_last_run(store, job_id: str) -> None:
     """Before a job runs again under its own id: a stale cancel request would stop the run at once,
-    and the last run's final record would stand while it runs."""
-    store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id)])
+    the last run's final record would stand while it runs, and the lease of its killed client would
+    call it abandoned until its own lease is written."""
+    store.delete([keys.cancel_key(job_id), keys.job_record_key(job_id), keys.lease_key(job_id)])
 
 
 def refused_at_start(summary: dict) -> bool:

@@ -172,6 +172,30 @@ def test_a_blocking_form_in_a_coroutine_works_and_warns_at_the_callers_line(monk
     assert not [w for w in caught if issubclass(w.category, BlockingCallWarning)]
 
 
+async def waits_in_a_coroutine() -> list:
+    """Waits on a running job (``return_job=True``'s) and on an Executor future that has not finished,
+    then on both again, done: what the blocking waits return."""
+    job = fnmap.map(nap, [0.3] * 2, return_job=True)  # starting it blocks a moment: warned too
+    got = [job.results()]  # waits for the job
+    with fnmap.Executor() as ex:
+        future = ex.submit(nap, 0.3)
+        got.append(future.result())  # waits for the call
+    job.wait()
+    return [*got, job.results(), future.result()]  # done: nothing to wait for, no warning
+
+
+def test_waiting_on_a_job_or_an_executor_future_in_a_coroutine_warns_at_the_callers_line():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert asyncio.run(waits_in_a_coroutine()) == [[0.3, 0.3], 0.3, [0.3, 0.3], 0.3]
+    found = [(w.lineno, str(w.message)) for w in caught if issubclass(w.category, BlockingCallWarning)]
+    lines = open(__file__).read().splitlines()
+    assert [lines[lineno - 1].strip().split("  #")[0] for lineno, _ in found] == [
+        "job = fnmap.map(nap, [0.3] * 2, return_job=True)", "got = [job.results()]",
+        "got.append(future.result())"], found
+    assert "`await job.results.aio()`" in found[1][1] and "`await future`" in found[2][1]
+
+
 SCRIPT = """\
 import asyncio, fnmap
 

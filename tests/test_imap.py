@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 from naps import fails_on_two, nap, nap_then_mark
 
 import fnmap
+from fnmap.observe import history
+from fnmap.storage import open_store
 
 
 @pytest.mark.parametrize("backend", ["emulator", "local"])
@@ -63,3 +68,44 @@ def test_closing_the_iterator_early_cancels_what_has_not_run(tmp_path):
 def test_bad_items_fail_at_the_call_not_at_the_first_next():
     with pytest.raises(TypeError, match="is a str"):
         fnmap.imap(abs, "abc")
+
+
+#: A script reading ``imap``'s results, the second of which takes two minutes: interrupted while it
+#: waits for that one (Ctrl-C), it ends as a map would.
+INTERRUPTED = """
+import signal, time
+import fnmap
+
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # Ctrl-C as an interactive Python has it
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+def slow(x):
+    time.sleep(120 if x else 0)
+    return x
+
+for result in fnmap.imap(slow, range(4), workers=4, chunksize=1):
+    print(result, flush=True)
+"""
+
+
+def test_ctrl_c_while_imap_waits_cancels_its_job_as_it_does_a_maps(tmp_path):
+    script = tmp_path / "reader.py"
+    script.write_text(INTERRUPTED)
+    storage = (tmp_path / "storage").as_uri()
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FNMAP_STORAGE": storage, "PYTHONPATH": os.getcwd()})
+    try:
+        assert proc.stdout.readline() == "0\n", proc.stderr.read()
+        # Its loop prints, then asks for the second result: a Ctrl-C between the two is one in the
+        # script's own code, not in imap's wait, which is what this test means.
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "KeyboardInterrupt" in err, err
+    [entry] = history.list_jobs(open_store(storage))
+    summary = fnmap.job(entry["job_id"], storage=storage).summary()
+    assert summary["status"] == "cancelled", summary  # its caller stopped it, not a client that went away
+    assert summary["raised"]["error"].startswith("KeyboardInterrupt"), summary

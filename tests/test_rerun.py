@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from conftest import until
+from s3servers import *  # noqa: F403 -- the S3 server fixtures
 
 import fnmap
 
@@ -374,3 +375,139 @@ def test_an_attempt_a_killed_run_had_stopped_takes_the_call_result_when_the_name
     job = _named_job(tmp_path.name)
     assert job.status == "succeeded" and job.results() == [0, 10]
     assert [a["outcome"] for a in job.record()["calls"][0]["attempts"]][-2:] == ["cancelled", "ok"]
+
+
+#: A named map over ``N`` items by two racing clients (``race``), after a first run that left the
+#: job at ``STAGE``: refused by its estimate (``refused``), killed before any call was stored
+#: (``created``) or after three (``mid-store``), killed once it had claimed the job's start and
+#: before it started it (``claimed``), or failed on its last item (``failed``: the function then
+#: raises there; run again, it does not).  Every run of ``work`` appends its item to
+#: ``runs.txt``.  The racers' hooks make the race the same every time: each touches ``looked.<pid>``
+#: once it has read the job as it stands (or found none), and no client starts the job (``new_job``)
+#: until ``LOOKERS`` clients have read it, so both decide on the same stored state; the last item
+#: runs until it has run twice or a racer has read the other's run (a summary that counts one run
+#: more than when it looked: ``attached``), so two starts of it are both seen running, and a racer
+#: that follows the other's run reads it while it runs.  The racers write no lease (as a run is before its first
+#: lease is written): a reader judges the run by its record and by the lease a killed client left.
+RACE = """
+import json, os, signal, sys, time
+import fnmap, fnmap.attach, fnmap.client, fnmap.lease
+from fnmap.observe.records import JobNotFound
+
+DIR, STAGE, NAME, LOOKERS = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+RUNS, N = os.path.join(DIR, "runs.txt"), 6
+BUGGY = STAGE == "failed"
+
+def work(x):
+    if BUGGY and x == N - 1:
+        raise RuntimeError(f"bad item {x}")
+    fd = os.open(RUNS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, f"{x}\\n".encode())
+    os.close(fd)
+    deadline = time.monotonic() + 120
+    while x == N - 1 and time.monotonic() < deadline and not os.path.exists(os.path.join(DIR, "attached")):
+        if open(RUNS).read().split().count(str(x)) >= 2:
+            break
+        time.sleep(0.02)
+    return x * 10
+
+def mark(name):
+    open(os.path.join(DIR, name), "w").close()
+
+def wait_for_lookers():
+    deadline = time.monotonic() + 120
+    while sum(f.startswith("looked.") for f in os.listdir(DIR)) < LOOKERS and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+looked = []  # how many runs the job had when this client first read it
+
+def watched_summary(self, summary=fnmap.attach.AttachedJob.summary):
+    out = summary(self)
+    runs = 1 + len(out.get("redriven") or ())
+    if not looked:
+        mark(f"looked.{os.getpid()}")
+        looked.append(runs)
+    elif runs > looked[0]:
+        mark("attached")
+    return out
+
+def watched_init(self, *args, init=fnmap.attach.AttachedJob.__init__, **kwargs):
+    try:
+        init(self, *args, **kwargs)
+    except JobNotFound:
+        if not looked:
+            mark(f"looked.{os.getpid()}")
+            looked.append(0)
+        raise
+
+def gated_new_job(self, *args, new_job=fnmap.client.Client.new_job, **kwargs):
+    wait_for_lookers()
+    return new_job(self, *args, **kwargs)
+
+def killing_submit(self, job, states, submit=fnmap.client.Client.submit):
+    if STAGE == "mid-store":
+        submit(self, job, states[:3])
+        while fnmap.job(job.id).summary()["calls_done"] < 3:
+            time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if STAGE == "race":
+    fnmap.attach.AttachedJob.summary, fnmap.attach.AttachedJob.__init__ = watched_summary, watched_init
+    fnmap.client.Client.new_job = gated_new_job
+    fnmap.lease.hold = lambda job: None
+elif STAGE == "claimed":
+    fnmap.client.Client.new_job = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+elif STAGE in ("created", "mid-store"):
+    fnmap.client.Client.submit = killing_submit
+cap = 1e-9 if STAGE == "refused" else 100.0
+print(json.dumps(fnmap.map(work, range(N), job_name=NAME, chunksize=1, max_cost=cap)))
+"""
+
+
+def _race(tmp_path, stage: str, lookers: int = 2) -> subprocess.Popen:
+    script = tmp_path / "race.py"
+    script.write_text(RACE)
+    return subprocess.Popen([sys.executable, str(script), str(tmp_path), stage, tmp_path.name, str(lookers)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.getcwd(), "FNMAP_SPECULATION": "false"})
+
+
+@pytest.mark.parametrize("stage", ["fresh", "refused", "created", "mid-store", "claimed", "failed"])
+def test_two_clients_running_one_named_job_at_the_same_moment_start_it_once(tmp_path, use_emulator, stage):
+    """Two processes run the same named map at once, on a job left at ``stage`` (or none yet: both
+    then read the job before either starts it): one starts (or redrives) it, the other re-attaches
+    and waits for it; no item runs twice, and both return every result, in order.  A client killed
+    after it claimed the start (``claimed``) holds neither up."""
+    use_emulator()
+    _race_twice(tmp_path, stage)
+
+
+@pytest.mark.parametrize("stage", ["fresh", "mid-store"])
+def test_two_clients_racing_on_s3_storage_start_a_named_job_once(tmp_path, use_emulator, s3_env, monkeypatch,
+                                                                  stage):
+    """The same race with the job's storage in S3 (moto's and SeaweedFS's servers), whose
+    conditional write claims the start."""
+    monkeypatch.setenv("FNMAP_STORAGE", f"s3://{s3_env('fnmap-race')}/{tmp_path.name}")
+    use_emulator()
+    _race_twice(tmp_path, stage)
+
+
+def _race_twice(tmp_path, stage: str) -> None:
+    if stage != "fresh":
+        first = _race(tmp_path, stage)
+        first.communicate(timeout=120)
+        assert first.returncode == {"refused": 1, "failed": 1}.get(stage, -9), first.stderr
+    before = _runs(tmp_path)
+    racers = [_race(tmp_path, "race", lookers=1 if stage == "fresh" else 2) for _ in range(2)]
+    try:
+        outs = [racer.communicate(timeout=120) for racer in racers]
+    finally:
+        for racer in racers:
+            racer.kill()
+    for racer, (out, err) in zip(racers, outs, strict=True):
+        assert racer.returncode == 0, err
+        assert json.loads(out.splitlines()[-1]) == [x * 10 for x in range(6)]
+    ran = _runs(tmp_path)
+    again = [x for x in set(ran) if ran.count(x) > before.count(x) + 1]
+    assert not again, f"items {again} ran twice in the race: {ran} (before it: {before})"
+    assert set(ran) == set(range(6))

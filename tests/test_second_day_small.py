@@ -28,6 +28,16 @@ def test_an_unknown_option_names_the_closest_valid_one(options, hint):
     assert isinstance(info.value, TypeError)  # as a wrong keyword of any function
 
 
+@pytest.mark.parametrize("call, hint", [
+    (lambda: fnmap.imap(abs, [1], job_name="nightly"), "'job_name' (a keyword of fnmap's map and starmap only"),
+    (lambda: fnmap.Executor(return_job=True), "'return_job' (a keyword of fnmap's map, starmap and map_reduce only"),
+])
+def test_a_keyword_of_another_front_end_is_named_as_such_not_as_a_misspelling_of_itself(call, hint):
+    with pytest.raises(fnmap.ConfigError) as info:
+        call()
+    assert hint in str(info.value) and "did you mean" not in str(info.value)
+
+
 @pytest.mark.parametrize("name, meant", [("lambda", "aws"), ("Lambda", "aws"), ("lamda", "aws"), ("AWS", "aws"),
                                          ("emulater", "emulator"), ("gpu", "batch")])
 def test_an_unknown_backend_names_the_closest_one_or_its_alias(name, meant):

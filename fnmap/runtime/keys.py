@@ -214,6 +214,13 @@ def job_items_key(job_id: str) -> str:
     return f"jobs/{job_id}/items.pkl"
 
 
+def job_start_key(job_id: str, run: int, attempt: int) -> str:
+    """Who starts run ``run`` of a named job (its first, 0, or a later one under its id), written
+    first-writer-wins by the client that starts it (JSON, as a lease: holder, expires); ``attempt``
+    counts the claims of that run whose client stopped before it started the run."""
+    return f"jobs/{job_id}/starts/{run}.{attempt}.json"
+
+
 def job_name_key(name: str) -> str:
     """``job_name=`` of ``fnmap.map``: the job id it names, its function and inputs (JSON)."""
     return f"names/{name}.json"
