@@ -122,11 +122,15 @@ def test_fnmap_cancel_stops_a_job_running_in_another_process(running_job):
 
 
 CANCELLED_THEN_EXIT = textwrap.dedent('''
-    import time, fnmap
+    import os, time, fnmap
+
+    SEEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seen")
 
     def slow(x):
-        import time
-        time.sleep(3 if x == 0 else 0)
+        import os, time
+        while x == 0 and not os.path.exists(SEEN):  # running until this process has seen the cancel
+            time.sleep(0.01)
+        time.sleep(1 if x == 0 else 0)
         return x
 
     # The local backend cannot stop a running call: call 0 is still in flight when this exits.
@@ -135,6 +139,7 @@ CANCELLED_THEN_EXIT = textwrap.dedent('''
     while not job.run.cancel_reason:
         time.sleep(0.05)
     print("SEEN", job.done, flush=True)
+    open(SEEN, "w").close()
 ''')
 
 

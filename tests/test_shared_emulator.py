@@ -610,22 +610,29 @@ def test_an_ended_clients_memory_is_given_back(runtime):
     assert status["sessions"] == []
 
 
+#: A map of ``argv[2]`` calls of ``argv[1]`` seconds each; with ``argv[4]``, a file, each call then
+#: waits while that file exists (the test releases them once it has seen them in flight).
 SLOW_MAP = """
-import sys, time, fnmap
+import os, sys, time, fnmap
 
-def slow(pause_and_x):
-    pause, x = pause_and_x
+def slow(pause_x_hold):
+    pause, x, hold = pause_x_hold
     time.sleep(pause)
+    while hold and os.path.exists(hold):
+        time.sleep(0.01)
     return x * 10
 
-items = [(float(sys.argv[1]), x) for x in range(int(sys.argv[2]))]
+hold = sys.argv[4] if len(sys.argv) > 4 else ""
+items = [(float(sys.argv[1]), x, hold) for x in range(int(sys.argv[2]))]
 print("started", flush=True)
 print("results", fnmap.map(slow, items, chunksize=1, job_name=sys.argv[3]), flush=True)
 """
 
 
-def _slow_client(seconds: float, items: int, name: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SLOW_MAP, str(seconds), str(items), name],
+def _slow_client(seconds: float, items: int, name: str, hold: pathlib.Path) -> subprocess.Popen:
+    """A client running SLOW_MAP whose calls wait while ``hold`` exists: in flight until the test
+    removes it, however long the client (or another) took to start on a loaded machine."""
+    return subprocess.Popen([sys.executable, "-c", SLOW_MAP, str(seconds), str(items), name, str(hold)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -642,7 +649,9 @@ def _in_flight(pid: int) -> bool:
 def test_stop_refuses_while_another_process_has_calls_on_it_and_force_does_not_lose_them(runtime):
     run_script()
     (state,) = emulators(runtime)
-    client = _slow_client(2, 4, "stop-me")
+    hold = runtime / "hold"
+    hold.touch()
+    client = _slow_client(0, 4, "stop-me", hold)
     try:
         until(lambda: _in_flight(client.pid))
         status = fnmap_cli("status")
@@ -654,14 +663,18 @@ def test_stop_refuses_while_another_process_has_calls_on_it_and_force_does_not_l
         assert refused.returncode == 1
         assert f"process {client.pid} has" in refused.stdout and "stop --force" in refused.stdout
         assert alive(state["pid"])
+        hold.unlink()
         _finished(client, 4)
-        client = _slow_client(2, 4, "forced")
+        hold.touch()
+        client = _slow_client(0, 4, "forced", hold)
         until(lambda: _in_flight(client.pid))
         forced = subprocess.run([sys.executable, "-m", "fnmap", "emulator", "stop", "--force"], capture_output=True,
                                 text=True, timeout=60)
         assert forced.returncode == 0 and f"stopped: pid {state['pid']}" in forced.stdout
+        hold.unlink()
         _finished(client, 4)  # it started another emulator and sent its unfinished calls again
     finally:
+        hold.unlink(missing_ok=True)  # no worker left waiting on it if the test failed
         client.kill()
         client.wait()
     (new,) = emulators(runtime)
@@ -682,13 +695,17 @@ def _jobs_of(pid: int) -> list[dict]:
 def test_a_killed_shared_emulator_loses_no_map_it_served(runtime):
     run_script()
     (state,) = emulators(runtime)
-    clients = [_slow_client(1, 6, f"killed-{n}") for n in range(2)]
+    hold = runtime / "hold"
+    hold.touch()
+    clients = [_slow_client(0, 6, f"killed-{n}", hold) for n in range(2)]
     try:
-        until(lambda: all(_in_flight(c.pid) for c in clients))
+        until(lambda: all(_in_flight(c.pid) for c in clients))  # both, however long each took to start
         os.kill(state["pid"], signal.SIGKILL)
+        hold.unlink()
         for client in clients:
             _finished(client, 6)
     finally:
+        hold.unlink(missing_ok=True)  # no worker left waiting on it if the test failed
         for client in clients:
             client.kill()
             client.wait()
