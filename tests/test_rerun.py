@@ -78,7 +78,9 @@ def test_a_named_map_killed_at_each_stage_of_its_start_is_finished_by_running_it
     killed = _run(tmp_path, kill, n, size, chunk)
     assert killed.returncode == -9, killed.stderr
     ran = _runs(tmp_path)
-    assert ran == list(range(len(ran))) and len(ran) <= (3 if kill == "mid-store" else 0), ran
+    # Of the first three calls, those that ended before the kill (the first to end makes an
+    # automatically chunked job's next batch, whose submit is the kill: the others may be out).
+    assert len(set(ran)) == len(ran) and set(ran) <= set(range(3 if kill == "mid-store" else 0)), ran
     again = _run(tmp_path, "none", n, size, chunk)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout.splitlines()[-1]) == [[i * 10, size] for i in range(n)]
