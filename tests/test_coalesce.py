@@ -11,6 +11,7 @@ import time
 from concurrent.futures import Future, wait
 
 import requests
+from conftest import until
 
 import fnmap
 from fnmap.backends.base import BaseBackend
@@ -85,7 +86,9 @@ def _prints(x):
 
 
 def _first_attempt(emu, call: int) -> dict:
-    return next(c for c in _calls(emu) if c["call_id"] == call and c["attempt"] == 1)
+    """The emulator's log entry of the call's first attempt, once it has ended there (a straggler's is
+    stopped after the map has returned with its copy's result, and logged then)."""
+    return until(lambda: next((c for c in _calls(emu) if c["call_id"] == call and c["attempt"] == 1), None))
 
 
 def test_a_retry_on_call_of_a_coalesced_request_is_retried_alone(use_emulator, tmp_path):
