@@ -28,8 +28,7 @@ class BlockingCallWarning(RuntimeWarning):
 def warn_if_in_coroutine(what: str, rewrite: str, options: dict | None = None) -> None:
     """Warn at the user's line if this thread runs an event loop and the blocking call ``what``
     (``"fnmap.map(...)"``) was made from a coroutine; ``rewrite`` is the line to write instead."""
-    asyncio = sys.modules.get("asyncio")
-    if asyncio is None or asyncio.events._get_running_loop() is None:  # no loop: nothing to stall
+    if not _loop_running():  # no loop: nothing to stall
         return
     user = _user_frame()
     if user is None or not _in_coroutine(user) or not _enabled(options or {}):
@@ -51,7 +50,7 @@ def warn_if_you_wait(what: str, rewrite: str, enabled: bool = True) -> None:
     method that waits (``sys._getframe(2)``) is neither fnmap's (``fnmap.map``'s own wait on its job:
     it warned already) nor ``concurrent.futures``' or ``asyncio``'s (a future that is done waits for
     nothing there).  ``enabled``: the ``blocking_warning`` option of the job waited on."""
-    if not enabled:
+    if not enabled or not _loop_running():  # the common case, first: a thread with no event loop
         return
     frame = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__") == "fnmap.twins":  # a with_aio method's call
@@ -59,6 +58,12 @@ def warn_if_you_wait(what: str, rewrite: str, enabled: bool = True) -> None:
     if frame is None or _is_fnmap(frame) or frame.f_globals.get("__name__", "").startswith(_WAITERS):
         return
     warn_if_in_coroutine(what, rewrite)
+
+
+def _loop_running() -> bool:
+    """Whether this thread runs an asyncio event loop (asyncio not imported: none does)."""
+    asyncio = sys.modules.get("asyncio")
+    return asyncio is not None and asyncio.events._get_running_loop() is not None
 
 
 #: Modules whose calls of ``Future.result()`` are not yours to rewrite.
