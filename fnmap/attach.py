@@ -18,9 +18,8 @@ from .jobs import Job, JobHandle, remote_exception
 from .lease import ABANDONED
 from .observe import history, records, report
 from .observe.report import FINAL
-from .runtime import cancel, compression, keys, signing
+from .runtime import cancel, keys, signing
 from .runtime import outcome as _outcome
-from .runtime.serialization import loads
 from .twins import with_aio
 
 
@@ -112,7 +111,7 @@ class AttachedJob(JobHandle):
         try:
             key = keys.result_key(self.id, call["call"])
             secret = (self._secret or signing.local_secret()).encode()
-            outcomes = loads(compression.unpack(signing.unseal(secret, key, self.store.get(key))))
+            outcomes = _outcome.open_committed(secret, key, self.store.get(key))
         except KeyNotFound:
             cap = record.get("cost_cap") or {}
             if call["status"] == "cancelled" and cap.get("reached"):  # not run: its job reached its max_cost

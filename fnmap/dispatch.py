@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from . import policy
 from .backends.base import ACCEPTED, Answer, Invocation
 from .errors import FaultKind, PlatformFault
-from .runtime import compression, keys, signing
-from .runtime.serialization import loads, runtime_info
+from .runtime import keys, signing
+from .runtime.outcome import open_committed
+from .runtime.serialization import runtime_info
 from .runtime.wire import CallRequest, decode_response, encode
 
 #: What every request says of this client: its fnmap protocol and the versions its pickles need.
@@ -305,7 +306,7 @@ class Dispatch:
         try:
             key = keys.result_key(resp.job_id, resp.call_id)
             data = payload if resp.inline else self.store.get(key)
-            outcomes = loads(compression.unpack(signing.unseal(self.secret, key, data)))
+            outcomes = open_committed(self.secret, key, data)
         except signing.UnauthenticatedObject as e:  # planted or altered: no retry reads it better
             return PlatformFault("rejected", f"cannot read the result: {e}")
         except Exception as e:

@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .dispatch import Outcomes
 from .errors import PlatformFault
-from .runtime import compression, keys, signing
-from .runtime.serialization import loads
+from .runtime import keys
+from .runtime.outcome import open_committed
 
 #: Seconds past a call's timeout before an asynchronous call counts as lost.
 LOST_GRACE_SECONDS = 10.0
@@ -190,7 +190,7 @@ class Monitor:
         time (a poll that finds 1,000 results waited for 1,000 round trips one after another)."""
         def fetch(state):
             key = keys.result_key(job.id, state.call_id)
-            return loads(compression.unpack(signing.unseal(self.secret, key, self.store.get(key))))
+            return open_committed(self.secret, key, self.store.get(key))
 
         if len(states) < 2:
             return [fetch(state) for state in states]

@@ -46,7 +46,8 @@ from .observe.progress import make_progress
 from .observe.report import usd
 from .policy import chunks
 from .recorder import CallRecord, StorageRecorder
-from .runtime import compression, keys, signing
+from .runtime import keys, signing
+from .runtime.outcome import open_committed
 from .runtime.serialization import loads
 
 
@@ -252,7 +253,7 @@ def _cache_answers(store, job_id: str, secret: bytes, ordered: list, committed: 
             continue
         if call.call_id in committed:
             key = keys.result_key(job_id, call.call_id)
-            answers[call.call_id] = ("answered", loads(compression.unpack(signing.unseal(secret, key, store.get(key)))))
+            answers[call.call_id] = ("answered", open_committed(secret, key, store.get(key)))
         elif held is not None:
             answers[call.call_id] = ("run", (held.mode, held.items[call.first_index:call.first_index + call.n_items]))
         else:

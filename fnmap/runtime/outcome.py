@@ -21,8 +21,9 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from ..errors import SerializationError
+from . import compression, signing
 from .missing import add_missing_module_note
-from .serialization import dumps, pack_exception
+from .serialization import dumps, loads, pack_exception
 
 #: The first element of an outcome: the item returned a value, or raised.
 OK = "ok"
@@ -141,3 +142,9 @@ def dump_all(outcomes) -> bytes:
             )
             fixed.append(from_exception(err))
     return dumps(fixed)
+
+
+def open_committed(secret: bytes, key: str, data: bytes):
+    """The outcomes committed at ``key`` (a call's result: :func:`dump_all`, compressed, sealed),
+    read from its stored ``data`` once its seal holds (``signing.UnauthenticatedObject`` else)."""
+    return loads(compression.unpack(signing.unseal(secret, key, data)))
